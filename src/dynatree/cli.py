@@ -1,0 +1,202 @@
+"""Command line: `dynatree generate "PROMPT" [--method NAME] [options]`.
+
+Method options are generated from the config dataclasses (one flag per field, e.g.
+`n_max` -> `--n-max`), so the CLI and the configs cannot drift apart. Any user error
+prints `dynatree: error: <one line>` and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from .errors import DynaTreeError
+from .methods import METHODS
+from .models import DEFAULT_TARGET, EMBEDDED
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise DynaTreeError(message)
+
+
+def _method_options(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
+    """Add one flag per config field of every method; return field name -> methods using it."""
+    fields: dict[str, list[tuple[str, dataclasses.Field]]] = {}
+    for method in METHODS.values():
+        for f in dataclasses.fields(method.config_cls):
+            fields.setdefault(f.name, []).append((method.name, f))
+    group = parser.add_argument_group("method options (defaults in brackets; see README)")
+    for name, users in fields.items():
+        f = users[0][1]
+        flag = "--" + name.replace("_", "-")
+        helps = "; ".join(f"{m}: {fld.metadata['help']} [{fld.default}]" for m, fld in users)
+        if f.type in ("bool", bool):
+            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=helps)
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            group.add_argument(flag, dest=name, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(), help=helps)
+    return {name: [m for m, _ in users] for name, users in fields.items()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dynatree", description="Exact tree-based speculative decoding for HuggingFace causal LMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    methods = "\n".join(f"  {m.name:12s} {m.summary}" for m in METHODS.values())
+    gen = sub.add_parser(
+        "generate",
+        help="decode one prompt",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"Decode one prompt and print the text and its statistics.\n\nmethods:\n{methods}",
+    )
+    gen.add_argument("prompt", nargs="?", help="the prompt text (or use --prompt-file)")
+    gen.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-' for stdin)")
+    gen.add_argument("--method", default="dynatree", help="decoding method [dynatree]")
+    gen.add_argument(
+        "--target", default=DEFAULT_TARGET,
+        help=f"target model: hub id, local directory, .gguf file or an embedded alias ({', '.join(EMBEDDED)}) [{DEFAULT_TARGET}]",
+    )
+    gen.add_argument("--draft", default=None, help="draft: 'ngram' or a model spec sharing the target's tokenizer [ngram]")
+    gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most [128]")
+    gen.add_argument("--ignore-eos", action="store_true", help="treat EOS as an ordinary token and generate exactly N tokens")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON record instead of the streamed text")
+    gen.add_argument("--compare", metavar="M1,M2", help="also run these methods on the same prompt and print a table")
+    gen.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
+    gen.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64 [float32]")
+    gen.add_argument("--seed", type=int, default=0, help="random seed [0]")
+    gen.add_argument("--ngram-max", type=int, default=4, help="longest context the n-gram drafter matches [4]")
+    gen.set_defaults(method_fields=_method_options(gen))
+    return parser
+
+
+def _read_prompt(args) -> str:
+    if args.prompt is not None and args.prompt_file is not None:
+        raise DynaTreeError("give the prompt either as an argument or with --prompt-file, not both")
+    if args.prompt_file is None:
+        if args.prompt is None:
+            raise DynaTreeError("no prompt given (pass it as an argument or with --prompt-file)")
+        return args.prompt
+    if args.prompt_file == "-":
+        return sys.stdin.read()
+    try:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise DynaTreeError(f"cannot read prompt file {args.prompt_file!r}: {exc.strerror}") from None
+
+
+class _TextStream:
+    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer, out):
+        self.tokenizer, self.out = tokenizer, out
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def __call__(self, new_ids: list[int]) -> None:
+        self.ids.extend(new_ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        self.out.write(text[self.printed :])
+        self.out.flush()
+        self.printed = len(text)
+
+
+def stats_line(record: dict) -> str:
+    s = record["stats"]
+    acc = "-" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.1f}%"
+    tpot = "-" if s["tpot_s"] is None else f"{1000 * s['tpot_s']:.1f} ms"
+    return (
+        f"[{record['method']}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s) | "
+        f"iterations {s['iterations']}, L {s['tokens_per_iter']:.2f}, l {s['accepted_len']:.2f}, acceptance {acc} | "
+        f"TTFT {1000 * s['ttft_s']:.0f} ms, TPOT {tpot} | peak {s['peak_mem_mb']:.0f} MB"
+    )
+
+
+def comparison_table(records: list[dict]) -> str:
+    base = next((r for r in records if r["method"] == "ar"), records[0])
+    rows = [("method", "draft", "tok/s", "speedup", "L", "accept", "TTFT ms", "TPOT ms", "same tokens as " + base["method"])]
+    for r in records:
+        s = r["stats"]
+        rows.append((
+            r["method"], r["draft"] or "-", f"{s['tokens_per_s']:.1f}",
+            f"{s['tokens_per_s'] / base['stats']['tokens_per_s']:.2f}x", f"{s['tokens_per_iter']:.2f}",
+            "-" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.1f}%",
+            f"{1000 * s['ttft_s']:.0f}", "-" if s["tpot_s"] is None else f"{1000 * s['tpot_s']:.1f}",
+            "yes" if r["new_token_ids"] == base["new_token_ids"] else "NO",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_generate(args) -> int:
+    from . import api
+    from .methods import make_config
+    from .models import load_model
+
+    prompt = _read_prompt(args)
+    methods = [args.method] + ([m.strip() for m in args.compare.split(",") if m.strip()] if args.compare else [])
+    given = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
+
+    def options_for(method: str) -> dict:
+        return {k: v for k, v in given.items() if method in args.method_fields[k]}
+
+    for name in given:
+        if not any(m in args.method_fields[name] for m in methods):
+            make_config(args.method, **{name: given[name]})  # raises "does not apply to method ..."
+    for method in methods:  # reject bad methods and values before loading any model
+        make_config(method, **options_for(method))
+    target = load_model(args.target, device=args.device, dtype=args.dtype)
+    draft = args.draft
+    if draft not in (None, "auto", api.NGRAM) and any(METHODS[m].draft != "none" for m in methods):
+        draft = load_model(draft, device=args.device, dtype=args.dtype)
+    prompt_ids = api.encode_prompt(target.tokenizer, prompt, args.chat)
+
+    records = []
+    for i, method in enumerate(methods):
+        stream = None if args.json or i > 0 else _TextStream(target.tokenizer, sys.stdout)
+        record = api.generate(
+            method=method, target=target, draft=draft, prompt_ids=prompt_ids,
+            max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos, chat=args.chat,
+            device=args.device, dtype=args.dtype, seed=args.seed, ngram_max=args.ngram_max, on_tokens=stream,
+            **options_for(method),
+        )
+        records.append(record)
+        if stream:
+            print(flush=True)
+    if args.json:
+        print(json.dumps(records[0] if len(records) == 1 else records, indent=None))
+    elif len(records) == 1:
+        print(stats_line(records[0]), file=sys.stderr)
+    else:
+        print(file=sys.stderr)
+        print(comparison_table(records), file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        args = build_parser().parse_args(argv)
+        return {"generate": cmd_generate}[args.command](args)
+    except DynaTreeError as exc:
+        print(f"dynatree: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("dynatree: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Helpers shared by the per-method config dataclasses.
+
+Every method has one dataclass; each field carries its help text, and the CLI adds one
+option per field (`n_max` -> `--n-max`), so command line and config map 1:1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+
+from .errors import DynaTreeError
+
+
+def option(default, help: str):  # noqa: A002 - mirrors argparse's keyword
+    """A config field with the help text the CLI shows for it."""
+    return field(default=default, metadata={"help": help})
+
+
+def cli_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def to_dict(config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise DynaTreeError(message)
+
+
+def in_open_unit(config, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        require(0.0 < value < 1.0, f"{cli_flag(name)} must be in (0, 1), got {value}")
+
+
+def in_unit(config, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        require(0.0 <= value < 1.0, f"{cli_flag(name)} must be in [0, 1), got {value}")
+
+
+def positive(config, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        require(value >= 1, f"{cli_flag(name)} must be at least 1, got {value}")

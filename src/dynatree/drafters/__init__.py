@@ -1,0 +1,7 @@
+"""Drafters propose next-token candidates for tree nodes (see `base.Drafter`)."""
+
+from .base import Drafter, Proposal
+from .lm import LMDrafter
+from .ngram import NgramDrafter
+
+__all__ = ["Drafter", "Proposal", "LMDrafter", "NgramDrafter"]

@@ -1,0 +1,41 @@
+"""The drafter contract: next-token candidates for a batch of tree nodes.
+
+A drafter sees the committed sequence through `reset`/`commit` and, while a policy grows
+a tree, answers `propose(tree, nodes, k)`: for each node, the k most likely next tokens
+after that node's own root-to-node context (committed tokens + the path's tokens) and
+their probabilities. Each node is answered from its own context; nothing is shared
+between branches. Drafters know nothing about tree policies or verification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..tree import TreeBuilder
+
+
+@dataclass
+class Proposal:
+    ids: torch.Tensor  # [m, k] long, candidate next tokens per node, most probable first; -1 pads
+    probs: torch.Tensor  # [m, k] float, their draft probabilities; 0 where ids == -1
+
+    def candidates(self, row: int) -> list[tuple[int, float]]:
+        """(token, probability) pairs of node `row`, most probable first, padding dropped."""
+        return [(t, p) for t, p in zip(self.ids[row].tolist(), self.probs[row].tolist()) if t >= 0 and p > 0.0]
+
+
+class Drafter(Protocol):
+    name: str
+
+    def reset(self, tokens: list[int]) -> None:
+        """Start a new sequence; `tokens` are all committed tokens (prompt + first new token)."""
+
+    def propose(self, tree: TreeBuilder, nodes: list[int], k: int) -> Proposal:
+        """Top-k next tokens after each of `nodes` (one row per node, in the given order)."""
+
+    def commit(self, tokens: list[int], path: list[int]) -> None:
+        """After verification: `tokens` is the new committed sequence, `path` the accepted
+        tree nodes (root excluded) of the tree last grown."""

@@ -1,0 +1,71 @@
+"""A model-free drafter: continuations of the longest matching suffix in the text so far.
+
+The index maps every n-gram (n = 1..max_n) of the committed sequence (prompt + generated
+tokens) to the counts of the tokens that followed it. A node's context is the committed
+sequence plus its own path in the tree; its candidates come from the longest suffix of
+that context seen before, backing off to shorter suffixes PPM-style: order n gives token t
+probability escape * count(t) / (total + 1) and passes escape / (total + 1) on to order
+n - 1, so longer matches dominate and the probabilities of one node sum to at most 1.
+Updating the index costs O(max_n) per committed token; a lookup O(max_n) per node.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+
+from ..tree import TreeBuilder
+from .base import Proposal
+
+
+class NgramDrafter:
+    name = "ngram"
+
+    def __init__(self, max_n: int = 4):
+        if max_n < 1:
+            raise ValueError("max_n must be at least 1")
+        self.max_n = max_n
+
+    def reset(self, tokens: list[int]) -> None:
+        self.tokens: list[int] = []
+        self.index: list[dict[tuple[int, ...], dict[int, int]]] = [{} for _ in range(self.max_n + 1)]
+        self._extend(tokens)
+
+    def commit(self, tokens: list[int], path: list[int]) -> None:
+        self._extend(tokens[len(self.tokens) :])
+
+    def propose(self, tree: TreeBuilder, nodes: list[int], k: int) -> Proposal:
+        ids = torch.full((len(nodes), k), -1, dtype=torch.long)
+        probs = torch.zeros(len(nodes), k)
+        tail = self.tokens[-self.max_n :]
+        for row, node in enumerate(nodes):
+            context = (tail + tree.path_tokens(node))[-self.max_n :]
+            for col, (token, p) in enumerate(self.distribution(context, k)):
+                ids[row, col], probs[row, col] = token, p
+        return Proposal(ids=ids, probs=probs)
+
+    def distribution(self, context: list[int], k: int) -> list[tuple[int, float]]:
+        """Up to k (token, probability) pairs after `context`, most probable first."""
+        probs: dict[int, float] = {}
+        escape = 1.0
+        for n in range(min(self.max_n, len(context)), 0, -1):
+            counts = self.index[n].get(tuple(context[-n:]))
+            if not counts:
+                continue
+            total = sum(counts.values())
+            for token, count in counts.items():
+                if token not in probs:
+                    probs[token] = escape * count / (total + 1)
+            escape /= total + 1
+            if len(probs) >= k:  # lower orders cannot beat what we have: each is below `escape`
+                break
+        return heapq.nlargest(k, probs.items(), key=lambda item: (item[1], -item[0]))
+
+    def _extend(self, new_tokens: list[int]) -> None:
+        for token in new_tokens:
+            end = len(self.tokens)
+            for n in range(1, min(self.max_n, end) + 1):
+                followers = self.index[n].setdefault(tuple(self.tokens[end - n : end]), {})
+                followers[token] = followers.get(token, 0) + 1
+            self.tokens.append(token)

@@ -1,0 +1,43 @@
+"""What a result was measured on: package versions and machine."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+
+import torch
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe(device: torch.device | str = "cpu") -> dict:
+    device = torch.device(device)
+    info = {
+        "versions": {p: _version(p) for p in ("dynatree", "torch", "transformers", "accelerate", "gguf")},
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info

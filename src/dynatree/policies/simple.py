@@ -1,0 +1,77 @@
+"""Plain decoding, linear speculation and the fixed tree: growth rules with fixed parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import in_unit, option, positive
+from ..drafters.base import Drafter
+from ..tree import Tree, TreeBuilder
+from .base import Stateless, grow_levels
+
+
+@dataclass
+class ArConfig:
+    """Plain greedy decoding with the target: one target forward per token."""
+
+
+class ArPolicy(Stateless):
+    needs_drafter = False
+
+    def __init__(self, config: ArConfig):
+        self.config = config
+
+    def grow(self, drafter: Drafter | None, root_token: int, max_depth: int) -> Tree:
+        return TreeBuilder(root_token).build()
+
+
+@dataclass
+class LinearConfig:
+    """A chain of k draft tokens verified in one target pass (classic speculative decoding)."""
+
+    k: int = option(5, "draft chain length K")
+
+    def validate(self) -> None:
+        positive(self, "k")
+
+
+class ChainPolicy(Stateless):
+    needs_drafter = True
+
+    def __init__(self, config: LinearConfig):
+        self.config = config
+
+    def grow(self, drafter: Drafter, root_token: int, max_depth: int) -> Tree:
+        k = self.config.k
+        return grow_levels(
+            drafter, root_token, max_depth=min(k, max_depth), n_max=k, max_breadth=1,
+            expandable=lambda depth, prob: True, breadth=lambda conf: 1,
+        )
+
+
+@dataclass
+class FixedTreeConfig:
+    """A static tree: top-B children per node down to depth D, pruned below tau, at most n_max nodes."""
+
+    depth: int = option(8, "tree depth D (drafted levels)")
+    branch: int = option(3, "children per expanded node B (top-B draft tokens)")
+    tau: float = option(0.1, "prune drafted nodes whose cumulative draft probability is below tau")
+    n_max: int = option(256, "node budget N_max (drafted nodes per tree)")
+
+    def validate(self) -> None:
+        positive(self, "depth", "branch", "n_max")
+        in_unit(self, "tau")
+
+
+class FixedTreePolicy(Stateless):
+    needs_drafter = True
+
+    def __init__(self, config: FixedTreeConfig):
+        self.config = config
+
+    def grow(self, drafter: Drafter, root_token: int, max_depth: int) -> Tree:
+        c = self.config
+        return grow_levels(
+            drafter, root_token, max_depth=min(c.depth, max_depth), n_max=c.n_max, max_breadth=c.branch,
+            expandable=lambda depth, prob: True, breadth=lambda conf: c.branch, tau=c.tau,
+        )

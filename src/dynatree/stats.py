@@ -1,0 +1,96 @@
+"""Per-run statistics, with one definition for every method (see README, "Metrics").
+
+  throughput (tokens_per_s) = new tokens / wall time (prefill included, model load excluded)
+  acceptance_rate  = drafted tokens committed / drafted tokens proposed   (never above 1)
+  tokens_per_iter L = new tokens / target passes (the prefill counts as the first pass)
+  accepted_len l    = committed drafted tokens / target passes (bonus tokens excluded)
+  ttft_s = time from the call to the first new token; tpot_s = (wall - ttft) / (new - 1)
+  peak_mem_mb = peak resident memory of the process during the run (CPU; the kernel's
+                high-water mark is reset at the start) or peak allocated device memory (CUDA)
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Stats:
+    new_tokens: int = 0
+    iterations: int = 0  # target forward passes, prefill included
+    drafted_tokens: int = 0  # drafted tree nodes sent to verification
+    accepted_tokens: int = 0  # drafted tokens committed (bonus tokens excluded)
+    ttft_s: float = 0.0
+    wall_s: float = 0.0
+    peak_mem_mb: float = 0.0
+    tree_sizes: list[int] = field(default_factory=list)  # drafted nodes per iteration
+    accepted_lens: list[int] = field(default_factory=list)  # committed draft tokens per iteration
+
+    def record(self) -> dict:
+        """The `stats` object of a result record."""
+        n, it = self.new_tokens, self.iterations
+        return {
+            "new_tokens": n,
+            "iterations": it,
+            "acceptance_rate": self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None,
+            "tokens_per_iter": n / it if it else None,
+            "accepted_len": self.accepted_tokens / it if it else None,
+            "ttft_s": self.ttft_s,
+            "tpot_s": (self.wall_s - self.ttft_s) / (n - 1) if n > 1 else None,
+            "wall_s": self.wall_s,
+            "tokens_per_s": n / self.wall_s if self.wall_s > 0 else None,
+            "peak_mem_mb": self.peak_mem_mb,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+        }
+
+
+class Clock:
+    """Wall-clock timer that waits for queued device work before reading the time."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.start = self.now()
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.now() - self.start
+
+
+class PeakMemory:
+    """Peak memory of one run: device allocations on CUDA, resident set size on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            self.resettable = _reset_rss_peak()
+
+    def peak_mb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        if self.resettable:
+            match = re.search(r"VmHWM:\s+(\d+) kB", open("/proc/self/status").read())
+            if match:
+                return int(match.group(1)) / 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process-lifetime peak (Linux: kB)
+
+
+def _reset_rss_peak() -> bool:
+    """Reset the kernel's peak-RSS counter (Linux `clear_refs` 5); False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False

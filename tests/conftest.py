@@ -1,0 +1,89 @@
+"""Tiny randomly initialised models, built here from configs (no downloads).
+
+Three architectures (GPT-NeoX as in Pythia, Llama, GPT-2) share a 96-token word-level
+tokenizer, so any of them can draft for any other. Float64 by default, so that
+floating-point near-ties cannot excuse a mismatch in the exactness tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, LlamaConfig, PreTrainedTokenizerFast
+
+from dynatree.models import LoadedModel
+
+VOCAB = 96
+EOS = 2
+ARCHS = ("gpt_neox", "llama", "gpt2")
+
+
+@functools.cache
+def tokenizer(vocab: int = VOCAB):
+    words = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab)}}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def config(arch: str, vocab: int = VOCAB, context: int = 512):
+    # initializer_range 0.3 (not 0.02) makes attention sharp, so logits depend strongly on
+    # positions and context: a wrong position id or a wrong mask changes the argmax.
+    common = dict(vocab_size=vocab, bos_token_id=1, eos_token_id=EOS, pad_token_id=0, initializer_range=0.3)
+    if arch == "llama":
+        return LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, max_position_embeddings=context, **common)
+    if arch == "gpt_neox":
+        return GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             max_position_embeddings=context, rotary_pct=0.5, **common)
+    if arch == "gpt2":
+        return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=context, **common)
+    raise ValueError(arch)
+
+
+@functools.cache
+def _model(arch: str, seed: int, dtype: torch.dtype, vocab: int, context: int):
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config(arch, vocab, context)).to(dtype).eval()
+
+
+def tiny(arch: str = "llama", seed: int = 0, dtype=torch.float64, vocab: int = VOCAB, context: int = 512,
+         name: str | None = None, eos_ids=(EOS,)) -> LoadedModel:
+    """A tiny random causal LM wrapped like a loaded model (shared per arguments; do not mutate)."""
+    return LoadedModel(model=_model(arch, seed, dtype, vocab, context), tokenizer=tokenizer(vocab),
+                       name=name or f"tiny-{arch}-{seed}", eos_ids=list(eos_ids))
+
+
+@functools.cache
+def noisy_copy(arch: str, seed: int, noise: float, dtype=torch.float64) -> LoadedModel:
+    """The target's weights plus Gaussian noise: a draft that agrees often, but not always."""
+    model = copy.deepcopy(_model(arch, seed, dtype, VOCAB, 512))
+    gen = torch.Generator().manual_seed(1000 + seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(noise * p.std() * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return LoadedModel(model=model, tokenizer=tokenizer(), name=f"noisy-{arch}-{seed}-{noise}", eos_ids=[EOS])
+
+
+@torch.no_grad()
+def hf_greedy(target: LoadedModel, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    """Reference: transformers' own greedy generate()."""
+    out = target.model.generate(
+        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+        max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0,
+    )
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="session")
+def saved_tiny(tmp_path_factory):
+    """A tiny Llama saved as a checkpoint directory, for CLI and loader tests."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    m = tiny("llama", seed=3, dtype=torch.float32, context=64)
+    m.model.save_pretrained(path)
+    m.tokenizer.save_pretrained(path)
+    return path

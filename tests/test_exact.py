@@ -1,0 +1,113 @@
+"""Greedy exactness: every method's tokens equal transformers' greedy generate(), token for token.
+
+Float64 tiny models of three architectures; drafters that always agree (the target itself),
+often agree (a noisy copy), rarely agree (an unrelated model) and the n-gram drafter; many
+prompts, lengths, EOS positions and hyperparameters, budget edge cases included.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import ARCHS, EOS, VOCAB, hf_greedy, noisy_copy, tiny
+from dynatree import Decoder, make_config
+from dynatree.drafters import LMDrafter, NgramDrafter
+from dynatree.methods import METHODS
+
+TREE_METHODS = ["linear", "fixed-tree", "dynatree"]
+DRAFTERS = ["self", "noisy", "other", "ngram"]
+
+
+@functools.cache
+def reference(arch: str, prompt: tuple[int, ...], max_new: int) -> list[int]:
+    return hf_greedy(tiny(arch), list(prompt), max_new, eos=None)
+
+
+def make_drafter(kind: str, arch: str):
+    target = tiny(arch)
+    if kind == "ngram":
+        return NgramDrafter(max_n=3)
+    draft = {"self": target, "noisy": noisy_copy(arch, 0, 0.08), "other": tiny("gpt2" if arch != "gpt2" else "llama", seed=7)}[kind]
+    return LMDrafter(draft, vocab_limit=target.vocab_size)
+
+
+def method_options(draw, method: str) -> dict:
+    if method == "linear":
+        return {"k": draw(st.integers(1, 8))}
+    if method == "fixed-tree":
+        return {"depth": draw(st.integers(1, 6)), "branch": draw(st.integers(1, 4)),
+                "tau": draw(st.sampled_from([0.0, 0.001, 0.05, 0.3])), "n_max": draw(st.sampled_from([1, 2, 3, 7, 20, 256]))}
+    if method == "dynatree":
+        d_max = draw(st.integers(2, 8))
+        b = sorted(draw(st.lists(st.integers(1, 4), min_size=3, max_size=3)))
+        tau_l = draw(st.sampled_from([0.05, 0.2, 0.4]))
+        rho_stop = draw(st.sampled_from([0.001, 0.01, 0.1]))
+        return {"d0": draw(st.integers(1, d_max - 1)), "d_max": d_max, "b_min": b[0], "b_mid": b[1], "b_max": b[2],
+                "tau_l": tau_l, "tau_h": draw(st.sampled_from([tau_l + 0.05, 0.6, 0.9])),
+                "rho_stop": rho_stop, "rho_deep": draw(st.sampled_from([rho_stop * 2, 0.3, 0.8])),
+                "tau": draw(st.sampled_from([0.0, 0.001, 0.05])), "n_max": draw(st.sampled_from([1, 2, 5, 16, 256])),
+                "history": draw(st.booleans()), "history_window": draw(st.integers(1, 6)),
+                "target_accept": draw(st.sampled_from([0.1, 0.5, 0.9])), "eta_depth": draw(st.sampled_from([0.0, 3.0, 20.0]))}
+    return {}
+
+
+@st.composite
+def cases(draw):
+    arch = draw(st.sampled_from(ARCHS))
+    method = draw(st.sampled_from(["ar"] + TREE_METHODS))
+    drafter = draw(st.sampled_from(DRAFTERS)) if method != "ar" else None
+    # short repetitive prompts make the n-gram drafter and the loops of random models interesting
+    motif = draw(st.lists(st.integers(3, VOCAB - 1), min_size=1, max_size=6))
+    prompt = (motif * draw(st.integers(1, 4)) + draw(st.lists(st.integers(0, VOCAB - 1), max_size=8)))[:24]
+    max_new = draw(st.integers(1, 40))
+    eos_at = draw(st.one_of(st.none(), st.integers(0, max_new - 1)))  # where EOS first appears, if anywhere
+    return arch, method, drafter, prompt, max_new, eos_at, method_options(draw, method)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_greedy_equals_plain_decoding(case):
+    arch, method, drafter_kind, prompt, max_new, eos_at, options = case
+    full = reference(arch, tuple(prompt), max_new)
+    if eos_at is None:
+        eos, expected = None, full
+    else:  # make the token at eos_at the EOS token: decoding must stop right after its first occurrence
+        eos = full[eos_at]
+        expected = full[: full.index(eos) + 1]
+    target = tiny(arch, eos_ids=[eos] if eos is not None else [])
+    policy = METHODS[method].policy_cls(make_config(method, **options))
+    drafter = make_drafter(drafter_kind, arch) if drafter_kind else None
+    run = Decoder(target, policy, drafter).generate(prompt, max_new, ignore_eos=eos is None)
+    assert run.new_tokens == expected, (method, drafter_kind, options)
+    stats = run.stats.record()
+    assert stats["new_tokens"] == len(expected)
+    assert stats["acceptance_rate"] is None or 0.0 <= stats["acceptance_rate"] <= 1.0
+    assert run.stats.accepted_tokens <= run.stats.drafted_tokens
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hf_reference_stops_at_eos_like_us(arch):
+    """The EOS convention the hypothesis test assumes is transformers' own."""
+    prompt = [5, 6, 7, 5, 6]
+    full = reference(arch, tuple(prompt), 30)
+    eos = full[10]
+    assert hf_greedy(tiny(arch), prompt, 30, eos=eos) == full[: full.index(eos) + 1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_perfect_draft_accepts_everything(arch, method):
+    """With the target as its own draft, every chain/tree accepts its whole deepest path."""
+    prompt, max_new = [4, 9, 4, 9, 4], 30
+    target = tiny(arch, eos_ids=[])
+    options = {"linear": {"k": 4}, "fixed-tree": {"depth": 4, "branch": 2, "tau": 0.0},
+               "dynatree": {"d0": 3, "d_max": 4, "rho_stop": 1e-9, "rho_deep": 2e-9, "tau": 0.0, "history": False}}[method]
+    policy = METHODS[method].policy_cls(make_config(method, **options))
+    run = Decoder(target, policy, LMDrafter(target, target.vocab_size)).generate(prompt, max_new, ignore_eos=True)
+    assert run.new_tokens == reference(arch, tuple(prompt), max_new)
+    assert run.stats.accepted_lens[:-1] == [4] * (len(run.stats.accepted_lens) - 1)
+    assert run.stats.iterations < max_new / 4 + 2
