@@ -1,0 +1,86 @@
+"""After every iteration the caches hold exactly what plain decoding of the committed tokens gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ARCHS, noisy_copy, tiny
+from dynatree import Decoder, make_config
+from dynatree import cache as kv
+from dynatree.drafters import LMDrafter
+from dynatree.methods import METHODS
+
+
+@torch.no_grad()
+def plain_cache(model, tokens: list[int]):
+    """Cache of plain decoding: the tokens fed one at a time, positions 0..n-1."""
+    cache = kv.new_cache(model)
+    for pos, token in enumerate(tokens):
+        model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+def assert_same_cache(actual, expected):
+    assert kv.length(actual) == kv.length(expected)
+    for a, e in zip(actual.layers, expected.layers):
+        torch.testing.assert_close(a.keys, e.keys, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(a.values, e.values, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("method, options", [
+    ("fixed-tree", {"depth": 4, "branch": 3, "tau": 0.0, "n_max": 30}),
+    ("dynatree", {"d0": 2, "d_max": 5, "tau": 0.0, "rho_stop": 0.001, "rho_deep": 0.01}),
+    ("linear", {"k": 4}),
+])
+def test_target_and_draft_caches_match_plain_decoding(arch, method, options):
+    target, draft = tiny(arch, eos_ids=[]), noisy_copy(arch, 0, 0.08)
+    drafter = LMDrafter(draft, target.vocab_size)
+    decoder = Decoder(target, METHODS[method].policy_cls(make_config(method, **options)), drafter)
+    accepted_any = False
+    for step in decoder.steps([7, 8, 9, 7, 8], max_new_tokens=40, ignore_eos=True):
+        run = decoder.run
+        assert_same_cache(run.cache, plain_cache(target.model, run.seq[:-1]))  # all but the new root
+        assert drafter.n_cached <= len(run.seq) - 1  # the bonus token is never in the draft cache
+        assert_same_cache(drafter.cache, plain_cache(draft.model, run.seq[: drafter.n_cached]))
+        accepted_any |= len(step.path) > 0
+    assert accepted_any, "the noisy draft should get some tokens accepted, or this test checks little"
+
+
+def test_keep_moves_path_entries_into_place():
+    target = tiny("llama")
+    cache = plain_cache(target.model, list(range(3, 13)))  # 10 entries
+    before = [layer.keys.clone() for layer in cache.layers]
+    kv.keep(cache, 4, torch.tensor([0, 2, 5]))
+    assert kv.length(cache) == 7
+    for layer, old in zip(cache.layers, before):
+        assert torch.equal(layer.keys[..., :4, :], old[..., :4, :])
+        assert torch.equal(layer.keys[..., 4:, :], old[..., [4, 6, 9], :])
+    kv.crop(cache, 2)
+    assert kv.length(cache) == 2
+
+
+class CountingDrafter(LMDrafter):
+    """Counts the committed tokens the drafter re-reads: each should be fed at most once."""
+
+    fed_committed = 0  # committed tokens run through the draft model
+    reused = 0  # cache entries kept from accepted tree nodes instead
+
+    def _feed_committed(self):
+        self.fed_committed += len(self.tokens) - self.n_cached
+        return super()._feed_committed()
+
+    def commit(self, tokens, path):
+        before = self.n_cached
+        super().commit(tokens, path)
+        self.reused += self.n_cached - before
+
+
+def test_draft_cache_survives_iterations():
+    target, draft = tiny("gpt_neox", eos_ids=[]), noisy_copy("gpt_neox", 0, 0.08)
+    drafter = CountingDrafter(draft, target.vocab_size)
+    decoder = Decoder(target, METHODS["dynatree"].policy_cls(make_config("dynatree")), drafter)
+    run = decoder.generate([5, 6, 7, 8, 9, 10], max_new_tokens=60, ignore_eos=True)
+    assert 0 < drafter.reused <= sum(run.stats.accepted_lens)
+    assert drafter.fed_committed + drafter.reused == drafter.n_cached <= len(run.seq) - 1  # nothing fed twice

@@ -1,0 +1,162 @@
+"""The command line: JSON record, streamed text, prompt files, and one-line errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM
+
+from conftest import tiny, tokenizer
+from dynatree.cli import main
+
+STATS_KEYS = {"new_tokens", "iterations", "acceptance_rate", "tokens_per_iter", "accepted_len",
+              "ttft_s", "tpot_s", "wall_s", "tokens_per_s", "peak_mem_mb"}
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def generate_json(capsys, target, *extra):
+    code, out, err = run_cli(capsys, "generate", "w5 w6 w7 w5 w6", "--target", str(target), "--json", *extra)
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("method", ["dynatree", "fixed-tree", "linear", "hf-lookup", "hf-ar"])
+def test_json_record(capsys, saved_tiny, method):
+    rec = generate_json(capsys, saved_tiny, "--method", method, "--max-new-tokens", "12", "--ignore-eos")
+    assert {"method", "target", "draft", "prompt_tokens", "new_token_ids", "text", "stats", "config"} <= set(rec)
+    assert STATS_KEYS <= set(rec["stats"])
+    assert rec["method"] == method and rec["prompt_tokens"] == 5  # the word-level tokenizer adds no BOS
+    assert rec["stats"]["new_tokens"] == len(rec["new_token_ids"]) == 12
+    assert rec["env"]["versions"]["torch"] and rec["run"]["max_new_tokens"] == 12
+    ar = generate_json(capsys, saved_tiny, "--method", "ar", "--max-new-tokens", "12", "--ignore-eos")
+    assert rec["new_token_ids"] == ar["new_token_ids"]
+
+
+def test_json_config_is_the_resolved_method_config(capsys, saved_tiny):
+    rec = generate_json(capsys, saved_tiny, "--method", "dynatree", "--d0", "3", "--tau-h", "0.8", "--no-history",
+                        "--max-new-tokens", "4")
+    assert rec["config"]["d0"] == 3 and rec["config"]["tau_h"] == 0.8 and rec["config"]["history"] is False
+    assert rec["config"]["n_max"] == 256 and rec["draft"] == "ngram"
+    assert rec["policy_state"]["d0"] == 3
+
+
+def test_streamed_text_and_stats_line(capsys, saved_tiny):
+    code, out, err = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "6",
+                             "--ignore-eos")
+    assert code == 0
+    assert len(out.split()) == 6 and all(w.startswith("w") or w in ("<s>",) for w in out.split())
+    assert "[dynatree] 6 tokens" in err and "acceptance" in err
+
+
+def test_compare_table(capsys, saved_tiny):
+    code, out, err = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "8",
+                             "--compare", "ar,linear", "--k", "3")
+    assert code == 0
+    assert "speedup" in err and err.count("yes") == 3
+
+
+def test_prompt_file_and_stdin(capsys, saved_tiny, tmp_path, monkeypatch):
+    f = tmp_path / "p.txt"
+    f.write_text("w5 w6 w7 w5 w6")
+    code, out, _ = run_cli(capsys, "generate", "--prompt-file", str(f), "--target", str(saved_tiny), "--json",
+                           "--max-new-tokens", "3")
+    assert code == 0 and json.loads(out)["prompt_tokens"] == 5
+    monkeypatch.setattr(sys, "stdin", open(f))
+    code, out, _ = run_cli(capsys, "generate", "--prompt-file", "-", "--target", str(saved_tiny), "--json",
+                           "--max-new-tokens", "3")
+    assert code == 0 and json.loads(out)["prompt_tokens"] == 5
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bert")
+    cfg = BertConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    BertForMaskedLM(cfg).save_pretrained(path)  # an encoder: masked LM, attends both ways
+    tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def other_vocab_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("other-vocab")
+    m = tiny("gpt2", vocab=80, dtype=torch.float32)
+    m.model.save_pretrained(path)
+    m.tokenizer.save_pretrained(path)
+    return path
+
+
+BAD_INPUTS = {
+    "empty prompt": (["", "--max-new-tokens", "4"], "prompt is empty"),
+    "blank prompt": (["   ", "--max-new-tokens", "4"], "prompt is empty"),
+    "no prompt": ([], "no prompt given"),
+    "too long": (["w5 w6", "--max-new-tokens", "63"], "exceeds the context length 64"),
+    "zero tokens": (["w5", "--max-new-tokens", "0"], "must be positive"),
+    "negative tokens": (["w5", "--max-new-tokens", "-3"], "must be positive"),
+    "not a number": (["w5", "--max-new-tokens", "ten"], "invalid int value"),
+    "unknown method": (["w5", "--method", "medusa"], "unknown method 'medusa'"),
+    "unknown compare method": (["w5", "--compare", "ar,nope"], "unknown method 'nope'"),
+    "unknown option": (["w5", "--frobnicate", "3"], "unrecognized arguments: --frobnicate"),
+    "option of another method": (["w5", "--method", "dynatree", "--k", "4"], "--k does not apply to method 'dynatree'"),
+    "b_min > b_max": (["w5", "--b-min", "3", "--b-max", "1"], "--b-min <= --b-mid <= --b-max"),
+    "tau_h above 1": (["w5", "--tau-h", "1.5"], "--tau-h must be in (0, 1)"),
+    "tau_l zero": (["w5", "--tau-l", "0"], "--tau-l must be in (0, 1)"),
+    "tau_l above tau_h": (["w5", "--tau-l", "0.95"], "--tau-l must be below --tau-h"),
+    "d0 >= d_max": (["w5", "--d0", "8", "--d-max", "8"], "--d0 must be smaller than --d-max"),
+    "n_max < 1": (["w5", "--n-max", "0"], "--n-max must be at least 1"),
+    "fixed n_max < 1": (["w5", "--method", "fixed-tree", "--n-max", "0"], "--n-max must be at least 1"),
+    "fixed tau": (["w5", "--method", "fixed-tree", "--tau", "1.2"], "--tau must be in [0, 1)"),
+    "linear k": (["w5", "--method", "linear", "--k", "0"], "--k must be at least 1"),
+    "rho order": (["w5", "--rho-stop", "0.6", "--rho-deep", "0.5"], "--rho-stop must be below --rho-deep"),
+    "assisted without draft": (["w5", "--method", "hf-assisted"], "needs a draft language model"),
+    "assisted with ngram": (["w5", "--method", "hf-assisted", "--draft", "ngram"], "not the n-gram drafter"),
+    "bad dtype": (["w5", "--dtype", "float8"], "unknown dtype"),
+    "missing prompt file": (["--prompt-file", "/nonexistent/p.txt"], "cannot read prompt file"),
+    "prompt twice": (["w5", "--prompt-file", "x"], "not both"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_error(capsys, saved_tiny, case):
+    argv, message = BAD_INPUTS[case]
+    code, out, err = run_cli(capsys, "generate", *argv, "--target", str(saved_tiny))
+    assert code == 2
+    assert err.startswith("dynatree: error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+@pytest.mark.parametrize("target, message", [
+    ("./no/such/model", "does not exist"),
+    ("/tmp/definitely-missing-model.gguf", "does not exist"),
+    ("EleutherAI/pythia-70m", "hub is unreachable"),
+])
+def test_missing_models(capsys, monkeypatch, target, message):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: the hub is unreachable
+    code, _, err = run_cli(capsys, "generate", "w5", "--target", target)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_non_causal_model(capsys, bert_dir):
+    code, _, err = run_cli(capsys, "generate", "w5", "--target", str(bert_dir))
+    assert code == 2 and "not a causal language model" in err, err
+
+
+def test_draft_with_other_vocabulary(capsys, saved_tiny, other_vocab_dir):
+    code, _, err = run_cli(capsys, "generate", "w5", "--target", str(saved_tiny), "--draft", str(other_vocab_dir))
+    assert code == 2 and "different vocabularies" in err, err
+
+
+def test_entry_point_exits_nonzero_without_traceback(saved_tiny):
+    proc = subprocess.run([sys.executable, "-m", "dynatree.cli", "generate", "w5", "--target", str(saved_tiny),
+                           "--d0", "9"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "dynatree: error: --d0 must be smaller than --d-max, got 9 >= 8"

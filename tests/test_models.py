@@ -1,0 +1,44 @@
+"""Model loading helpers: causality probe, vocabulary check, dtype/device errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM
+
+from conftest import tiny, tokenizer
+from dynatree import DynaTreeError, LoadedModel, load_model
+from dynatree.models import check_causal, check_compatible, resolve_device
+
+
+def test_causality_probe_rejects_bidirectional_attention():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                     initializer_range=0.3)
+    encoder = LoadedModel(model=BertForMaskedLM(cfg).eval(), tokenizer=tokenizer(), name="bert")
+    with pytest.raises(DynaTreeError, match="attends to future tokens"):
+        check_causal(encoder)
+    check_causal(tiny("gpt2"))  # a causal LM passes
+
+
+def test_vocabulary_check():
+    check_compatible(tiny("llama"), tiny("gpt2", seed=5))  # same tokenizer, other architecture: fine
+    with pytest.raises(DynaTreeError, match="different vocabularies"):
+        check_compatible(tiny("llama"), tiny("gpt2", vocab=80))
+
+
+def test_load_saved_directory(saved_tiny):
+    m = load_model(str(saved_tiny), dtype="float64")
+    assert m.dtype == torch.float64 and m.context_length == 64 and m.eos_ids == [2]
+    assert m.vocab_size == 96
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(DynaTreeError, match="no config.json"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on machines without CUDA")
+def test_cuda_requested_without_cuda():
+    with pytest.raises(DynaTreeError, match="CUDA is not available"):
+        resolve_device("cuda")

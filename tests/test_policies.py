@@ -1,0 +1,172 @@
+"""Tree policies against a scripted drafter: shapes, breadth/depth rules, pruning, budget, history."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dynatree import make_config
+from dynatree.drafters.base import Proposal
+from dynatree.policies.dynatree import DynaTreePolicy
+from dynatree.policies.simple import ChainPolicy, FixedTreePolicy
+from dynatree.tree import TreeBuilder
+
+
+class ScriptedDrafter:
+    """Answers with `script(path_tokens)` -> [(token, prob), ...]; records each call's nodes."""
+
+    name = "scripted"
+
+    def __init__(self, script):
+        self.script = script
+        self.calls: list[list[int]] = []
+
+    def propose(self, tree: TreeBuilder, nodes, k):
+        self.calls.append(list(nodes))
+        ids = torch.full((len(nodes), k), -1)
+        probs = torch.zeros(len(nodes), k, dtype=torch.float64)
+        for row, node in enumerate(nodes):
+            for col, (tok, p) in enumerate(self.script(tree.path_tokens(node))[:k]):
+                ids[row, col], probs[row, col] = tok, p
+        return Proposal(ids, probs)
+
+
+def uniform(n: int, first: float = 0.5):
+    """n candidates: `first`, then the rest of the mass spread evenly; tokens 100, 101, ..."""
+    rest = (1 - first) / max(n - 1, 1)
+    return lambda path: [(100 + i, first if i == 0 else rest) for i in range(n)]
+
+
+def test_linear_is_a_chain_of_k():
+    drafter = ScriptedDrafter(uniform(3, first=0.9))
+    tree = ChainPolicy(make_config("linear", k=4)).grow(drafter, root_token=1, max_depth=10)
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 3]
+    assert tree.tokens.tolist() == [1, 100, 100, 100, 100]
+    assert len(drafter.calls) == 4
+
+
+def test_fixed_tree_full_shape_one_drafter_call_per_level():
+    drafter = ScriptedDrafter(uniform(4))
+    tree = FixedTreePolicy(make_config("fixed-tree", depth=3, branch=2, tau=0.0)).grow(drafter, 1, max_depth=10)
+    assert tree.n_drafted == 2 + 4 + 8
+    assert [len(c) for c in drafter.calls] == [1, 2, 4]  # a whole level per call
+    assert tree.depths.tolist() == [0] + [1] * 2 + [2] * 4 + [3] * 8
+
+
+def test_fixed_tree_budget_keeps_most_probable():
+    drafter = ScriptedDrafter(lambda path: [(7, 0.7), (8, 0.3)])
+    tree = FixedTreePolicy(make_config("fixed-tree", depth=3, branch=2, tau=0.0, n_max=5)).grow(drafter, 1, 10)
+    assert tree.n_drafted == 5
+    # level 1: 0.7, 0.3; level 2 candidates: .49 .21 .21 .09 -> keep .49 and the two .21
+    assert sorted(tree.logp.exp().tolist(), reverse=True) == pytest.approx([1, 0.7, 0.49, 0.3, 0.21, 0.21])
+
+
+def test_fixed_tree_tau_prunes_unlikely_nodes():
+    drafter = ScriptedDrafter(lambda path: [(7, 0.7), (8, 0.3)])
+    tree = FixedTreePolicy(make_config("fixed-tree", depth=4, branch=2, tau=0.25)).grow(drafter, 1, 10)
+    assert (tree.logp.exp() >= 0.25).all()
+    assert tree.n_drafted == 4  # .7 .3 | .49 .21x | .343 x | x
+    assert tree.max_depth == 3
+
+
+def test_max_depth_from_the_decoder_caps_every_policy():
+    for policy in (ChainPolicy(make_config("linear", k=8)),
+                   FixedTreePolicy(make_config("fixed-tree", depth=8, branch=2)),
+                   DynaTreePolicy(make_config("dynatree"))):
+        tree = policy.grow(ScriptedDrafter(uniform(3, 0.95)), 1, max_depth=2)
+        assert tree.max_depth <= 2
+        assert policy.grow(ScriptedDrafter(uniform(3)), 1, max_depth=0).n_drafted == 0
+
+
+def dynatree(**options):
+    defaults = dict(history=False, tau=0.0, rho_stop=0.001, rho_deep=0.002)
+    return DynaTreePolicy(make_config("dynatree", **{**defaults, **options}))
+
+
+@pytest.mark.parametrize("confidence, children", [(0.95, 1), (0.9, 1), (0.6, 2), (0.4, 2), (0.3, 3)])
+def test_dynatree_breadth_follows_confidence(confidence, children):
+    policy = dynatree(d0=1, d_max=2, b_min=1, b_mid=2, b_max=3, tau_h=0.9, tau_l=0.4)
+    tree = policy.grow(ScriptedDrafter(uniform(4, first=confidence)), 1, max_depth=1)
+    assert tree.n_drafted == children
+
+
+def test_dynatree_depth_gating():
+    # confident chain: p(depth d) = 0.8^d. D0=2, rho_deep=0.6 -> depth 2 (p=.64) expands, depth 3 (.512) does not
+    script = lambda path: [(5, 0.8), (6, 0.2)]  # noqa: E731
+    policy = dynatree(d0=2, d_max=6, b_min=1, b_mid=1, b_max=1, tau_h=0.7, tau_l=0.1, rho_stop=0.05, rho_deep=0.6)
+    assert policy.grow(ScriptedDrafter(script), 1, 10).max_depth == 3
+    # a hard d_max wins over a likely path
+    policy = dynatree(d0=1, d_max=2, b_min=1, b_mid=1, b_max=1, tau_h=0.7, tau_l=0.1, rho_stop=0.05, rho_deep=0.06)
+    assert policy.grow(ScriptedDrafter(script), 1, 10).max_depth == 2
+    # early stop: nodes below rho_stop stay leaves even above D0
+    policy = dynatree(d0=5, d_max=6, b_min=2, b_mid=2, b_max=2, tau_h=0.7, tau_l=0.1, rho_stop=0.5, rho_deep=0.9)
+    tree = policy.grow(ScriptedDrafter(script), 1, 10)
+    # expanded: root(1) -> .8 -> .64 -> .512; the next (.4096) and every .2-branch stay leaves
+    assert tree.n_drafted == 8 and tree.max_depth == 4
+    assert sorted(tree.logp.exp().tolist())[:2] == pytest.approx([0.1024, 0.128])
+
+
+def test_dynatree_budget():
+    policy = dynatree(d0=6, d_max=7, b_min=3, b_mid=3, b_max=3, n_max=10)
+    tree = policy.grow(ScriptedDrafter(uniform(3, first=0.5)), 1, 10)
+    assert tree.n_drafted == 10
+
+
+def test_dynatree_tau_prunes():
+    policy = dynatree(d0=3, d_max=4, b_min=3, b_mid=3, b_max=3, tau=0.2)
+    tree = policy.grow(ScriptedDrafter(lambda path: [(5, 0.6), (6, 0.3), (7, 0.1)]), 1, 10)
+    assert (tree.logp.exp() >= 0.2 - 1e-12).all()
+    assert tree.n_drafted == 4  # .6 .3 | .36 (.18s pruned) | .216 (.1296 pruned)
+
+
+def fake_tree(n_drafted: int):
+    b = TreeBuilder(1)
+    node = 0
+    for i in range(n_drafted):
+        node = b.add(node, 10 + i, 0.9)
+    return b.build()
+
+
+def test_history_adapts_every_iteration():
+    policy = DynaTreePolicy(make_config("dynatree", d0=4, d_max=8, tau_h=0.8, tau_l=0.4, history_window=4,
+                                       target_accept=0.5, eta_depth=2.0, eta_tau=0.1))
+    tree = fake_tree(10)
+    d0s, taus = [], []
+    for _ in range(3):  # acceptance 1.0 > a* = 0.5: deeper and fewer branches, every iteration
+        policy.observe(tree, path=list(range(1, 11)))
+        d0s.append(policy.d0)
+        taus.append(policy.tau_h)
+    assert d0s == pytest.approx([5.0, 6.0, 7.0])
+    assert taus == pytest.approx([0.75, 0.70, 0.65])
+    for _ in range(4):  # acceptance 0: the window mean falls below a*, drafting becomes conservative
+        policy.observe(tree, path=[])
+    assert policy.d0 < 7.0 and policy.tau_h > 0.65
+    for _ in range(40):
+        policy.observe(tree, path=[])
+    assert policy.d0 == 1.0 and policy.tau_h == 1.0
+    for _ in range(80):
+        policy.observe(tree, path=list(range(1, 11)))
+    assert policy.d0 == 7.0 and policy.tau_h == 0.4  # clipped to [1, d_max - 1] and [tau_l, 1]
+
+
+def test_history_window_mean_and_switch():
+    policy = DynaTreePolicy(make_config("dynatree", d0=4, history_window=2, target_accept=0.5, eta_depth=1.0))
+    policy.observe(fake_tree(4), path=[1, 2, 3, 4])  # a = 1.0 -> mean 1.0
+    policy.observe(fake_tree(4), path=[])  # a = 0.0 -> mean 0.5 -> no change
+    assert policy.d0 == pytest.approx(4.5)
+    policy.observe(fake_tree(0), path=[])  # nothing drafted: no acceptance signal, no update
+    assert policy.d0 == pytest.approx(4.5)
+    frozen = DynaTreePolicy(make_config("dynatree", history=False))
+    frozen.observe(fake_tree(4), path=[1, 2, 3, 4])
+    assert (frozen.d0, frozen.tau_h) == (5.0, 0.9)
+
+
+def test_adapted_depth_changes_the_next_tree():
+    policy = dynatree(d0=1, d_max=8, b_min=1, b_mid=1, b_max=1, rho_deep=0.99, history=True,
+                      target_accept=0.2, eta_depth=10.0, history_window=1)
+    drafter = ScriptedDrafter(uniform(2, first=0.95))
+    assert policy.grow(drafter, 1, 10).max_depth == 1
+    policy.observe(fake_tree(1), path=[1])  # acceptance 1.0: D0 1 -> 7
+    assert policy.grow(drafter, 1, 10).max_depth == 7
