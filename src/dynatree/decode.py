@@ -77,7 +77,7 @@ class Decoder:
         stats = run.stats
 
         # Prefill: the whole prompt in one causal pass gives the first new token.
-        logits = self._forward(run.cache, prompt_ids, list(range(len(prompt_ids))), mask=None, last_only=True)
+        logits = self.target.forward(run.cache, prompt_ids, list(range(len(prompt_ids))), mask=None, last_only=True)
         first = int(logits[-1].argmax())
         run.seq.append(first)
         stats.iterations, stats.new_tokens, stats.ttft_s = 1, 1, clock.elapsed()
@@ -92,7 +92,7 @@ class Decoder:
 
             tree = self.policy.grow(self.drafter, run.seq[-1], max_depth=remaining - 1)  # 1. draft
             mask = tree.attention_mask(prefix, self.target.dtype, device)  # 2. verify
-            logits = self._forward(run.cache, tree.tokens.tolist(), tree.position_ids(prefix)[0].tolist(), mask)
+            logits = self.target.forward(run.cache, tree.tokens.tolist(), tree.position_ids(prefix)[0].tolist(), mask)
             path, bonus = greedy_accept(tree, logits)  # 3. accept
             kv.keep(run.cache, prefix, torch.tensor([0] + path))  # 4. commit caches
             committed = _truncate(tree.tokens[path].tolist() + [bonus], stop_ids, remaining)
@@ -114,18 +114,6 @@ class Decoder:
 
         stats.wall_s = clock.elapsed()
         stats.peak_mem_mb = memory.peak_mb()
-
-    def _forward(self, cache, ids: list[int], positions: list[int], mask, last_only=False) -> torch.Tensor:
-        device = self.target.device
-        out = self.target.model(
-            input_ids=torch.tensor([ids], device=device),
-            position_ids=torch.tensor([positions], device=device),
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-            **({"logits_to_keep": 1} if last_only else {}),
-        )
-        return out.logits[0]
 
 
 def _truncate(tokens: list[int], stop_ids: set[int], limit: int) -> list[int]:

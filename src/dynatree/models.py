@@ -85,6 +85,24 @@ class LoadedModel:
         """Rows of the output layer (may exceed the tokenizer's size because of padding)."""
         return int(self.model.get_output_embeddings().weight.shape[0])
 
+    def forward(self, cache, ids: list[int], positions: list[int], mask: torch.Tensor | None,
+                last_only: bool = False) -> torch.Tensor:
+        """Run `ids` at explicit `positions` on top of `cache` (which grows by len(ids)).
+
+        `mask` is a [1, 1, len(ids), cached + len(ids)] additive mask, or None for plain
+        causal attention. Returns logits [len(ids), vocab] ([1, vocab] with `last_only`).
+        """
+        device = self.device
+        out = self.model(
+            input_ids=torch.tensor([ids], device=device),
+            position_ids=torch.tensor([positions], device=device),
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+            **({"logits_to_keep": 1} if last_only else {}),
+        )
+        return out.logits[0]
+
 
 def cache_root() -> Path:
     return Path(os.environ.get("DYNATREE_CACHE", Path.home() / ".cache" / "dynatree"))

@@ -19,6 +19,7 @@ from .base import Proposal
 
 class LMDrafter:
     def __init__(self, draft: LoadedModel, vocab_limit: int):
+        self.draft = draft
         self.model = draft.model
         self.name = draft.name
         self.vocab_limit = vocab_limit  # only ids the target can score are proposed
@@ -52,23 +53,12 @@ class LMDrafter:
         self.tokens = list(tokens)
         self.slots = {}
 
-    def _forward(self, ids: list[int], positions: list[int], mask: torch.Tensor | None) -> torch.Tensor:
-        device = self.model.device
-        out = self.model(
-            input_ids=torch.tensor([ids], device=device),
-            position_ids=torch.tensor([positions], device=device),
-            attention_mask=mask,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        return out.logits[0]
-
     def _feed_committed(self) -> torch.Tensor:
         """Feed the committed tokens not yet cached (the root is always among them)."""
         start, end = self.n_cached, len(self.tokens)
         n = end - start
         allowed = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start)  # causal over cache + new
-        logits = self._forward(self.tokens[start:end], list(range(start, end)), self._mask(allowed))
+        logits = self.draft.forward(self.cache, self.tokens[start:end], list(range(start, end)), self._mask(allowed))
         self.n_cached = end
         return logits[-1:]
 
@@ -86,7 +76,7 @@ class LMDrafter:
                 parent = tree.parents[parent]
         root_pos = len(self.tokens) - 1
         positions = [root_pos + tree.depths[node] for node in nodes]
-        logits = self._forward([tree.tokens[node] for node in nodes], positions, self._mask(allowed))
+        logits = self.draft.forward(self.cache, [tree.tokens[node] for node in nodes], positions, self._mask(allowed))
         for row, node in enumerate(nodes):
             self.slots[node] = base + row
         return logits
