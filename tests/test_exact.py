@@ -111,3 +111,15 @@ def test_perfect_draft_accepts_everything(arch, method):
     assert run.new_tokens == reference(arch, tuple(prompt), max_new)
     assert run.stats.accepted_lens[:-1] == [4] * (len(run.stats.accepted_lens) - 1)
     assert run.stats.iterations < max_new / 4 + 2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_reused_decoder_carries_no_stale_state(arch):
+    """One decoder (its policy's adapted history and its drafter) across prompts: still exact."""
+    target = tiny(arch, eos_ids=[])
+    policy = METHODS["dynatree"].policy_cls(make_config("dynatree", d0=2, d_max=5, history_window=2))
+    decoder = Decoder(target, policy, make_drafter("noisy", arch))
+    prompts = [[5, 6, 7, 5, 6], [40, 41], [9] * 12, [70, 3, 70, 3, 70]]
+    for prompt in prompts + prompts[::-1]:
+        run = decoder.generate(prompt, 25, ignore_eos=True)
+        assert run.new_tokens == reference(arch, tuple(prompt), 25)
