@@ -12,6 +12,7 @@ import dataclasses
 import json
 import sys
 
+from .config import field_type
 from .errors import DynaTreeError
 from .methods import METHODS
 from .models import DEFAULT_TARGET, EMBEDDED
@@ -24,26 +25,64 @@ class _Parser(argparse.ArgumentParser):
         raise DynaTreeError(message)
 
 
-def _method_options(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
-    """Add one flag per config field of every method; return field name -> methods using it."""
+def _method_options(parser: argparse.ArgumentParser, as_lists: bool = False) -> dict[str, list[str]]:
+    """Add one flag per config field of every method; return field name -> methods using it.
+
+    With `as_lists`, every flag takes a comma-separated list of values (for sweeps).
+    """
     fields: dict[str, list[tuple[str, dataclasses.Field]]] = {}
     for method in METHODS.values():
         for f in dataclasses.fields(method.config_cls):
             fields.setdefault(f.name, []).append((method.name, f))
-    group = parser.add_argument_group("method options (defaults in brackets; see README)")
+    title = "method options, each a comma-separated list of values to sweep" if as_lists else "method options"
+    group = parser.add_argument_group(f"{title} (defaults in brackets; see README)")
     for name, users in fields.items():
         f = users[0][1]
         flag = "--" + name.replace("_", "-")
         helps = "; ".join(f"{m}: {fld.metadata['help']} [{fld.default}]" for m, fld in users)
-        if f.type in ("bool", bool):
+        kind = field_type(f)
+        if as_lists:
+            group.add_argument(flag, dest=name, type=_list_of(kind), default=argparse.SUPPRESS, metavar="V1,V2", help=helps)
+        elif kind is bool:
             group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=helps)
         else:
-            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
             group.add_argument(flag, dest=name, type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(), help=helps)
     return {name: [m for m, _ in users] for name, users in fields.items()}
 
 
+def _list_of(kind: type):
+    def parse(text: str) -> list:
+        values = []
+        for item in text.split(","):
+            item = item.strip()
+            if kind is bool:
+                if item.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise argparse.ArgumentTypeError(f"expected true/false values, got {item!r}")
+                values.append(item.lower() in ("true", "1", "yes"))
+            else:
+                try:
+                    values.append(kind(item))
+                except ValueError:
+                    raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value {item!r}") from None
+        return values
+
+    parse.__name__ = f"list of {kind.__name__}"
+    return parse
+
+
+def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
+    parser.add_argument(
+        "--target", default=DEFAULT_TARGET,
+        help=f"target model: hub id, local directory, .gguf file or an embedded alias ({', '.join(EMBEDDED)}) [{DEFAULT_TARGET}]",
+    )
+    parser.add_argument("--draft", default=None, help=draft_help)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64 [float32]")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .bench.commands import add_bench_commands
+
     parser = _Parser(prog="dynatree", description="Exact tree-based speculative decoding for HuggingFace causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     methods = "\n".join(f"  {m.name:12s} {m.summary}" for m in METHODS.values())
@@ -56,21 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", help="the prompt text (or use --prompt-file)")
     gen.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-' for stdin)")
     gen.add_argument("--method", default="dynatree", help="decoding method [dynatree]")
-    gen.add_argument(
-        "--target", default=DEFAULT_TARGET,
-        help=f"target model: hub id, local directory, .gguf file or an embedded alias ({', '.join(EMBEDDED)}) [{DEFAULT_TARGET}]",
-    )
-    gen.add_argument("--draft", default=None, help="draft: 'ngram' or a model spec sharing the target's tokenizer [ngram]")
+    add_model_args(gen, "draft: 'ngram' or a model spec sharing the target's tokenizer [ngram]")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most [128]")
     gen.add_argument("--ignore-eos", action="store_true", help="treat EOS as an ordinary token and generate exactly N tokens")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON record instead of the streamed text")
     gen.add_argument("--compare", metavar="M1,M2", help="also run these methods on the same prompt (after a short warm-up) and print a table")
-    gen.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
-    gen.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64 [float32]")
     gen.add_argument("--seed", type=int, default=0, help="random seed [0]")
     gen.add_argument("--ngram-max", type=int, default=4, help="longest context the n-gram drafter matches [4]")
-    gen.set_defaults(method_fields=_method_options(gen))
+    gen.set_defaults(method_fields=_method_options(gen), run=cmd_generate)
+    add_bench_commands(sub)
     return parser
 
 
@@ -191,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         transformers.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
         args = build_parser().parse_args(argv)
-        return {"generate": cmd_generate}[args.command](args)
+        return args.run(args)
     except DynaTreeError as exc:
         print(f"dynatree: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

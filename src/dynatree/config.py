@@ -17,6 +17,11 @@ def option(default, help: str):  # noqa: A002 - mirrors argparse's keyword
     return field(default=default, metadata={"help": help})
 
 
+def field_type(f: dataclasses.Field) -> type:
+    """The Python type of a config field (configs use `from __future__ import annotations`)."""
+    return {"int": int, "float": float, "str": str, "bool": bool}[f.type if isinstance(f.type, str) else f.type.__name__]
+
+
 def cli_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

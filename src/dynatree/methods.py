@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .config import field_type
 from .errors import DynaTreeError
 from .peers import HfArConfig, HfAssistedConfig, HfLookupConfig
 from .policies.dynatree import DynaTreeConfig, DynaTreePolicy
@@ -55,12 +56,9 @@ def make_config(method: str, **options):
     return config
 
 
-_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
-
-
 def _coerce(method: str, field: dataclasses.Field, value):
     """Accept what the CLI and Python callers naturally pass; reject anything else clearly."""
-    kind = _TYPES[field.type if isinstance(field.type, str) else field.type.__name__]
+    kind = field_type(field)
     flag = "--" + field.name.replace("_", "-")
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)

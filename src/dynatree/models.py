@@ -218,7 +218,7 @@ def _from_pretrained(spec, directory, gguf_file, local_only, dtype):
             return _from_pretrained(spec, directory, gguf_file, True, dtype)
         except DynaTreeError:
             pass
-        if not _hub_reachable():
+        if not hub_reachable():
             raise DynaTreeError(
                 f"cannot download {spec!r}: the Hugging Face hub is unreachable and the model is not in the "
                 f"local cache; pass a local directory or .gguf file, or use the embedded {DEFAULT_TARGET!r}"
@@ -258,7 +258,7 @@ def _is_causal_lm_class(name: str) -> bool:
     return name in known or name.endswith(("ForCausalLM", "LMHeadModel"))
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable(timeout: float = 3.0) -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
     endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))

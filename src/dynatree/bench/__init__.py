@@ -1,0 +1,1 @@
+"""Benchmarks: data sets, the run protocol, presets, results, reports and plots."""

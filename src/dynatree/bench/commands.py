@@ -1,0 +1,159 @@
+"""`dynatree bench`, `dynatree sweep` and `dynatree report`."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+from ..api import NGRAM
+from ..errors import DynaTreeError
+from .data import DATASETS, L_MAX
+from .presets import PRESETS, method_variants, protocol_defaults, variants
+from .results import load
+from .runner import Protocol, Variant
+
+DRAFT_HELP = "comma-separated drafters: 'ngram' and/or draft model specs sharing the target's tokenizer [ngram]"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _protocol_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("protocol (defaults come from the preset and --scale)")
+    g.add_argument("--scale", default="paper", help="paper (N=10, W=2, T=1500) or small (minutes on a CPU) [paper]")
+    g.add_argument("--dataset", default="wikitext2",
+                   help=f"{', '.join(DATASETS)}, or a prompts file (.jsonl or plain text) [wikitext2]")
+    g.add_argument("--n", type=int, help="prompts, warm-up included")
+    g.add_argument("--warmup", type=int, help="first prompts run but excluded from the aggregates")
+    g.add_argument("--max-new-tokens", type=_ints, metavar="T[,T...]", help="new tokens per run (several: length scaling)")
+    g.add_argument("--l-max", type=_ints, metavar="L[,L...]",
+                   help="prompt cap in tokens (several: prompt-length sensitivity) [800; 1000 for pg19]")
+    g.add_argument("--keep-eos", action="store_true", help="stop at EOS instead of forcing T tokens")
+    g.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
+    g.add_argument("--min-chars", type=int, help="drop prompts shorter than this many characters [200 for prose sets]")
+    g.add_argument("--out", type=Path, help="results directory [runs/<experiment>-<time>]")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_bench_commands(sub) -> None:
+    from ..cli import _method_options, add_model_args
+
+    bench = sub.add_parser("bench", help="run a benchmark preset or a list of methods",
+                           description="Run the papers' experiments (presets) or any list of methods on a data set; "
+                                       "writes results.json, report.md and plots.")
+    bench.add_argument("--preset", default="main", help=f"{', '.join(PRESETS)} [main]")
+    bench.add_argument("--methods", metavar="M1,M2", help="run these methods instead of the preset's variants ('ar' is added)")
+    add_model_args(bench, DRAFT_HELP)
+    _protocol_args(bench)
+    bench.set_defaults(method_fields=_method_options(bench), run=cmd_bench)
+
+    sweep = sub.add_parser("sweep", help="run a grid over one method's options",
+                           description="Every combination of the comma-separated option values, next to 'ar'. "
+                                       "Example: dynatree sweep --method fixed-tree --depth 4,6,8 --branch 2,3 --tau 0.05,0.1")
+    sweep.add_argument("--method", default="fixed-tree", help="the method whose options are swept [fixed-tree]")
+    add_model_args(sweep, DRAFT_HELP)
+    _protocol_args(sweep)
+    sweep.set_defaults(method_fields=_method_options(sweep, as_lists=True), run=cmd_sweep)
+
+    report = sub.add_parser("report", help="rebuild report.md and plots from a results directory")
+    report.add_argument("directory", type=Path, help="directory holding results.json")
+    report.set_defaults(run=cmd_report)
+
+
+def _protocol(args, preset: str) -> Protocol:
+    n, warmup, t_values, l_values = protocol_defaults(preset, args.scale)
+    l_default = [L_MAX.get(args.dataset, 800)]
+    return Protocol(
+        dataset=args.dataset,
+        n=args.n if args.n is not None else n,
+        warmup=args.warmup if args.warmup is not None else min(warmup, max((args.n or n) - 1, 0)),
+        max_new_tokens=args.max_new_tokens or t_values,
+        l_max=args.l_max or l_values or l_default,
+        ignore_eos=not args.keep_eos,
+        chat=args.chat,
+        min_chars=args.min_chars,
+    )
+
+
+def _drafts(args) -> list[str]:
+    return [d.strip() for d in (args.draft or NGRAM).split(",") if d.strip()]
+
+
+def _given_options(args) -> dict:
+    return {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
+
+
+def _execute(args, experiment: str, variant_list: list[Variant], protocol: Protocol) -> int:
+    from ..models import check_compatible, load_model
+    from . import report, runner
+    from .data import load_texts
+
+    drafts = _drafts(args)
+    runner.check_variants(variant_list)
+    protocol.validate()
+    texts = load_texts(protocol.dataset, protocol.n, protocol.min_chars)  # fail fast, before loading models
+    out = args.out or Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
+    target = load_model(args.target, device=args.device, dtype=args.dtype)
+    lms = {}
+    for spec in drafts:
+        if spec != NGRAM:
+            lms[spec] = load_model(spec, device=args.device, dtype=args.dtype)
+            check_compatible(target, lms[spec])
+    runner.run(experiment, variant_list, protocol, target, lms, out_dir=out, progress=not args.no_progress,
+               command=["dynatree", *sys.argv[1:]], texts=texts)
+    paths = report.write(out)
+    results = load(out)
+    print(report.main_tables(report.at(results, *max(report.settings(results)))).split("\n\n**Latency**")[0])
+    print(f"\nwrote {', '.join(str(p) for p in [out / 'results.json', *paths])}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    drafts = _drafts(args)
+    given = _given_options(args)
+    if args.methods:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        methods = methods if "ar" in methods else ["ar", *methods]
+        per_method = {m: {k: v for k, v in given.items() if m in args.method_fields[k]} for m in methods}
+        experiment, variant_list = "custom", method_variants(methods, drafts, per_method)
+    else:
+        experiment, variant_list = args.preset, variants(args.preset, args.scale, drafts)
+        for v in variant_list:  # command-line options apply under the preset's own choices
+            v.options = {**{k: val for k, val in given.items() if v.method in args.method_fields[k]}, **v.options}
+    unused = [k for k in given if not any(v.method in args.method_fields[k] for v in variant_list)]
+    if unused:
+        raise DynaTreeError(f"option --{unused[0].replace('_', '-')} applies to none of the methods in this run")
+    return _execute(args, experiment, variant_list, _protocol(args, args.preset if not args.methods else "main"))
+
+
+def cmd_sweep(args) -> int:
+    drafts = _drafts(args)
+    grid = _given_options(args)
+    for name in grid:
+        if args.method not in args.method_fields[name]:
+            raise DynaTreeError(f"option --{name.replace('_', '-')} does not apply to method {args.method!r}")
+    if not grid:
+        raise DynaTreeError(f"give at least one option of {args.method!r} as a comma-separated list to sweep")
+    names = list(grid)
+    variant_list = [Variant("ar", "ar")]
+    for values in itertools.product(*(grid[n] for n in names)):
+        options = dict(zip(names, values))
+        label = " ".join(f"{n}={v}" for n, v in options.items())
+        variant_list.append(Variant(label, args.method, options, drafts[0], dict(options)))
+    preset = "fixed-sweep" if args.method == "fixed-tree" else "dynatree-sensitivity"
+    return _execute(args, f"sweep-{args.method}", variant_list, _protocol(args, preset))
+
+
+def cmd_report(args) -> int:
+    from . import report
+
+    for path in report.write(args.directory):
+        print(f"wrote {path}")
+    return 0

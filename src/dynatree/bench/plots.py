@@ -1,0 +1,173 @@
+"""PNG plots from results.json alone; which ones depends on what the run varied."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .report import at, settings  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _variant_tags(results: dict) -> dict[str, dict]:
+    return {v["label"]: v["tags"] for v in results["variants"]}
+
+
+def _main_setting(results: dict) -> tuple[int, int]:
+    return max(settings(results))  # the longest generation, then the longest prompt cap
+
+
+def throughput_bars(results: dict, out: Path) -> Path:
+    aggs = at(results, *_main_setting(results))
+    labels = [a["variant"] for a in aggs]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.3 * len(aggs) + 4), 4))
+    ax1.bar(labels, [a["mean"]["tokens_per_s"] for a in aggs], yerr=[a["std"]["tokens_per_s"] for a in aggs],
+            capsize=3, color="tab:blue")
+    ax1.set_ylabel("throughput (tokens/s)")
+    ax2.bar(labels, [a["speedup"] or 0 for a in aggs], color="tab:orange")
+    ax2.axhline(1.0, color="gray", lw=1, ls="--")
+    ax2.set_ylabel("speedup vs AR (same run)")
+    for ax in (ax1, ax2):
+        ax.tick_params(axis="x", rotation=30)
+        for tick in ax.get_xticklabels():
+            tick.set_ha("right")
+    fig.suptitle(f"{results['target']}, {results['protocol']['dataset']}, T={_main_setting(results)[0]}")
+    return _save(fig, out / "throughput.png")
+
+
+def memory_bars(results: dict, out: Path) -> Path:
+    aggs = at(results, *_main_setting(results))
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(aggs) + 2), 3.5))
+    ax.bar([a["variant"] for a in aggs], [a["mean"]["peak_mem_mb"] for a in aggs], color="tab:gray")
+    ax.set_ylabel("peak memory (MB)")
+    ax.tick_params(axis="x", rotation=30)
+    return _save(fig, out / "memory.png")
+
+
+def _lines(results: dict, axis: str, out: Path, name: str, panels: list[tuple[str, str]]) -> Path:
+    aggs = results["aggregates"]
+    variants = list(dict.fromkeys(a["variant"] for a in aggs))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    for ax, (key, ylabel) in zip(axes, panels):
+        for v in variants:
+            rows = sorted((a for a in aggs if a["variant"] == v), key=lambda a: a[axis])
+            ys = [a["speedup"] if key == "speedup" else a["mean"][key] for a in rows]
+            if any(y is None for y in ys):
+                continue
+            ax.plot([a[axis] for a in rows], ys, marker="o", label=v)
+        ax.set_xlabel({"max_new_tokens": "new tokens T", "l_max": "prompt cap L_max (tokens)"}[axis])
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return _save(fig, out / name)
+
+
+def length_scaling(results: dict, out: Path) -> Path:
+    return _lines(results, "max_new_tokens", out, "length_scaling.png", [
+        ("tokens_per_s", "throughput (tokens/s)"), ("tokens_per_iter", "L (tokens/iter)"),
+        ("accepted_len", "l (accepted drafts/iter)"), ("acceptance_rate", "acceptance rate")])
+
+
+def prompt_length(results: dict, out: Path) -> Path:
+    return _lines(results, "l_max", out, "prompt_length.png", [
+        ("tokens_per_s", "throughput (tokens/s)"), ("speedup", "speedup vs AR")])
+
+
+def ablation(results: dict, out: Path) -> Path:
+    tags = _variant_tags(results)
+    aggs = sorted((a for a in at(results, *_main_setting(results)) if "stage" in tags[a["variant"]]),
+                  key=lambda a: tags[a["variant"]]["stage"])
+    labels = [a["variant"] for a in aggs]
+    fig, (ax1, ax3) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.bar(labels, [a["mean"]["tokens_per_s"] for a in aggs], yerr=[a["std"]["tokens_per_s"] for a in aggs],
+            capsize=3, color="tab:blue")
+    ax1.set_ylabel("throughput (tokens/s)")
+    ax2 = ax1.twinx()
+    ax2.plot(labels, [a["mean"]["iterations"] for a in aggs], color="tab:red", marker="o")
+    ax2.set_ylabel("#iterations", color="tab:red")
+    ax3.bar(labels, [a["mean"]["tokens_per_iter"] for a in aggs], color="tab:green")
+    ax3.set_ylabel("L (tokens/iter)")
+    ax4 = ax3.twinx()
+    ax4.plot(labels, [a["mean"]["acceptance_rate"] or 0 for a in aggs], color="tab:purple", marker="s")
+    ax4.set_ylabel("acceptance rate", color="tab:purple")
+    for ax in (ax1, ax3):
+        ax.tick_params(axis="x", rotation=15)
+    return _save(fig, out / "ablation.png")
+
+
+def fixed_sweep(results: dict, out: Path) -> Path:
+    tags = _variant_tags(results)
+    aggs = [a for a in at(results, *_main_setting(results))
+            if {"depth", "branch", "tau"} <= set(tags[a["variant"]]) and a["speedup"] is not None]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, axis in zip(axes, ("depth", "branch", "tau")):
+        values = sorted({tags[a["variant"]][axis] for a in aggs})
+        best = [max(a["speedup"] for a in aggs if tags[a["variant"]][axis] == x) for x in values]
+        mean = [sum(a["speedup"] for a in aggs if tags[a["variant"]][axis] == x)
+                / sum(1 for a in aggs if tags[a["variant"]][axis] == x) for x in values]
+        ax.plot(values, best, marker="o", label="best over the other axes")
+        ax.plot(values, mean, marker=".", ls="--", label="mean over the other axes")
+        ax.axhline(1.0, color="gray", lw=1)
+        ax.set_xlabel({"depth": "depth D", "branch": "branch B", "tau": "pruning threshold tau"}[axis])
+        ax.set_ylabel("speedup vs AR")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("fixed-tree sweep")
+    return _save(fig, out / "fixed_sweep.png")
+
+
+def sensitivity(results: dict, out: Path) -> Path:
+    tags = _variant_tags(results)
+    aggs = at(results, *_main_setting(results))
+    by_group = lambda g: [a for a in aggs if tags[a["variant"]].get("group") == g]  # noqa: E731
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    ths = by_group("thresholds")
+    if ths:
+        sc = axes[0].scatter([tags[a["variant"]]["tau_h"] for a in ths], [tags[a["variant"]]["tau_l"] for a in ths],
+                             c=[a["mean"]["tokens_per_s"] for a in ths], cmap="viridis", s=80)
+        fig.colorbar(sc, ax=axes[0], label="tokens/s")
+    axes[0].set_xlabel("tau_h")
+    axes[0].set_ylabel("tau_l")
+    axes[0].set_title("(a) confidence thresholds")
+    for ax, group, title in ((axes[1], "breadth", "(b) breadth (b_min, b_mid, b_max)"),
+                             (axes[2], "depth", "(c) depth (D0, D_max)")):
+        rows = by_group(group)
+        ax.errorbar(range(len(rows)), [a["mean"]["tokens_per_s"] for a in rows],
+                    yerr=[a["std"]["tokens_per_s"] for a in rows], fmt="o", capsize=3)
+        ax.set_xticks(range(len(rows)), [tags[a["variant"]]["value"] for a in rows], rotation=30)
+        ax.set_title(title)
+        ax.set_ylabel("tokens/s")
+    for a in aggs:  # reference lines: AR and the fixed tree of the same run
+        if a["variant"] == "ar" or tags[a["variant"]].get("baseline"):
+            for ax in axes[1:]:
+                ax.axhline(a["mean"]["tokens_per_s"], ls="--", lw=1, color="gray" if a["variant"] == "ar" else "tab:red")
+                ax.annotate(a["variant"], (0, a["mean"]["tokens_per_s"]), fontsize=7)
+    return _save(fig, out / "sensitivity.png")
+
+
+def make_all(results: dict, out: Path) -> list[Path]:
+    out = Path(out)
+    tags = [v["tags"] for v in results["variants"]]
+    s = settings(results)
+    made = [throughput_bars(results, out), memory_bars(results, out)]
+    if len({t for t, _ in s}) > 1:
+        made.append(length_scaling(results, out))
+    if len({l for _, l in s}) > 1:
+        made.append(prompt_length(results, out))
+    if any("stage" in t for t in tags):
+        made.append(ablation(results, out))
+    if any({"depth", "branch", "tau"} <= set(t) for t in tags):
+        made.append(fixed_sweep(results, out))
+    if any("group" in t for t in tags):
+        made.append(sensitivity(results, out))
+    return made

@@ -1,0 +1,130 @@
+"""The papers' experiments as named presets, each at two scales.
+
+  main        AR, linear, fixed tree, DynaTree, hf-lookup (+ hf-assisted with a draft LM):
+              the main, latency, verification-efficiency and memory tables (one run makes all
+              four; `latency`, `efficiency` and `memory` are its aliases)
+  ablation    fixed tree (D=5, B=2) -> + dynamic breadth & depth -> + history adaptation
+  length      sequence-length scaling over T
+  prompt-length  prompt-length sensitivity over L_max
+  fixed-sweep the fixed tree's (D, B, tau) grid
+  dynatree-sensitivity  DynaTree's thresholds, breadth and depth, one group at a time
+
+`paper` scale follows the papers (N=10 prompts, W=2 warm-up, T=1500); `small` runs in
+minutes on a 2-core CPU. Every value can still be overridden on the command line.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ..api import NGRAM
+from ..errors import DynaTreeError
+from ..methods import get_method
+from .runner import Variant
+
+ALIASES = {"latency": "main", "efficiency": "main", "memory": "main"}
+PRESETS = ["main", "latency", "efficiency", "memory", "ablation", "length", "prompt-length", "fixed-sweep",
+           "dynatree-sensitivity"]
+
+# protocol per preset and scale: n prompts, warm-up, T values, L_max values (None: the data set's cap)
+SCALES = {
+    "paper": {
+        "main": (10, 2, [1500], None),
+        "ablation": (10, 2, [1500], None),
+        "length": (10, 2, [100, 200, 300, 500, 1000, 1500], None),
+        "prompt-length": (10, 2, [1500], [100, 200, 400, 600, 800, 1000]),
+        "fixed-sweep": (10, 2, [1500], None),
+        "dynatree-sensitivity": (10, 2, [1500], None),
+    },
+    "small": {
+        "main": (6, 1, [128], None),
+        "ablation": (6, 1, [128], None),
+        "length": (4, 1, [32, 64, 128, 256], None),
+        "prompt-length": (4, 1, [64], [32, 64, 128, 256]),
+        "fixed-sweep": (3, 1, [64], None),
+        "dynatree-sensitivity": (3, 1, [64], None),
+    },
+}
+
+FIXED_GRID = {
+    "paper": {"depth": [4, 6, 8, 10], "branch": [2, 3, 4], "tau": [0.01, 0.05, 0.1, 0.2]},
+    "small": {"depth": [2, 4, 6, 8], "branch": [1, 2, 3], "tau": [0.02, 0.1, 0.3]},
+}
+SENSITIVITY = {
+    "thresholds": [(0.95, 0.5), (0.9, 0.4), (0.8, 0.4), (0.8, 0.2), (0.7, 0.3), (0.6, 0.2)],  # (tau_h, tau_l)
+    "breadth": [(1, 1, 1), (1, 1, 2), (1, 2, 2), (1, 2, 3), (1, 2, 4), (2, 3, 4)],  # (b_min, b_mid, b_max)
+    "depth": [(2, 4), (3, 6), (4, 8), (5, 8), (6, 10), (8, 12)],  # (d0, d_max)
+}
+
+
+def _labelled(method: str, draft: str, drafts: list[str]) -> str:
+    return method if len(drafts) == 1 else f"{method}[{draft}]"
+
+
+def method_variants(methods: list[str], drafts: list[str], options: dict[str, dict] | None = None,
+                    strict: bool = True) -> list[Variant]:
+    """One variant per method, and per drafter for methods that take one.
+
+    A method that needs a draft LM when only the n-gram drafter is given is an error when
+    `strict` (the user asked for it), and skipped otherwise (a preset's "where it applies").
+    """
+    options = options or {}
+    lms = [d for d in drafts if d != NGRAM]
+    out = []
+    for method in methods:
+        need = get_method(method).draft
+        if need == "none":
+            out.append(Variant(method, method, options.get(method, {})))
+        else:
+            usable = lms if need == "lm" else drafts
+            if not usable and strict:
+                raise DynaTreeError(f"method {method!r} needs a draft language model: pass --draft MODEL")
+            out += [Variant(_labelled(method, d, drafts if need == "any" else lms), method, options.get(method, {}), d)
+                    for d in usable]
+    return out
+
+
+def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
+    preset = ALIASES.get(preset, preset)
+    first = drafts[0]
+    if preset in ("main",):
+        return method_variants(["ar", "linear", "fixed-tree", "dynatree", "hf-lookup", "hf-assisted"], drafts,
+                               strict=False)
+    if preset in ("length", "prompt-length"):
+        return method_variants(["ar", "linear", "fixed-tree", "dynatree"], drafts)
+    if preset == "ablation":
+        return [
+            Variant("ar", "ar"),
+            Variant("fixed tree (D=5, B=2)", "fixed-tree", {"depth": 5, "branch": 2}, first, {"stage": 0}),
+            Variant("+ dynamic breadth & depth", "dynatree", {"history": False}, first, {"stage": 1}),
+            Variant("+ history adaptation", "dynatree", {"history": True}, first, {"stage": 2}),
+        ]
+    if preset == "fixed-sweep":
+        grid = FIXED_GRID[scale]
+        return [Variant("ar", "ar")] + [
+            Variant(f"D={d} B={b} tau={t}", "fixed-tree", {"depth": d, "branch": b, "tau": t}, first,
+                    {"depth": d, "branch": b, "tau": t})
+            for d, b, t in itertools.product(grid["depth"], grid["branch"], grid["tau"])
+        ]
+    if preset == "dynatree-sensitivity":
+        out = [Variant("ar", "ar"), Variant("fixed-tree", "fixed-tree", {}, first, {"baseline": True})]
+        for th, tl in SENSITIVITY["thresholds"]:
+            out.append(Variant(f"tau_h={th} tau_l={tl}", "dynatree", {"tau_h": th, "tau_l": tl}, first,
+                               {"group": "thresholds", "tau_h": th, "tau_l": tl, "value": f"{th}/{tl}"}))
+        for b in SENSITIVITY["breadth"]:
+            out.append(Variant(f"B={b[0]},{b[1]},{b[2]}", "dynatree", dict(zip(("b_min", "b_mid", "b_max"), b)), first,
+                               {"group": "breadth", "value": f"{b[0]},{b[1]},{b[2]}"}))
+        for d0, dm in SENSITIVITY["depth"]:
+            out.append(Variant(f"D0={d0} D_max={dm}", "dynatree", {"d0": d0, "d_max": dm}, first,
+                               {"group": "depth", "value": f"{d0}/{dm}"}))
+        return out
+    raise DynaTreeError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+
+
+def protocol_defaults(preset: str, scale: str) -> tuple[int, int, list[int], list[int] | None]:
+    if scale not in SCALES:
+        raise DynaTreeError(f"unknown scale {scale!r}; choose small or paper")
+    preset = ALIASES.get(preset, preset)
+    if preset not in SCALES[scale]:
+        raise DynaTreeError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    return SCALES[scale][preset]

@@ -1,0 +1,171 @@
+"""report.md from results.json alone: the papers' tables, mean +- std over measured prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .results import load
+
+
+def _pm(mean, std, scale=1.0, digits=1) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def settings(results: dict) -> list[tuple[int, int]]:
+    return list(dict.fromkeys((a["max_new_tokens"], a["l_max"]) for a in results["aggregates"]))
+
+
+def at(results: dict, t_new: int, l_max: int) -> list[dict]:
+    return [a for a in results["aggregates"] if (a["max_new_tokens"], a["l_max"]) == (t_new, l_max)]
+
+
+def _speedup(a: dict) -> str:
+    if a["speedup"] is None:
+        return "-"
+    return f"{a['speedup']:.2f}× (median {a['speedup_median']:.2f}, {a['speedup_min']:.2f}-{a['speedup_max']:.2f})"
+
+
+def main_tables(aggs: list[dict]) -> str:
+    ar = next((a for a in aggs if a["variant"] == "ar"), None)
+    ar_mem = ar["mean"]["peak_mem_mb"] if ar else None
+    out = ["**Throughput**", "", _table(
+        ["Method", "Draft", "Throughput (tok/s)", "Speedup vs AR (per-prompt median, range)"],
+        [[a["variant"], a["draft"] or "-", _pm(a["mean"]["tokens_per_s"], a["std"]["tokens_per_s"]), _speedup(a)]
+         for a in aggs])]
+    out += ["", "**Latency**", "", _table(
+        ["Method", "TTFT (ms)", "TPOT (ms)"],
+        [[a["variant"], _pm(a["mean"]["ttft_s"], a["std"]["ttft_s"], 1000), _pm(a["mean"]["tpot_s"], a["std"]["tpot_s"], 1000, 2)]
+         for a in aggs])]
+    out += ["", "**Verification efficiency**", "", _table(
+        ["Method", "Accept.", "L (tokens/iter)", "l (accepted/iter)", "#Iter.", "drafted/iter"],
+        [[a["variant"],
+          "-" if a["mean"]["acceptance_rate"] is None else f"{100 * a['mean']['acceptance_rate']:.1f}%",
+          _pm(a["mean"]["tokens_per_iter"], a["std"]["tokens_per_iter"], digits=2),
+          _pm(a["mean"]["accepted_len"], a["std"]["accepted_len"], digits=2),
+          f"{a['mean']['iterations']:.0f}",
+          f"{a['mean']['drafted_tokens'] / max(a['mean']['iterations'] - 1, 1):.1f}"]
+         for a in aggs])]
+    out += ["", "**Peak memory**", "", _table(
+        ["Method", "Peak memory (MB)", "vs AR"],
+        [[a["variant"], _pm(a["mean"]["peak_mem_mb"], a["std"]["peak_mem_mb"], digits=0),
+          f"{100 * (a['mean']['peak_mem_mb'] / ar_mem - 1):+.1f}%" if ar_mem else "-"] for a in aggs])]
+    return "\n".join(out)
+
+
+def pivot_table(results: dict, axis: str, stat: str = "tokens_per_s") -> str:
+    """Rows: variants; columns: values of `axis` (max_new_tokens or l_max)."""
+    aggs = results["aggregates"]
+    values = sorted({a[axis] for a in aggs})
+    variants = list(dict.fromkeys(a["variant"] for a in aggs))
+    label = {"max_new_tokens": "T", "l_max": "L_max"}[axis]
+
+    def cell(v, x, key):
+        a = next((a for a in aggs if a["variant"] == v and a[axis] == x), None)
+        if a is None:
+            return "-"
+        if key == "speedup":
+            return "-" if a["speedup"] is None else f"{a['speedup']:.2f}×"
+        return _pm(a["mean"][key], a["std"][key], digits=2 if key != "tokens_per_s" else 1)
+
+    parts = []
+    for key, title in [(stat, "Throughput (tok/s)"), ("speedup", "Speedup vs AR"), ("tokens_per_iter", "L (tokens/iter)")]:
+        parts += [f"**{title} by {label}**", "",
+                  _table(["Method"] + [f"{label}={x}" for x in values], [[v] + [cell(v, x, key) for x in values] for v in variants]), ""]
+    return "\n".join(parts)
+
+
+def grid_best(results: dict) -> tuple[dict, list[str]]:
+    """Best fixed-tree sweep variant by speedup, and the grid axes on whose edge it lies."""
+    tagged = {v["label"]: v["tags"] for v in results["variants"] if {"depth", "branch", "tau"} <= set(v["tags"])}
+    aggs = [a for a in results["aggregates"] if a["variant"] in tagged and a["speedup"] is not None]
+    best = max(aggs, key=lambda a: a["speedup"])
+    edges = []
+    for axis in ("depth", "branch", "tau"):
+        grid = sorted({t[axis] for t in tagged.values()})
+        value = tagged[best["variant"]][axis]
+        if len(grid) > 1 and value in (grid[0], grid[-1]):
+            edges.append(f"{axis}={value} ({'lower' if value == grid[0] else 'upper'} edge of {grid})")
+    return best, edges
+
+
+def sweep_section(results: dict) -> str:
+    best, edges = grid_best(results)
+    aggs = sorted((a for a in results["aggregates"] if a["variant"] != "ar"), key=lambda a: -(a["speedup"] or 0))
+    lines = [f"Best configuration: **{best['variant']}**, {_pm(best['mean']['tokens_per_s'], best['std']['tokens_per_s'])} tok/s, "
+             f"speedup {best['speedup']:.2f}×.",
+             "",
+             ("It lies **on the edge** of the grid in " + "; ".join(edges) + ": extend the grid there before calling it tuned."
+              if edges else "It lies inside the grid on every axis (not on an edge)."),
+             "", "**All configurations, best first**", "",
+             _table(["Configuration", "Throughput (tok/s)", "Speedup", "L", "drafted/iter"],
+                    [[a["variant"], _pm(a["mean"]["tokens_per_s"], a["std"]["tokens_per_s"]),
+                      f"{a['speedup']:.2f}×" if a["speedup"] else "-", f"{a['mean']['tokens_per_iter']:.2f}",
+                      f"{a['mean']['drafted_tokens'] / max(a['mean']['iterations'] - 1, 1):.1f}"] for a in aggs])]
+    return "\n".join(lines)
+
+
+def header(results: dict) -> str:
+    p, e = results["protocol"], results["env"]
+    versions = ", ".join(f"{k} {v}" for k, v in e["versions"].items() if v)
+    lines = [f"# dynatree benchmark: {results['experiment']}", "",
+             f"- command: `{' '.join(results['command'])}`",
+             f"- date: {results['created']}{'' if results.get('complete') else ' (INCOMPLETE run)'}",
+             f"- target: `{results['target']}` ({results['dtype']}) on {e['device']}: {e['cpu']}"
+             f"{', ' + e['gpu'] if e.get('gpu') else ''}, {e['cpu_count']} CPUs, {e['torch_threads']} torch threads",
+             f"- versions: {versions}; Python {e['python']}",
+             f"- protocol: data set `{p['dataset']}`, {p['n']} prompts of which the first {p['warmup']} are warm-up "
+             f"(excluded), T = {', '.join(map(str, p['max_new_tokens']))} new tokens"
+             f"{' (EOS ignored)' if p['ignore_eos'] else ''}, prompts cut to L_max = {', '.join(map(str, p['l_max']))} tokens"
+             f"{', chat template' if p['chat'] else ''}",
+             "- values: mean ± sample std over the measured prompts; speedup = mean throughput / mean AR "
+             "throughput of this run (per-prompt ratio median and range in brackets)", ""]
+    lines += ["**Variants**", "", _table(["Label", "Method", "Draft", "Config"],
+              [[v["label"], v["method"], v["draft"] or "-", ", ".join(f"{k}={val}" for k, val in v["config"].items()) or "-"]
+               for v in results["variants"]])]
+    return "\n".join(lines)
+
+
+def exactness(results: dict) -> str:
+    bad = [a for a in results["aggregates"] if a["mismatches"]]
+    if not bad:
+        return "Exactness: every measured run produced exactly the tokens of `ar` on the same prompt."
+    rows = ", ".join(f"{a['variant']} ({a['mismatches']}/{a['n']} prompts, T={a['max_new_tokens']})" for a in bad)
+    return (f"Exactness: tokens differ from `ar` in {rows}. In float32 this can come from near-tied logits "
+            "(the tests check exactness in float64); investigate if it persists.")
+
+
+def render(results: dict) -> str:
+    parts = [header(results), ""]
+    s = settings(results)
+    if len({t for t, _ in s}) > 1:
+        parts += ["## Sequence-length scaling", "", pivot_table(results, "max_new_tokens")]
+    if len({l for _, l in s}) > 1:
+        parts += ["## Prompt-length sensitivity", "", pivot_table(results, "l_max")]
+    if any({"depth", "branch", "tau"} <= set(v["tags"]) for v in results["variants"]):
+        parts += ["## Fixed-tree sweep", "", sweep_section(results), ""]
+    for t_new, l_max in s:
+        title = f"## Results at T = {t_new}, L_max = {l_max}" if len(s) > 1 else "## Results"
+        parts += [title, "", main_tables(at(results, t_new, l_max)), ""]
+    parts += [exactness(results), ""]
+    return "\n".join(parts)
+
+
+def write(results_dir: Path) -> list[Path]:
+    """(Re)build report.md and the plots of a results directory from its results.json alone."""
+    from . import plots
+
+    results_dir = Path(results_dir)
+    results = load(results_dir)
+    report = results_dir / "report.md"
+    written = plots.make_all(results, results_dir)
+    figures = "".join(f"\n![{p.stem}]({p.name})\n" for p in written)
+    report.write_text(render(results) + ("\n## Plots\n" + figures if written else ""))
+    return [report, *written]

@@ -1,0 +1,81 @@
+"""results.json: saving, loading, and the aggregates every table and plot is drawn from.
+
+Aggregates are per (variant, T, L_max) over the measured prompts (warm-up excluded):
+mean and sample standard deviation of every statistic, and the speedup against `ar` of
+the same run and setting, two ways:
+  speedup            = mean throughput / mean AR throughput (the papers' definition)
+  speedup_median/min/max = over prompts, of throughput / AR throughput on the same prompt
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+
+from ..errors import DynaTreeError
+
+STATS = ["tokens_per_s", "ttft_s", "tpot_s", "acceptance_rate", "tokens_per_iter", "accepted_len",
+         "iterations", "new_tokens", "wall_s", "peak_mem_mb", "drafted_tokens", "accepted_tokens"]
+
+
+def mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def aggregate(records: list[dict]) -> list[dict]:
+    measured = [r for r in records if not r["warmup"]]
+    keys = list(dict.fromkeys((r["variant"], r["max_new_tokens"], r["l_max"]) for r in measured))
+    ar_tps = {(r["prompt_index"], r["max_new_tokens"], r["l_max"]): r["stats"]["tokens_per_s"]
+              for r in measured if r["variant"] == "ar"}
+    out = []
+    for variant, t_new, l_max in keys:
+        rows = [r for r in measured if (r["variant"], r["max_new_tokens"], r["l_max"]) == (variant, t_new, l_max)]
+        agg = {"variant": variant, "method": rows[0]["method"], "draft": rows[0]["draft"],
+               "max_new_tokens": t_new, "l_max": l_max, "n": len(rows), "mean": {}, "std": {}}
+        for stat in STATS:
+            agg["mean"][stat], agg["std"][stat] = mean_std([r["stats"][stat] for r in rows])
+        agg["mean"]["prompt_tokens"], agg["std"]["prompt_tokens"] = mean_std([r["prompt_tokens"] for r in rows])
+        ratios = [r["stats"]["tokens_per_s"] / ar_tps[(r["prompt_index"], t_new, l_max)] for r in rows
+                  if (r["prompt_index"], t_new, l_max) in ar_tps]
+        ar_mean = mean_std([ar_tps[k] for k in ar_tps if k[1:] == (t_new, l_max)])[0]
+        agg["speedup"] = agg["mean"]["tokens_per_s"] / ar_mean if ar_mean else None
+        agg["speedup_median"] = statistics.median(ratios) if ratios else None
+        agg["speedup_min"] = min(ratios) if ratios else None
+        agg["speedup_max"] = max(ratios) if ratios else None
+        agg["speedup_std"] = mean_std(ratios)[1]
+        agg["mismatches"] = sum(1 for r in rows if not r.get("matches_ar", True))
+        out.append(agg)
+    return out
+
+
+def save(results: dict, out_dir: Path) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    os.replace(tmp, path)  # never a half-written results.json
+    return path
+
+
+def load(path: Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DynaTreeError(f"no results file at {path}") from None
+    except json.JSONDecodeError as exc:
+        raise DynaTreeError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(results, dict) or "records" not in results or "variants" not in results:
+        raise DynaTreeError(f"{path} is not a dynatree results file")
+    if "aggregates" not in results:  # an interrupted run: aggregate what was measured
+        results["aggregates"] = aggregate([r for r in results["records"] if "matches_ar" in r])
+    return results

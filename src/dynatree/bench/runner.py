@@ -1,0 +1,196 @@
+"""The benchmark protocol: every variant on every prompt, in one run, with one timer.
+
+For each setting (T new tokens, prompt cap L_max) and each prompt, all variants run one
+after the other (interleaved, so slow drifts of the machine hit every method alike). The
+first `warmup` prompts are run and recorded but flagged, and left out of the aggregates.
+EOS is ignored by default (the papers force T tokens). Every record keeps the engine's
+full statistics; each variant's tokens are compared with `ar`'s on the same prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import env
+from ..api import NGRAM, generate
+from ..errors import DynaTreeError
+from ..methods import get_method, make_config
+from ..models import LoadedModel
+from .data import Prompt, load_texts, tokenize
+from .results import aggregate, save
+
+SCHEMA = 1
+
+
+@dataclass
+class Variant:
+    label: str  # unique name in tables and plots
+    method: str
+    options: dict = field(default_factory=dict)  # method config fields
+    draft: str | None = None  # "ngram", a draft model spec, or None (methods without a draft)
+    tags: dict = field(default_factory=dict)  # what the variant varies, for plots (e.g. {"depth": 8})
+
+
+@dataclass
+class Protocol:
+    dataset: str  # data set name or prompts file
+    n: int = 10  # prompts, warm-up included
+    warmup: int = 2  # first prompts run but left out of the aggregates
+    max_new_tokens: list[int] = field(default_factory=lambda: [1500])  # T; several for length scaling
+    l_max: list[int] = field(default_factory=lambda: [800])  # prompt cap in tokens; several for sensitivity
+    ignore_eos: bool = True  # force T tokens, as the papers do
+    chat: bool = False  # wrap prompts in the tokenizer's chat template
+    min_chars: int | None = None  # paragraph filter override (None: the data set's own)
+
+    def validate(self) -> None:
+        if self.n < 1 or self.warmup < 0 or self.warmup >= self.n:
+            raise DynaTreeError(f"need --n >= 1 and 0 <= --warmup < --n, got n={self.n}, warmup={self.warmup}")
+        if any(t < 1 for t in self.max_new_tokens) or any(l < 1 for l in self.l_max):
+            raise DynaTreeError("--max-new-tokens and --l-max values must be positive")
+
+
+def check_variants(variants: list[Variant]) -> None:
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise DynaTreeError(f"variant labels must be unique, got {labels}")
+    if "ar" not in labels:
+        raise DynaTreeError("a benchmark needs the 'ar' variant: speedups are measured against it in the same run")
+    for v in variants:
+        make_config(v.method, **v.options)  # fails early on a bad option
+        need = get_method(v.method).draft
+        if need == "lm" and v.draft in (None, NGRAM):
+            raise DynaTreeError(f"variant {v.label!r}: method {v.method!r} needs a draft language model")
+
+
+def run(
+    experiment: str,
+    variants: list[Variant],
+    protocol: Protocol,
+    target: LoadedModel,
+    drafts: dict[str, LoadedModel],
+    out_dir: Path | None = None,
+    progress: bool = True,
+    command: list[str] | None = None,
+    texts: list[Prompt] | None = None,
+) -> dict:
+    """Run the protocol; write `out_dir/results.json` after every prompt; return the results.
+
+    `texts` are the prompts when already loaded (else loaded from `protocol.dataset`).
+    """
+    protocol.validate()
+    check_variants(variants)
+    texts = texts if texts is not None else load_texts(protocol.dataset, protocol.n, protocol.min_chars)
+    results = {
+        "schema": SCHEMA,
+        "experiment": experiment,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": command if command is not None else sys.argv,
+        "complete": False,
+        "protocol": dataclasses.asdict(protocol),
+        "target": target.name,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "env": env.describe(target.device),
+        "variants": [
+            {**dataclasses.asdict(v), "config": dataclasses.asdict(make_config(v.method, **v.options))}
+            for v in variants
+        ],
+        "records": [],
+    }
+    settings = [(t, l) for l in protocol.l_max for t in protocol.max_new_tokens]
+    bar = _Progress(len(settings) * len(texts) * len(variants), enabled=progress)
+    try:
+        for t_new, l_max in settings:
+            for index, prompt in enumerate(texts):
+                ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat)
+                _check_length(target, drafts, ids, t_new)
+                ar_ids = None
+                for v in variants:
+                    bar.start(f"{index + 1}/{len(texts)}", v.label, t_new)
+                    rec = generate(
+                        method=v.method, target=target, draft=drafts.get(v.draft, v.draft), prompt_ids=ids,
+                        max_new_tokens=t_new, ignore_eos=protocol.ignore_eos, on_tokens=bar.tokens, **v.options,
+                    )
+                    bar.done(rec["stats"]["tokens_per_s"])
+                    if v.label == "ar":
+                        ar_ids = rec["new_token_ids"]
+                    results["records"].append(_record(v, prompt, index, protocol, t_new, l_max, rec))
+                for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
+                    r["matches_ar"] = r.pop("_ids") == ar_ids
+                if out_dir is not None:
+                    save(results, out_dir)
+    finally:
+        bar.close()
+    results["complete"] = True
+    results["aggregates"] = aggregate(results["records"])
+    if out_dir is not None:
+        save(results, out_dir)
+    return results
+
+
+def _record(v: Variant, prompt: Prompt, index: int, protocol: Protocol, t_new: int, l_max: int, rec: dict) -> dict:
+    ids = rec["new_token_ids"]
+    return {
+        "variant": v.label,
+        "method": v.method,
+        "draft": rec["draft"],
+        "prompt_id": prompt.id,
+        "prompt_index": index,
+        "warmup": index < protocol.warmup,
+        "max_new_tokens": t_new,
+        "l_max": l_max,
+        "prompt_tokens": rec["prompt_tokens"],
+        "stats": rec["stats"],
+        "policy_state": rec.get("policy_state"),
+        "tokens_sha1": hashlib.sha1(json.dumps(ids).encode()).hexdigest(),
+        "_ids": ids,
+    }
+
+
+def _check_length(target: LoadedModel, drafts: dict, ids: list[int], t_new: int) -> None:
+    for model in [target, *[d for d in drafts.values() if isinstance(d, LoadedModel)]]:
+        limit = model.context_length
+        if limit is not None and len(ids) + t_new > limit:
+            raise DynaTreeError(
+                f"a prompt of {len(ids)} tokens + {t_new} new tokens exceeds the context length {limit} of "
+                f"{model.name!r}; lower --l-max or --max-new-tokens"
+            )
+
+
+class _Progress:
+    """One tqdm bar over all runs, showing prompt, method and live tokens/s."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="bench", unit="run", dynamic_ncols=True, file=sys.stderr)
+
+    def start(self, prompt: str, method: str, t_new: int) -> None:
+        self.prompt, self.method, self.t_new = prompt, method, t_new
+        self.count, self.t0, self.shown = 0, time.perf_counter(), 0.0
+
+    def tokens(self, new: list[int]) -> None:
+        self.count += len(new)
+        now = time.perf_counter()
+        if self.bar is not None and now - self.shown > 0.5:
+            self.shown = now
+            self._show(self.count / max(now - self.t0, 1e-9), f"{self.count}/{self.t_new}")
+
+    def done(self, tokens_per_s: float | None) -> None:
+        if self.bar is not None:
+            self._show(tokens_per_s or 0.0, f"{self.count}/{self.t_new}")
+            self.bar.update(1)
+
+    def _show(self, rate: float, tokens: str) -> None:
+        self.bar.set_postfix_str(f"prompt {self.prompt} | {self.method} | {tokens} tok | {rate:.1f} tok/s", refresh=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

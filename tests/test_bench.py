@@ -1,0 +1,263 @@
+"""Benchmark harness: data loading, aggregation arithmetic, reports/plots, end-to-end runs."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from conftest import tiny, tokenizer
+from dynatree import DynaTreeError
+from dynatree.bench import data, plots, presets, report, results, runner
+from dynatree.cli import main
+
+
+# ---------------------------------------------------------------- data sets
+def test_plain_text_paragraphs_and_min_chars(tmp_path):
+    f = tmp_path / "prompts.txt"
+    f.write_text("first paragraph\nstill first\n\n  \n" + "x" * 30 + "\n\n\nshort\n")
+    assert data.paragraphs(f.read_text()) == ["first paragraph\nstill first", "x" * 30, "short"]
+    assert [p.text for p in data.load_texts(str(f), 2)] == ["first paragraph\nstill first", "x" * 30]
+    assert [p.text for p in data.load_texts(str(f), 1, min_chars=28)] == ["x" * 30]
+
+
+def test_jsonl_prompts(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "w5 w6 w7", "id": "a"}\n\n{"prompt": "w8 w9"}\n')
+    prompts = data.load_texts(str(f), 2)
+    assert [(p.id, p.text) for p in prompts] == [("a", "w5 w6 w7"), ("p.jsonl:3", "w8 w9")]
+    f.write_text('{"text": "no prompt field"}\n')
+    with pytest.raises(DynaTreeError, match=r'p.jsonl:1: expected a JSON object with a "prompt" field'):
+        data.load_texts(str(f), 1)
+
+
+def test_too_few_prompts_and_unknown_source(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("one\n\ntwo\n")
+    with pytest.raises(DynaTreeError, match="has 2 usable prompts, fewer than the 3"):
+        data.load_texts(str(f), 3)
+    with pytest.raises(DynaTreeError, match="unknown data set 'nope'"):
+        data.load_texts("nope", 1)
+
+
+def test_truncation_is_in_tokens():
+    tok = tokenizer()
+    prompt = data.Prompt("x", " ".join(f"w{i}" for i in range(3, 40)))
+    assert data.tokenize(tok, prompt, l_max=10) == list(range(3, 13))
+    assert data.tokenize(tok, prompt, l_max=1000) == list(range(3, 40))
+
+
+def test_humaneval_ships_offline():
+    prompts = data.load_texts("humaneval", 164)
+    assert prompts[0].id == "HumanEval/0" and prompts[0].text.startswith("from typing import List")
+
+
+def test_hub_data_set_unreachable_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(DynaTreeError, match=r"cannot load data set 'wikitext2'.*unreachable.*--dataset FILE"):
+        data.load_texts("wikitext2", 3)
+
+
+def test_wikitext_rows_filtered_like_the_papers(monkeypatch):
+    """Headings and paragraphs under 200 characters are dropped (fake `datasets` rows)."""
+    rows = [{"text": " = Title = "}, {"text": "short line"}, {"text": "a" * 199}, {"text": " " + "b" * 200 + " "},
+            {"text": ""}, {"text": "c" * 500}]
+
+    class FakeDatasets:
+        class config:
+            HF_HUB_OFFLINE = HF_DATASETS_OFFLINE = False
+
+        @staticmethod
+        def load_dataset(path, name, split):
+            assert (path, name, split) == ("wikitext", "wikitext-2-raw-v1", "test")
+            return rows
+
+    monkeypatch.setitem(__import__("sys").modules, "datasets", FakeDatasets)
+    monkeypatch.setattr("dynatree.models.hub_reachable", lambda timeout=3.0: True)
+    prompts = data.load_texts("wikitext2", 2)
+    assert [p.text for p in prompts] == ["b" * 200, "c" * 500]
+    assert [p.id for p in prompts] == ["wikitext2:3", "wikitext2:5"]
+
+
+# ---------------------------------------------------------------- aggregation
+def rec(variant, index, tps, warmup=False, t=8, acc=None, matches=True):
+    stats = {k: 1.0 for k in results.STATS}
+    stats.update(tokens_per_s=tps, acceptance_rate=acc)
+    return {"variant": variant, "method": variant, "draft": None, "prompt_index": index, "warmup": warmup,
+            "max_new_tokens": t, "l_max": 800, "prompt_tokens": 10 + index, "stats": stats, "matches_ar": matches}
+
+
+def test_aggregate_excludes_warmup_and_computes_speedups():
+    records = [rec("ar", 0, 100.0, warmup=True), rec("x", 0, 1.0, warmup=True),
+               rec("ar", 1, 10.0), rec("x", 1, 20.0, acc=0.5),
+               rec("ar", 2, 20.0), rec("x", 2, 30.0, acc=None, matches=False)]
+    ar, x = results.aggregate(records)
+    assert ar["n"] == x["n"] == 2
+    assert ar["mean"]["tokens_per_s"] == 15.0 and ar["std"]["tokens_per_s"] == pytest.approx(7.0710678)
+    assert x["mean"]["tokens_per_s"] == 25.0
+    assert x["speedup"] == pytest.approx(25 / 15)  # ratio of means (the papers' definition)
+    assert x["speedup_median"] == pytest.approx(1.75)  # per-prompt ratios 2.0 and 1.5
+    assert (x["speedup_min"], x["speedup_max"]) == (1.5, 2.0)
+    assert x["mean"]["acceptance_rate"] == 0.5  # None values are skipped, not counted as 0
+    assert x["mismatches"] == 1 and ar["speedup"] == 1.0
+    assert x["mean"]["prompt_tokens"] == 11.5
+
+
+def test_aggregate_per_setting():
+    records = [rec("ar", 0, 10.0, t=8), rec("x", 0, 20.0, t=8), rec("ar", 0, 5.0, t=16), rec("x", 0, 20.0, t=16)]
+    aggs = {(a["variant"], a["max_new_tokens"]): a for a in results.aggregate(records)}
+    assert aggs[("x", 8)]["speedup"] == 2.0 and aggs[("x", 16)]["speedup"] == 4.0
+
+
+# ---------------------------------------------------------------- reports and plots
+def fixed_results(kind: str) -> dict:
+    """A small results dict shaped like the runner's, for report and plot tests."""
+    variants = presets.variants(kind, "small", ["ngram"])
+    t_values = [8, 16] if kind == "length" else [8]
+    records = []
+    for t in t_values:
+        for i in range(3):
+            for j, v in enumerate(variants):
+                r = rec(v.label, i, 10.0 + j + i, warmup=i == 0, t=t, acc=None if v.method == "ar" else 0.3)
+                r["method"], r["draft"] = v.method, v.draft
+                records.append(r)
+    res = {"schema": 1, "experiment": kind, "created": "2026-11-22T00:00:00", "command": ["dynatree", "bench"],
+           "complete": True, "target": "tiny", "dtype": "float32",
+           "protocol": {"dataset": "fixture", "n": 3, "warmup": 1, "max_new_tokens": t_values, "l_max": [800],
+                        "ignore_eos": True, "chat": False, "min_chars": None},
+           "env": {"versions": {"torch": "x"}, "python": "3", "cpu": "cpu", "cpu_count": 2, "torch_threads": 2,
+                   "device": "cpu"},
+           "variants": [{"label": v.label, "method": v.method, "options": v.options, "draft": v.draft, "tags": v.tags,
+                         "config": v.options} for v in variants],
+           "records": records}
+    res["aggregates"] = results.aggregate(records)
+    return res
+
+
+@pytest.mark.parametrize("kind, plot", [("main", "throughput.png"), ("ablation", "ablation.png"),
+                                        ("length", "length_scaling.png"), ("fixed-sweep", "fixed_sweep.png"),
+                                        ("dynatree-sensitivity", "sensitivity.png")])
+def test_report_and_plots_from_results_json_alone(tmp_path, kind, plot):
+    results.save(fixed_results(kind), tmp_path)
+    written = report.write(tmp_path)
+    names = {p.name for p in written}
+    assert {"report.md", "throughput.png", "memory.png", plot} <= names
+    for p in written:
+        assert p.stat().st_size > 1000
+    md = (tmp_path / "report.md").read_text()
+    assert "**Throughput**" in md and "**Latency**" in md and "**Verification efficiency**" in md
+    assert "**Peak memory**" in md and f"![{plot[:-4]}]({plot})" in md
+    if kind == "length":
+        assert "Throughput (tok/s) by T" in md and "T=16" in md
+
+
+def test_report_numbers(tmp_path):
+    res = fixed_results("main")
+    md = report.render(res)
+    # linear is variant 1: tokens/s 10+1+i for measured prompts i=1,2 (ratios 12/11, 13/12) vs ar 11+i
+    assert "| linear | ngram | 12.5 ± 0.7 | 1.09× (median 1.09, 1.08-1.09) |" in md
+    assert "Exactness: every measured run" in md
+
+
+def test_fixed_sweep_best_and_grid_edge():
+    res = fixed_results("fixed-sweep")
+    best, edges = report.grid_best(res)
+    assert best["variant"] == "D=8 B=3 tau=0.3"  # the last variant is the fastest in the fixture
+    assert len(edges) == 3 and "upper edge" in edges[0]
+    # make an interior point the best: no edge
+    inner = "D=4 B=2 tau=0.1"
+    for a in res["aggregates"]:
+        if a["variant"] == inner:
+            a["speedup"] = 99.0
+    best, edges = report.grid_best(res)
+    assert best["variant"] == inner and edges == []
+    assert "inside the grid on every axis" in report.sweep_section(res)
+
+
+def test_interrupted_results_are_still_reportable(tmp_path):
+    res = fixed_results("main")
+    del res["aggregates"]
+    res["complete"] = False
+    results.save(res, tmp_path)
+    report.write(tmp_path)
+    assert "INCOMPLETE run" in (tmp_path / "report.md").read_text()
+
+
+def test_results_file_errors(tmp_path):
+    with pytest.raises(DynaTreeError, match="no results file"):
+        results.load(tmp_path)
+    (tmp_path / "results.json").write_text("{not json")
+    with pytest.raises(DynaTreeError, match="not valid JSON"):
+        results.load(tmp_path)
+
+
+# ---------------------------------------------------------------- end to end
+@pytest.fixture()
+def prompt_file(tmp_path):
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": p}) for p in
+                           ["w5 w6 w7 w5 w6 w7", "w10 w11 w12 w10 w11", "w40 w41 w40 w41 w40", "w9 w9 w9"]))
+    return f
+
+
+def test_runner_end_to_end_on_tiny_models(tmp_path, prompt_file):
+    target = tiny("llama", eos_ids=[])
+    draft = copy.copy(tiny("gpt2", seed=4))
+    variants = presets.method_variants(["ar", "linear", "fixed-tree", "dynatree", "hf-lookup", "hf-ar", "hf-assisted"],
+                                       ["ngram", "tiny-draft"])
+    proto = runner.Protocol(dataset=str(prompt_file), n=3, warmup=1, max_new_tokens=[6, 12], l_max=[4, 800])
+    res = runner.run("e2e", variants, proto, target, {"tiny-draft": draft}, out_dir=tmp_path, progress=False)
+    labels = {v.label for v in variants}
+    assert {"dynatree[ngram]", "dynatree[tiny-draft]", "hf-assisted"} <= labels
+    assert len(res["records"]) == len(variants) * 3 * 4
+    for r in res["records"]:
+        assert r["matches_ar"], r["variant"]
+        assert set(results.STATS) <= set(r["stats"])
+        assert r["stats"]["new_tokens"] == r["max_new_tokens"]
+        assert r["prompt_tokens"] <= r["l_max"]
+    assert {a["n"] for a in res["aggregates"]} == {2}
+    on_disk = results.load(tmp_path)
+    assert on_disk["complete"] and on_disk["env"]["versions"]["torch"] and len(on_disk["variants"]) == len(variants)
+    assert on_disk["variants"][1]["config"]["k"] == 5  # resolved config of every variant
+
+
+def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
+    out = tmp_path / "main"
+    code = main(["bench", "--preset", "main", "--scale", "small", "--target", str(saved_tiny), "--dataset",
+                 str(prompt_file), "--n", "2", "--warmup", "1", "--max-new-tokens", "6", "--out", str(out),
+                 "--no-progress", "--k", "3"])
+    stdout = capsys.readouterr().out
+    assert code == 0 and "| dynatree | ngram |" in stdout
+    res = results.load(out)
+    assert next(v for v in res["variants"] if v["label"] == "linear")["config"]["k"] == 3
+    (out / "report.md").unlink()
+    assert main(["report", str(out)]) == 0 and (out / "report.md").exists()
+
+    sweep_out = tmp_path / "sweep"
+    code = main(["sweep", "--method", "fixed-tree", "--depth", "1,2", "--branch", "1,2", "--tau", "0.1",
+                 "--target", str(saved_tiny), "--dataset", str(prompt_file), "--n", "2", "--warmup", "0",
+                 "--max-new-tokens", "5", "--out", str(sweep_out), "--no-progress"])
+    assert code == 0
+    res = results.load(sweep_out)
+    assert [v["label"] for v in res["variants"]][1:] == ["depth=1 branch=1 tau=0.1", "depth=1 branch=2 tau=0.1",
+                                                         "depth=2 branch=1 tau=0.1", "depth=2 branch=2 tau=0.1"]
+    assert (sweep_out / "fixed_sweep.png").exists()
+    assert "Best configuration" in (sweep_out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--preset", "nope"], "unknown preset 'nope'"),
+    (["bench", "--scale", "huge"], "unknown scale 'huge'"),
+    (["bench", "--n", "2", "--warmup", "2"], "0 <= --warmup < --n"),
+    (["bench", "--methods", "ar,hf-assisted"], "needs a draft language model"),
+    (["bench", "--methods", "ar,linear", "--d0", "3"], "--d0 applies to none of the methods"),
+    (["sweep", "--method", "fixed-tree", "--d0", "1,2"], "--d0 does not apply to method 'fixed-tree'"),
+    (["sweep", "--method", "fixed-tree"], "give at least one option"),
+    (["sweep", "--depth", "1,x"], "invalid int value 'x'"),
+    (["report", "/nonexistent/dir"], "no results file"),
+])
+def test_bench_bad_input(capsys, argv, message):
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
