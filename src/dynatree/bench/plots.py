@@ -57,6 +57,7 @@ def memory_bars(results: dict, out: Path) -> Path:
 def _lines(results: dict, axis: str, out: Path, name: str, panels: list[tuple[str, str]]) -> Path:
     aggs = results["aggregates"]
     variants = list(dict.fromkeys(a["variant"] for a in aggs))
+    color = {v: f"C{i % 10}" for i, v in enumerate(variants)}  # one color per variant in every panel
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
     for ax, (key, ylabel) in zip(axes, panels):
         for v in variants:
@@ -64,7 +65,7 @@ def _lines(results: dict, axis: str, out: Path, name: str, panels: list[tuple[st
             ys = [a["speedup"] if key == "speedup" else a["mean"][key] for a in rows]
             if any(y is None for y in ys):
                 continue
-            ax.plot([a[axis] for a in rows], ys, marker="o", label=v)
+            ax.plot([a[axis] for a in rows], ys, marker="o", label=v, color=color[v])
         ax.set_xlabel({"max_new_tokens": "new tokens T", "l_max": "prompt cap L_max (tokens)"}[axis])
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
