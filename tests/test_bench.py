@@ -114,7 +114,7 @@ def test_aggregate_per_setting():
 def fixed_results(kind: str) -> dict:
     """A small results dict shaped like the runner's, for report and plot tests."""
     variants = presets.variants(kind, "small", ["ngram"])
-    t_values = [8, 16] if kind == "length" else [8]
+    t_values = [8, 16] if kind in ("length", "streaming") else [8]
     records = []
     for t in t_values:
         for i in range(3):
@@ -129,7 +129,7 @@ def fixed_results(kind: str) -> dict:
            "env": {"versions": {"torch": "x"}, "python": "3", "cpu": "cpu", "cpu_count": 2, "torch_threads": 2,
                    "device": "cpu"},
            "variants": [{"label": v.label, "method": v.method, "options": v.options, "draft": v.draft, "tags": v.tags,
-                         "config": v.options} for v in variants],
+                         "kv_window": v.kv_window, "config": v.options} for v in variants],
            "records": records}
     res["aggregates"] = results.aggregate(records)
     return res
@@ -137,7 +137,8 @@ def fixed_results(kind: str) -> dict:
 
 @pytest.mark.parametrize("kind, plot", [("main", "throughput.png"), ("ablation", "ablation.png"),
                                         ("length", "length_scaling.png"), ("fixed-sweep", "fixed_sweep.png"),
-                                        ("dynatree-sensitivity", "sensitivity.png")])
+                                        ("dynatree-sensitivity", "sensitivity.png"),
+                                        ("streaming", "memory_scaling.png")])
 def test_report_and_plots_from_results_json_alone(tmp_path, kind, plot):
     results.save(fixed_results(kind), tmp_path)
     written = report.write(tmp_path)
@@ -261,3 +262,19 @@ def test_bench_bad_input(capsys, argv, message):
     code = main(argv)
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_windowed_variants_are_checked_against_windowed_ar(tmp_path, prompt_file):
+    target = tiny("gpt_neox", eos_ids=[])
+    variants = presets.variants("streaming", "small", ["ngram"])
+    variants = [runner.Variant(v.label, v.method, v.options, v.draft, v.tags, "2,6" if v.kv_window else None)
+                for v in variants]
+    variants.append(runner.Variant("linear + window 1,4", "linear", {}, "ngram", {}, "1,4"))  # no ar under 1,4
+    proto = runner.Protocol(dataset=str(prompt_file), n=2, warmup=0, max_new_tokens=[20], l_max=[800])
+    res = runner.run("streaming", variants, proto, target, {}, progress=False)
+    by_variant = {r["variant"]: r for r in res["records"] if r["prompt_index"] == 0}
+    assert by_variant["dynatree + window 4,508"]["matches_ar"] is True  # compared with "ar + window"
+    assert by_variant["dynatree"]["matches_ar"] is True
+    assert by_variant["linear + window 1,4"]["matches_ar"] is None
+    assert by_variant["ar + window 4,508"]["kv_window"] == "2,6"
+    assert "Not checked (no `ar` run under the same KV window): linear + window 1,4" in report.exactness(res)

@@ -14,6 +14,7 @@ from .errors import DynaTreeError
 from .methods import get_method, make_config
 from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model
 from .peers import hf_generate
+from .window import KVWindow
 
 NGRAM = "ngram"
 
@@ -68,6 +69,7 @@ def generate(
     dtype: str = "float32",
     seed: int = 0,
     ngram_max: int = 4,
+    kv_window: str | KVWindow | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
     **options,
 ) -> dict:
@@ -76,7 +78,8 @@ def generate(
     `target`/`draft` take a model spec (alias, directory, .gguf file, hub id) or a model
     already loaded with `load_model`; `draft` may also be "ngram". `options` are the
     method's config fields (e.g. k=5 for linear, d0=4 for dynatree). Give either `prompt`
-    (text) or `prompt_ids` (token ids, used as they are).
+    (text) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
+    the KV caches with attention sinks plus a window of recent tokens (see `window.py`).
     """
     spec = get_method(method)
     config = make_config(method, **options)
@@ -84,6 +87,9 @@ def generate(
         raise DynaTreeError(f"--max-new-tokens must be positive, got {max_new_tokens}")
     if ngram_max < 1:
         raise DynaTreeError(f"--ngram-max must be at least 1, got {ngram_max}")
+    window = kv_window if isinstance(kv_window, KVWindow) or kv_window is None else KVWindow.parse(kv_window)
+    if window is not None and spec.policy_cls is None:
+        raise DynaTreeError(f"--kv-window is not available for {method!r} (transformers' own generate())")
     tgt = target if isinstance(target, LoadedModel) else load_model(target, device=device, dtype=dtype)
     draft_lm, draft_name = resolve_draft(method, draft, tgt, device, dtype)
     if prompt_ids is None:
@@ -92,6 +98,8 @@ def generate(
         raise DynaTreeError("the prompt is empty")
     for model in filter(None, (tgt, draft_lm)):
         limit = model.context_length
+        if window is not None:
+            window.check_context(limit, model.name)
         if limit is not None and len(prompt_ids) + max_new_tokens > limit:
             raise DynaTreeError(
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
@@ -109,8 +117,8 @@ def generate(
         elif draft_lm is None:
             drafter = NgramDrafter(max_n=ngram_max)
         else:
-            drafter = LMDrafter(draft_lm, vocab_limit=tgt.vocab_size)
-        run = Decoder(tgt, policy, drafter).generate(prompt_ids, max_new_tokens, ignore_eos, on_tokens)
+            drafter = LMDrafter(draft_lm, vocab_limit=tgt.vocab_size, window=window)
+        run = Decoder(tgt, policy, drafter, window).generate(prompt_ids, max_new_tokens, ignore_eos, on_tokens)
         new_ids, stats = run.new_tokens, run.stats
         if hasattr(policy, "state"):
             policy_state = policy.state()
@@ -132,6 +140,7 @@ def generate(
             "dtype": str(tgt.dtype).removeprefix("torch."),
             "seed": seed,
             "ngram_max": ngram_max if draft_name == NGRAM else None,
+            "kv_window": str(window) if window is not None else None,
         },
         "env": env.describe(tgt.device),
     }

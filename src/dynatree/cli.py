@@ -16,6 +16,7 @@ from .config import field_type
 from .errors import DynaTreeError
 from .methods import METHODS
 from .models import DEFAULT_TARGET, EMBEDDED
+from .window import KVWindow
 
 EXIT_USAGE = 2
 
@@ -103,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compare", metavar="M1,M2", help="also run these methods on the same prompt (after a short warm-up) and print a table")
     gen.add_argument("--seed", type=int, default=0, help="random seed [0]")
     gen.add_argument("--ngram-max", type=int, default=4, help="longest context the n-gram drafter matches [4]")
+    gen.add_argument("--kv-window", metavar="SINK,RECENT",
+                     help="attention-sink KV window: keep the first SINK and the last RECENT tokens (bounded memory)")
     gen.set_defaults(method_fields=_method_options(gen), run=cmd_generate)
     add_bench_commands(sub)
     return parser
@@ -177,6 +180,7 @@ def cmd_generate(args) -> int:
     from .models import load_model
 
     prompt = _read_prompt(args)
+    KVWindow.parse(args.kv_window)  # malformed windows fail before any model loads
     methods = [args.method] + ([m.strip() for m in args.compare.split(",") if m.strip()] if args.compare else [])
     given = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
 
@@ -203,6 +207,7 @@ def cmd_generate(args) -> int:
             method=method, target=target, draft=draft, prompt_ids=prompt_ids,
             max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos, chat=args.chat,
             device=args.device, dtype=args.dtype, seed=args.seed, ngram_max=args.ngram_max, on_tokens=stream,
+            kv_window=args.kv_window,
             **options_for(method),
         )
         records.append(record)

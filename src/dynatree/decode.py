@@ -1,9 +1,10 @@
 """The speculative decoding loop: draft tree -> verify -> accept -> commit cache.
 
 State between iterations: the committed tokens `seq`, and the target cache holding every
-committed token but the last one. That last token (the previous bonus) is the root of the
-next tree, so it is fed together with the drafted nodes in the next verification pass.
-The prefill runs the whole prompt and yields the first new token (like plain decoding).
+committed token but the last one (or, with a KV window, the ones the window still needs;
+`slot_pos` gives each cache slot's position). The last token (the previous bonus) is the
+root of the next tree, so it is fed together with the drafted nodes in the next
+verification pass. The prefill runs the whole prompt and yields the first new token.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from .drafters.base import Drafter
 from .models import LoadedModel
 from .policies.base import TreePolicy
 from .stats import Clock, PeakMemory, Stats
-from .tree import Tree
+from .tree import Tree, additive_mask
 from .verify import greedy_accept
+from .window import KVWindow
 
 
 @dataclass
@@ -37,7 +39,8 @@ class Run:
 
     seq: list[int]  # prompt + committed new tokens
     prompt_len: int
-    cache: object  # target KV cache: entries for seq[:-1]
+    cache: object  # target KV cache: entries for seq[:-1] (those the KV window keeps, if any)
+    slot_pos: torch.Tensor  # [cache length] long, position in `seq` of each cache slot
     stats: Stats = field(default_factory=Stats)
 
     @property
@@ -48,12 +51,14 @@ class Run:
 class Decoder:
     """Greedy decoding of one target with one tree policy (and the drafter it needs)."""
 
-    def __init__(self, target: LoadedModel, policy: TreePolicy, drafter: Drafter | None = None):
+    def __init__(self, target: LoadedModel, policy: TreePolicy, drafter: Drafter | None = None,
+                 window: KVWindow | None = None):
         if policy.needs_drafter and drafter is None:
             raise ValueError("this policy needs a drafter")
         self.target = target
         self.policy = policy
         self.drafter = drafter
+        self.window = window  # attention-sink KV window applied to the target, or None
 
     @torch.no_grad()
     def generate(
@@ -73,30 +78,38 @@ class Decoder:
         device = self.target.device
         memory, clock = PeakMemory(device), Clock(device)
         stop_ids = set() if ignore_eos else set(self.target.eos_ids)
-        run = self.run = Run(seq=list(prompt_ids), prompt_len=len(prompt_ids), cache=kv.new_cache(self.target.model))
+        run = self.run = Run(seq=list(prompt_ids), prompt_len=len(prompt_ids),
+                             cache=kv.new_cache(self.target.model), slot_pos=torch.empty(0, dtype=torch.long))
         stats = run.stats
 
         # Prefill: the whole prompt in one causal pass gives the first new token.
-        logits = self.target.forward(run.cache, prompt_ids, list(range(len(prompt_ids))), mask=None, last_only=True)
+        prompt_pos = torch.arange(len(prompt_ids))
+        causal = torch.ones(len(prompt_ids), len(prompt_ids), dtype=torch.bool).tril()
+        logits = self._forward(run, prompt_ids, prompt_pos, causal, prefill=True)
+        run.slot_pos = prompt_pos
         first = int(logits[-1].argmax())
         run.seq.append(first)
         stats.iterations, stats.new_tokens, stats.ttft_s = 1, 1, clock.elapsed()
         if on_tokens:
             on_tokens([first])
+        self._evict(run)
         if self.drafter is not None:
             self.drafter.reset(run.seq)
 
         while stats.new_tokens < max_new_tokens and run.seq[-1] not in stop_ids:
             remaining = max_new_tokens - stats.new_tokens
-            prefix = len(run.seq) - 1  # cached tokens; seq[-1] is the root
+            cached = kv.length(run.cache)
 
             tree = self.policy.grow(self.drafter, run.seq[-1], max_depth=remaining - 1)  # 1. draft
-            mask = tree.attention_mask(prefix, self.target.dtype, device)  # 2. verify
-            logits = self.target.forward(run.cache, tree.tokens.tolist(), tree.position_ids(prefix)[0].tolist(), mask)
+            positions = len(run.seq) - 1 + tree.depths  # the root is seq[-1]
+            logits = self._forward(run, tree.tokens.tolist(), positions, tree.allowed(cached))  # 2. verify
             path, bonus = greedy_accept(tree, logits)  # 3. accept
-            kv.keep(run.cache, prefix, torch.tensor([0] + path))  # 4. commit caches
+            keep = torch.tensor([0] + path)  # 4. commit caches
+            kv.keep(run.cache, cached, keep)
+            run.slot_pos = torch.cat([run.slot_pos, positions[keep]])
             committed = _truncate(tree.tokens[path].tolist() + [bonus], stop_ids, remaining)
             run.seq.extend(committed)
+            self._evict(run)
             if self.drafter is not None:
                 self.drafter.commit(run.seq, path)
             self.policy.observe(tree, path)
@@ -114,6 +127,31 @@ class Decoder:
 
         stats.wall_s = clock.elapsed()
         stats.peak_mem_mb = memory.peak_mb()
+
+
+    def _forward(self, run: Run, ids: list[int], positions: torch.Tensor, allowed: torch.Tensor,
+                 prefill: bool = False) -> torch.Tensor:
+        """Target logits for `ids` at `positions` (only the last row for the prefill).
+
+        `allowed` [len(ids), cached + len(ids)] says what each query may see before the KV
+        window (if any) removes what the window policy hides.
+        """
+        if self.window is not None:
+            allowed = allowed & self.window.visible(positions, torch.cat([run.slot_pos, positions]))
+        elif prefill:  # plain causal attention: let the model build its own mask
+            return self.target.forward(run.cache, ids, positions.tolist(), mask=None, last_only=True)
+        mask = additive_mask(allowed, self.target.dtype, self.target.device)
+        return self.target.forward(run.cache, ids, positions.tolist(), mask, last_only=prefill)
+
+    def _evict(self, run: Run) -> None:
+        """Drop the cache slots the KV window no longer lets any future query see."""
+        if self.window is None:
+            return
+        needed = self.window.needed(run.slot_pos, next_pos=len(run.seq) - 1)
+        if not bool(needed.all()):
+            idx = needed.nonzero().squeeze(1)
+            kv.keep(run.cache, 0, idx)
+            run.slot_pos = run.slot_pos[idx]
 
 
 def _truncate(tokens: list[int], stop_ids: set[int], limit: int) -> list[int]:

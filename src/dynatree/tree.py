@@ -54,10 +54,13 @@ class Tree:
         """[1, n] positions of the nodes after `prefix_len` cached tokens."""
         return (prefix_len + self.depths).unsqueeze(0)
 
+    def allowed(self, prefix_len: int) -> torch.Tensor:
+        """[n, prefix_len + n] bool: every node sees the cached prefix and its own ancestors."""
+        return torch.cat([torch.ones(self.size, prefix_len, dtype=torch.bool), self.ancestors], dim=1)
+
     def attention_mask(self, prefix_len: int, dtype: torch.dtype, device=None) -> torch.Tensor:
         """[1, 1, n, prefix_len + n] additive mask: 0 where attention is allowed, dtype-min elsewhere."""
-        allowed = torch.cat([torch.ones(self.size, prefix_len, dtype=torch.bool), self.ancestors], dim=1)
-        return additive_mask(allowed, dtype, device)
+        return additive_mask(self.allowed(prefix_len), dtype, device)
 
     @cached_property
     def paths(self) -> torch.Tensor:

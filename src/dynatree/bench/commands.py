@@ -38,6 +38,7 @@ def _protocol_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--keep-eos", action="store_true", help="stop at EOS instead of forcing T tokens")
     g.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     g.add_argument("--min-chars", type=int, help="drop prompts shorter than this many characters [200 for prose sets]")
+    g.add_argument("--kv-window", metavar="SINK,RECENT", help="attention-sink KV window for every variant [none]")
     g.add_argument("--out", type=Path, help="results directory [runs/<experiment>-<time>]")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -79,6 +80,7 @@ def _protocol(args, preset: str) -> Protocol:
         ignore_eos=not args.keep_eos,
         chat=args.chat,
         min_chars=args.min_chars,
+        kv_window=args.kv_window,
     )
 
 

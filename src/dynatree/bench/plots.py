@@ -79,6 +79,11 @@ def length_scaling(results: dict, out: Path) -> Path:
         ("accepted_len", "l (accepted drafts/iter)"), ("acceptance_rate", "acceptance rate")])
 
 
+def memory_scaling(results: dict, out: Path) -> Path:
+    return _lines(results, "max_new_tokens", out, "memory_scaling.png", [
+        ("peak_mem_mb", "peak memory (MB)"), ("tokens_per_s", "throughput (tokens/s)"), ("tpot_s", "TPOT (s)")])
+
+
 def prompt_length(results: dict, out: Path) -> Path:
     return _lines(results, "l_max", out, "prompt_length.png", [
         ("tokens_per_s", "throughput (tokens/s)"), ("speedup", "speedup vs AR")])
@@ -162,7 +167,7 @@ def make_all(results: dict, out: Path) -> list[Path]:
     s = settings(results)
     made = [throughput_bars(results, out), memory_bars(results, out)]
     if len({t for t, _ in s}) > 1:
-        made.append(length_scaling(results, out))
+        made += [length_scaling(results, out), memory_scaling(results, out)]
     if len({l for _, l in s}) > 1:
         made.append(prompt_length(results, out))
     if any("stage" in t for t in tags):

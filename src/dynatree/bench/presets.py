@@ -8,6 +8,8 @@
   prompt-length  prompt-length sensitivity over L_max
   fixed-sweep the fixed tree's (D, B, tau) grid
   dynatree-sensitivity  DynaTree's thresholds, breadth and depth, one group at a time
+  streaming   AR and DynaTree with and without an attention-sink KV window (paper 003's
+              StreamingLLM + speculative baseline): peak memory and throughput over T
 
 `paper` scale follows the papers (N=10 prompts, W=2 warm-up, T=1500); `small` runs in
 minutes on a 2-core CPU. Every value can still be overridden on the command line.
@@ -24,7 +26,8 @@ from .runner import Variant
 
 ALIASES = {"latency": "main", "efficiency": "main", "memory": "main"}
 PRESETS = ["main", "latency", "efficiency", "memory", "ablation", "length", "prompt-length", "fixed-sweep",
-           "dynatree-sensitivity"]
+           "dynatree-sensitivity", "streaming"]
+STREAMING_WINDOW = {"paper": "4,1020", "small": "4,508"}  # paper 003 used a 1024-token cache
 
 # protocol per preset and scale: n prompts, warm-up, T values, L_max values (None: the data set's cap)
 SCALES = {
@@ -35,6 +38,7 @@ SCALES = {
         "prompt-length": (10, 2, [1500], [100, 200, 400, 600, 800, 1000]),
         "fixed-sweep": (10, 2, [1500], None),
         "dynatree-sensitivity": (10, 2, [1500], None),
+        "streaming": (3, 1, [500, 1000, 2000, 4000], None),
     },
     "small": {
         "main": (6, 1, [128], None),
@@ -43,6 +47,7 @@ SCALES = {
         "prompt-length": (4, 1, [64], [32, 64, 128, 256]),
         "fixed-sweep": (3, 1, [64], None),
         "dynatree-sensitivity": (3, 1, [64], None),
+        "streaming": (2, 1, [512, 1024, 2048, 4096], None),
     },
 }
 
@@ -118,6 +123,11 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
             out.append(Variant(f"D0={d0} D_max={dm}", "dynatree", {"d0": d0, "d_max": dm}, first,
                                {"group": "depth", "value": f"{d0}/{dm}"}))
         return out
+    if preset == "streaming":
+        window = STREAMING_WINDOW[scale]
+        return [Variant("ar", "ar"), Variant("dynatree", "dynatree", {}, first),
+                Variant(f"ar + window {window}", "ar", {}, None, {"window": window}, window),
+                Variant(f"dynatree + window {window}", "dynatree", {}, first, {"window": window}, window)]
     raise DynaTreeError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
 
 

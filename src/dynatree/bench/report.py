@@ -127,19 +127,25 @@ def header(results: dict) -> str:
              f"{', chat template' if p['chat'] else ''}",
              "- values: mean ± sample std over the measured prompts; speedup = mean throughput / mean AR "
              "throughput of this run (per-prompt ratio median and range in brackets)", ""]
-    lines += ["**Variants**", "", _table(["Label", "Method", "Draft", "Config"],
-              [[v["label"], v["method"], v["draft"] or "-", ", ".join(f"{k}={val}" for k, val in v["config"].items()) or "-"]
+    window = p.get("kv_window")
+    lines += ["**Variants**", "", _table(["Label", "Method", "Draft", "KV window", "Config"],
+              [[v["label"], v["method"], v["draft"] or "-", v.get("kv_window") or window or "-",
+                ", ".join(f"{k}={val}" for k, val in v["config"].items()) or "-"]
                for v in results["variants"]])]
     return "\n".join(lines)
 
 
 def exactness(results: dict) -> str:
     bad = [a for a in results["aggregates"] if a["mismatches"]]
+    unchecked = [a["variant"] for a in results["aggregates"] if a.get("unchecked")]
+    note = (f" Not checked (no `ar` run under the same KV window): {', '.join(dict.fromkeys(unchecked))}."
+            if unchecked else "")
     if not bad:
-        return "Exactness: every measured run produced exactly the tokens of `ar` on the same prompt."
+        return ("Exactness: every measured run produced exactly the tokens of `ar` (under the same KV window) on "
+                "the same prompt." + note)
     rows = ", ".join(f"{a['variant']} ({a['mismatches']}/{a['n']} prompts, T={a['max_new_tokens']})" for a in bad)
     return (f"Exactness: tokens differ from `ar` in {rows}. In float32 this can come from near-tied logits "
-            "(the tests check exactness in float64); investigate if it persists.")
+            "(the tests check exactness in float64); investigate if it persists." + note)
 
 
 def render(results: dict) -> str:

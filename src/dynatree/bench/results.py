@@ -49,7 +49,8 @@ def aggregate(records: list[dict]) -> list[dict]:
         agg["speedup_min"] = min(ratios) if ratios else None
         agg["speedup_max"] = max(ratios) if ratios else None
         agg["speedup_std"] = mean_std(ratios)[1]
-        agg["mismatches"] = sum(1 for r in rows if not r.get("matches_ar", True))
+        agg["mismatches"] = sum(1 for r in rows if r.get("matches_ar") is False)
+        agg["unchecked"] = sum(1 for r in rows if r.get("matches_ar") is None)
         out.append(agg)
     return out
 

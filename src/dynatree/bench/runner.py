@@ -4,7 +4,8 @@ For each setting (T new tokens, prompt cap L_max) and each prompt, all variants 
 after the other (interleaved, so slow drifts of the machine hit every method alike). The
 first `warmup` prompts are run and recorded but flagged, and left out of the aggregates.
 EOS is ignored by default (the papers force T tokens). Every record keeps the engine's
-full statistics; each variant's tokens are compared with `ar`'s on the same prompt.
+full statistics; each variant's tokens are compared with those of an `ar` variant run
+under the same KV window (if any) on the same prompt.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..api import NGRAM, generate
 from ..errors import DynaTreeError
 from ..methods import get_method, make_config
 from ..models import LoadedModel
+from ..window import KVWindow
 from .data import Prompt, load_texts, tokenize
 from .results import aggregate, save
 
@@ -35,6 +37,7 @@ class Variant:
     options: dict = field(default_factory=dict)  # method config fields
     draft: str | None = None  # "ngram", a draft model spec, or None (methods without a draft)
     tags: dict = field(default_factory=dict)  # what the variant varies, for plots (e.g. {"depth": 8})
+    kv_window: str | None = None  # "SINK,RECENT" attention-sink KV window (overrides the protocol's)
 
 
 @dataclass
@@ -47,12 +50,14 @@ class Protocol:
     ignore_eos: bool = True  # force T tokens, as the papers do
     chat: bool = False  # wrap prompts in the tokenizer's chat template
     min_chars: int | None = None  # paragraph filter override (None: the data set's own)
+    kv_window: str | None = None  # "SINK,RECENT" KV window for every variant without its own
 
     def validate(self) -> None:
         if self.n < 1 or self.warmup < 0 or self.warmup >= self.n:
             raise DynaTreeError(f"need --n >= 1 and 0 <= --warmup < --n, got n={self.n}, warmup={self.warmup}")
         if any(t < 1 for t in self.max_new_tokens) or any(l < 1 for l in self.l_max):
             raise DynaTreeError("--max-new-tokens and --l-max values must be positive")
+        KVWindow.parse(self.kv_window)
 
 
 def check_variants(variants: list[Variant]) -> None:
@@ -63,6 +68,7 @@ def check_variants(variants: list[Variant]) -> None:
         raise DynaTreeError("a benchmark needs the 'ar' variant: speedups are measured against it in the same run")
     for v in variants:
         make_config(v.method, **v.options)  # fails early on a bad option
+        KVWindow.parse(v.kv_window)
         need = get_method(v.method).draft
         if need == "lm" and v.draft in (None, NGRAM):
             raise DynaTreeError(f"variant {v.label!r}: method {v.method!r} needs a draft language model")
@@ -109,19 +115,21 @@ def run(
             for index, prompt in enumerate(texts):
                 ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat)
                 _check_length(target, drafts, ids, t_new)
-                ar_ids = None
+                reference = {}  # KV window -> tokens of plain decoding (ar) under that window
                 for v in variants:
                     bar.start(f"{index + 1}/{len(texts)}", v.label, t_new)
                     rec = generate(
                         method=v.method, target=target, draft=drafts.get(v.draft, v.draft), prompt_ids=ids,
-                        max_new_tokens=t_new, ignore_eos=protocol.ignore_eos, on_tokens=bar.tokens, **v.options,
+                        max_new_tokens=t_new, ignore_eos=protocol.ignore_eos, on_tokens=bar.tokens,
+                        kv_window=v.kv_window or protocol.kv_window, **v.options,
                     )
                     bar.done(rec["stats"]["tokens_per_s"])
-                    if v.label == "ar":
-                        ar_ids = rec["new_token_ids"]
+                    if v.method == "ar":
+                        reference.setdefault(rec["run"]["kv_window"], rec["new_token_ids"])
                     results["records"].append(_record(v, prompt, index, protocol, t_new, l_max, rec))
                 for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
-                    r["matches_ar"] = r.pop("_ids") == ar_ids
+                    ids = r.pop("_ids")  # None below: no ar run under this variant's window to compare with
+                    r["matches_ar"] = ids == reference[r["kv_window"]] if r["kv_window"] in reference else None
                 if out_dir is not None:
                     save(results, out_dir)
     finally:
@@ -145,6 +153,7 @@ def _record(v: Variant, prompt: Prompt, index: int, protocol: Protocol, t_new: i
         "max_new_tokens": t_new,
         "l_max": l_max,
         "prompt_tokens": rec["prompt_tokens"],
+        "kv_window": rec["run"]["kv_window"],
         "stats": rec["stats"],
         "policy_state": rec.get("policy_state"),
         "tokens_sha1": hashlib.sha1(json.dumps(ids).encode()).hexdigest(),

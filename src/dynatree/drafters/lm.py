@@ -2,9 +2,13 @@
 
 Cache layout while a tree grows: [committed tokens | tree nodes fed so far, level by level].
 Each fed node attends to the committed tokens and to its own ancestors only (4-D mask,
-position = committed length - 1 + depth), so every branch is drafted from its own context.
+position = root position + depth), so every branch is drafted from its own context.
 After verification `commit` keeps the accepted path's entries (moved into place) and drops
 the rest: the cache survives across iterations and only new tokens are ever fed again.
+With a KV window the draft follows the same policy as the target: each query sees only
+what the window lets it see, and committed entries no longer needed are evicted, so the
+draft's memory stays bounded and a draft identical to the target proposes exactly the
+target's windowed predictions.
 """
 
 from __future__ import annotations
@@ -14,21 +18,24 @@ import torch
 from .. import cache as kv
 from ..models import LoadedModel
 from ..tree import TreeBuilder, additive_mask
+from ..window import KVWindow
 from .base import Proposal
 
 
 class LMDrafter:
-    def __init__(self, draft: LoadedModel, vocab_limit: int):
+    def __init__(self, draft: LoadedModel, vocab_limit: int, window: KVWindow | None = None):
         self.draft = draft
         self.model = draft.model
         self.name = draft.name
         self.vocab_limit = vocab_limit  # only ids the target can score are proposed
+        self.window = window
 
     def reset(self, tokens: list[int]) -> None:
         self.cache = kv.new_cache(self.model)
         self.tokens = list(tokens)
-        self.n_cached = 0  # committed tokens whose entries are in the cache
-        self.slots: dict[int, int] = {}  # tree node -> cache slot, for nodes fed this iteration
+        self.n_cached = 0  # committed tokens already run through the draft (cached, or evicted by the window)
+        self.slot_pos: list[int] = []  # position of each committed cache slot (they come first in the cache)
+        self.slots: dict[int, tuple[int, int]] = {}  # tree node -> (cache slot, position), nodes fed this iteration
 
     @torch.no_grad()
     def propose(self, tree: TreeBuilder, nodes: list[int], k: int) -> Proposal:
@@ -43,22 +50,34 @@ class LMDrafter:
         return Proposal(ids=top.indices.cpu(), probs=top.values.cpu())
 
     def commit(self, tokens: list[int], path: list[int]) -> None:
+        committed_slots = len(self.slot_pos)
         fed = []
         for node in path:  # fed nodes on a path form a prefix of it: a node is fed only if its parent was
             if node not in self.slots:
                 break
-            fed.append(self.slots[node] - self.n_cached)
-        kv.keep(self.cache, self.n_cached, torch.tensor(fed, dtype=torch.long))
+            slot, pos = self.slots[node]
+            fed.append(slot - committed_slots)
+            self.slot_pos.append(pos)
+        kv.keep(self.cache, committed_slots, torch.tensor(fed, dtype=torch.long))
         self.n_cached += len(fed)
         self.tokens = list(tokens)
         self.slots = {}
+        if self.window is not None:
+            needed = self.window.needed(torch.tensor(self.slot_pos, dtype=torch.long), len(self.tokens) - 1)
+            if not bool(needed.all()):
+                idx = needed.nonzero().squeeze(1)
+                kv.keep(self.cache, 0, idx)
+                self.slot_pos = [self.slot_pos[i] for i in idx.tolist()]
 
     def _feed_committed(self) -> torch.Tensor:
-        """Feed the committed tokens not yet cached (the root is always among them)."""
+        """Feed the committed tokens not yet run through the draft (the root is always among them)."""
         start, end = self.n_cached, len(self.tokens)
-        n = end - start
-        allowed = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start)  # causal over cache + new
-        logits = self.draft.forward(self.cache, self.tokens[start:end], list(range(start, end)), self._mask(allowed))
+        n, cached = end - start, len(self.slot_pos)
+        allowed = torch.cat([torch.ones(n, cached, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
+        positions = list(range(start, end))
+        logits = self.draft.forward(self.cache, self.tokens[start:end], positions,
+                                    self._mask(allowed, positions, self.slot_pos + positions))
+        self.slot_pos.extend(range(start, end))
         self.n_cached = end
         return logits[-1:]
 
@@ -67,19 +86,23 @@ class LMDrafter:
         base = kv.length(self.cache)
         m = len(nodes)
         allowed = torch.zeros(m, base + m, dtype=torch.bool)
-        allowed[:, : self.n_cached] = True
+        allowed[:, : len(self.slot_pos)] = True
         for row, node in enumerate(nodes):
             allowed[row, base + row] = True
             parent = tree.parents[node]
             while parent > 0:
-                allowed[row, self.slots[parent]] = True
+                allowed[row, self.slots[parent][0]] = True
                 parent = tree.parents[parent]
         root_pos = len(self.tokens) - 1
         positions = [root_pos + tree.depths[node] for node in nodes]
-        logits = self.draft.forward(self.cache, [tree.tokens[node] for node in nodes], positions, self._mask(allowed))
-        for row, node in enumerate(nodes):
-            self.slots[node] = base + row
+        key_pos = self.slot_pos + [pos for _, pos in sorted(self.slots.values())] + positions
+        logits = self.draft.forward(self.cache, [tree.tokens[node] for node in nodes], positions,
+                                    self._mask(allowed, positions, key_pos))
+        for row, (node, pos) in enumerate(zip(nodes, positions)):
+            self.slots[node] = (base + row, pos)
         return logits
 
-    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+    def _mask(self, allowed: torch.Tensor, query_pos: list[int], key_pos: list[int]) -> torch.Tensor:
+        if self.window is not None:
+            allowed = allowed & self.window.visible(torch.tensor(query_pos), torch.tensor(key_pos))
         return additive_mask(allowed, self.model.dtype, self.model.device)
