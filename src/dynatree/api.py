@@ -14,6 +14,7 @@ from .errors import DynaTreeError
 from .methods import get_method, make_config
 from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model
 from .peers import hf_generate
+from .sampling import Sampler, SamplingConfig
 from .window import KVWindow
 
 NGRAM = "ngram"
@@ -35,6 +36,24 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = False) -> list[int]:
     if not ids:
         raise DynaTreeError("the prompt encodes to zero tokens")
     return list(ids)
+
+
+def sampling_config(sample: bool, temperature=None, top_k=None, top_p=None) -> SamplingConfig | None:
+    """The validated sampling settings, or None for greedy decoding."""
+    if not sample:
+        given = [f"--{n}" for n, v in (("temperature", temperature), ("top-k", top_k), ("top-p", top_p)) if v is not None]
+        if given:
+            raise DynaTreeError(f"{', '.join(given)} apply only with --sample (greedy decoding otherwise)")
+        return None
+    if top_k is not None and top_k < 1:
+        raise DynaTreeError(f"--top-k must be at least 1, got {top_k} (leave it out to disable top-k)")
+    config = SamplingConfig(
+        temperature=1.0 if temperature is None else float(temperature),
+        top_k=0 if top_k is None else int(top_k),
+        top_p=1.0 if top_p is None else float(top_p),
+    )
+    config.validate()
+    return config
 
 
 def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: str):
@@ -70,6 +89,10 @@ def generate(
     seed: int = 0,
     ngram_max: int = 4,
     kv_window: str | KVWindow | None = None,
+    sample: bool = False,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
     **options,
 ) -> dict:
@@ -80,6 +103,8 @@ def generate(
     method's config fields (e.g. k=5 for linear, d0=4 for dynatree). Give either `prompt`
     (text) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
     the KV caches with attention sinks plus a window of recent tokens (see `window.py`).
+    `sample=True` samples (temperature, then top-k, then top-p; seeded by `seed`) with lossless
+    verification instead of greedy decoding (see `sampling.py`).
     """
     spec = get_method(method)
     config = make_config(method, **options)
@@ -88,6 +113,7 @@ def generate(
     if ngram_max < 1:
         raise DynaTreeError(f"--ngram-max must be at least 1, got {ngram_max}")
     window = kv_window if isinstance(kv_window, KVWindow) or kv_window is None else KVWindow.parse(kv_window)
+    sampling = sampling_config(sample, temperature, top_k, top_p)
     if window is not None and spec.policy_cls is None:
         raise DynaTreeError(f"--kv-window is not available for {method!r} (transformers' own generate())")
     tgt = target if isinstance(target, LoadedModel) else load_model(target, device=device, dtype=dtype)
@@ -109,16 +135,17 @@ def generate(
     torch.manual_seed(seed)
     policy_state = None
     if spec.policy_cls is None:
-        new_ids, stats = hf_generate(tgt, config, prompt_ids, max_new_tokens, ignore_eos, draft_lm, on_tokens)
+        new_ids, stats = hf_generate(tgt, config, prompt_ids, max_new_tokens, ignore_eos, draft_lm, on_tokens, sampling)
     else:
         policy = spec.policy_cls(config)
         if draft_name is None:
             drafter = None
         elif draft_lm is None:
-            drafter = NgramDrafter(max_n=ngram_max)
+            drafter = NgramDrafter(max_n=ngram_max, vocab_size=tgt.vocab_size)
         else:
             drafter = LMDrafter(draft_lm, vocab_limit=tgt.vocab_size, window=window)
-        run = Decoder(tgt, policy, drafter, window).generate(prompt_ids, max_new_tokens, ignore_eos, on_tokens)
+        sampler = Sampler(sampling, seed) if sampling is not None else None
+        run = Decoder(tgt, policy, drafter, window, sampler).generate(prompt_ids, max_new_tokens, ignore_eos, on_tokens)
         new_ids, stats = run.new_tokens, run.stats
         if hasattr(policy, "state"):
             policy_state = policy.state()
@@ -141,6 +168,7 @@ def generate(
             "seed": seed,
             "ngram_max": ngram_max if draft_name == NGRAM else None,
             "kv_window": str(window) if window is not None else None,
+            "sampling": dataclasses.asdict(sampling) if sampling is not None else None,
         },
         "env": env.describe(tgt.device),
     }

@@ -81,6 +81,18 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64 [float32]")
 
 
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("sampling (lossless: see README)")
+    g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    g.add_argument("--temperature", type=float, help="softmax temperature, > 0 [1.0]")
+    g.add_argument("--top-k", type=int, help="keep the k most probable tokens, k >= 1 [off]")
+    g.add_argument("--top-p", type=float, help="nucleus: keep the most probable tokens up to mass top_p, in (0, 1] [1.0]")
+
+
+def sampling_kwargs(args) -> dict:
+    return {"sample": args.sample, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .bench.commands import add_bench_commands
 
@@ -104,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compare", metavar="M1,M2", help="also run these methods on the same prompt (after a short warm-up) and print a table")
     gen.add_argument("--seed", type=int, default=0, help="random seed [0]")
     gen.add_argument("--ngram-max", type=int, default=4, help="longest context the n-gram drafter matches [4]")
+    add_sampling_args(gen)
     gen.add_argument("--kv-window", metavar="SINK,RECENT",
                      help="attention-sink KV window: keep the first SINK and the last RECENT tokens (bounded memory)")
     gen.set_defaults(method_fields=_method_options(gen), run=cmd_generate)
@@ -176,11 +189,13 @@ def comparison_table(records: list[dict]) -> str:
 
 def cmd_generate(args) -> int:
     from . import api
+    from .api import sampling_config
     from .methods import make_config
     from .models import load_model
 
     prompt = _read_prompt(args)
-    KVWindow.parse(args.kv_window)  # malformed windows fail before any model loads
+    KVWindow.parse(args.kv_window)  # malformed windows and sampling settings fail before any model loads
+    sampling_config(**sampling_kwargs(args))
     methods = [args.method] + ([m.strip() for m in args.compare.split(",") if m.strip()] if args.compare else [])
     given = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
 
@@ -207,7 +222,7 @@ def cmd_generate(args) -> int:
             method=method, target=target, draft=draft, prompt_ids=prompt_ids,
             max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos, chat=args.chat,
             device=args.device, dtype=args.dtype, seed=args.seed, ngram_max=args.ngram_max, on_tokens=stream,
-            kv_window=args.kv_window,
+            kv_window=args.kv_window, **sampling_kwargs(args),
             **options_for(method),
         )
         records.append(record)

@@ -20,6 +20,7 @@ from .models import LoadedModel
 from .policies.base import TreePolicy
 from .stats import Clock, PeakMemory, Stats
 from .tree import Tree, additive_mask
+from .sampling import Sampler, sample_accept
 from .verify import greedy_accept
 from .window import KVWindow
 
@@ -52,13 +53,14 @@ class Decoder:
     """Greedy decoding of one target with one tree policy (and the drafter it needs)."""
 
     def __init__(self, target: LoadedModel, policy: TreePolicy, drafter: Drafter | None = None,
-                 window: KVWindow | None = None):
+                 window: KVWindow | None = None, sampler: Sampler | None = None):
         if policy.needs_drafter and drafter is None:
             raise ValueError("this policy needs a drafter")
         self.target = target
         self.policy = policy
         self.drafter = drafter
         self.window = window  # attention-sink KV window applied to the target, or None
+        self.sampler = sampler  # sampling mode (lossless rejection sampling), or None for greedy
 
     @torch.no_grad()
     def generate(
@@ -87,7 +89,7 @@ class Decoder:
         causal = torch.ones(len(prompt_ids), len(prompt_ids), dtype=torch.bool).tril()
         logits = self._forward(run, prompt_ids, prompt_pos, causal, prefill=True)
         run.slot_pos = prompt_pos
-        first = int(logits[-1].argmax())
+        first = int(logits[-1].argmax()) if self.sampler is None else self.sampler.draw(self.sampler.probs(logits[-1:])[0])
         run.seq.append(first)
         stats.iterations, stats.new_tokens, stats.ttft_s = 1, 1, clock.elapsed()
         if on_tokens:
@@ -100,10 +102,10 @@ class Decoder:
             remaining = max_new_tokens - stats.new_tokens
             cached = kv.length(run.cache)
 
-            tree = self.policy.grow(self.drafter, run.seq[-1], max_depth=remaining - 1)  # 1. draft
+            tree = self.policy.grow(self.drafter, run.seq[-1], max_depth=remaining - 1, sampler=self.sampler)  # 1. draft
             positions = len(run.seq) - 1 + tree.depths  # the root is seq[-1]
             logits = self._forward(run, tree.tokens.tolist(), positions, tree.allowed(cached))  # 2. verify
-            path, bonus = greedy_accept(tree, logits)  # 3. accept
+            path, bonus = self._accept(tree, logits)  # 3. accept
             keep = torch.tensor([0] + path)  # 4. commit caches
             kv.keep(run.cache, cached, keep)
             run.slot_pos = torch.cat([run.slot_pos, positions[keep]])
@@ -142,6 +144,11 @@ class Decoder:
             return self.target.forward(run.cache, ids, positions.tolist(), mask=None, last_only=True)
         mask = additive_mask(allowed, self.target.dtype, self.target.device)
         return self.target.forward(run.cache, ids, positions.tolist(), mask, last_only=prefill)
+
+    def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
+        if self.sampler is None:
+            return greedy_accept(tree, logits)
+        return sample_accept(tree, self.sampler.probs(logits), self.sampler.generator)
 
     def _evict(self, run: Run) -> None:
         """Drop the cache slots the KV window no longer lets any future query see."""

@@ -105,6 +105,7 @@ def hf_generate(
     ignore_eos: bool = False,
     draft: LoadedModel | None = None,
     on_tokens=None,
+    sampling=None,
 ) -> tuple[list[int], Stats]:
     """Run transformers' generate() for one of the hf-* configs; return new tokens and stats."""
     device = target.device
@@ -115,6 +116,10 @@ def hf_generate(
         received.append(int(ids.shape[1]))
 
     extra = config.generate_kwargs(draft)
+    if sampling is None:
+        extra["do_sample"] = False
+    else:  # the same temperature -> top-k -> top-p chain as dynatree's; seeded by the caller
+        extra.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
     eos = None if ignore_eos else (target.eos_ids or None)
     hook = target.model.register_forward_pre_hook(count, with_kwargs=True)
     try:
@@ -123,7 +128,6 @@ def hf_generate(
         out = target.model.generate(
             torch.tensor([prompt_ids], device=device),
             attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=device),
-            do_sample=False,
             max_new_tokens=max_new_tokens,
             eos_token_id=eos,
             pad_token_id=target.eos_ids[0] if target.eos_ids else 0,

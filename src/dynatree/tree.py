@@ -13,7 +13,7 @@ exactly the context sequential decoding would give it along its root-to-node pat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -25,6 +25,7 @@ class Tree:
     parents: torch.Tensor  # [n] long, parent index; parents[0] = -1, parents[i] < i
     depths: torch.Tensor  # [n] long, distance from the root; depths[0] = 0
     logp: torch.Tensor  # [n] float64, cumulative draft log-probability of the path; logp[0] = 0
+    proposals: dict = field(default_factory=dict)  # node -> [V] distribution its children were *sampled* from
 
     @property
     def size(self) -> int:
@@ -99,6 +100,7 @@ class TreeBuilder:
         self.depths: list[int] = [0]
         self.logp: list[float] = [0.0]
         self._child_tokens: list[set[int]] = [set()]
+        self.proposals: dict[int, torch.Tensor] = {}  # node -> distribution its children were sampled from
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -135,4 +137,5 @@ class TreeBuilder:
             parents=torch.tensor(self.parents, dtype=torch.long),
             depths=torch.tensor(self.depths, dtype=torch.long),
             logp=torch.tensor(self.logp, dtype=torch.float64),
+            proposals=dict(self.proposals),
         )

@@ -21,6 +21,7 @@ from ..tree import TreeBuilder
 class Proposal:
     ids: torch.Tensor  # [m, k] long, candidate next tokens per node, most probable first; -1 pads
     probs: torch.Tensor  # [m, k] float, their draft probabilities; 0 where ids == -1
+    dist: torch.Tensor | None = None  # [m, V] the whole next-token distribution, when asked for (full=True)
 
     def candidates(self, row: int) -> list[tuple[int, float]]:
         """(token, probability) pairs of node `row`, most probable first, padding dropped."""
@@ -33,8 +34,9 @@ class Drafter(Protocol):
     def reset(self, tokens: list[int]) -> None:
         """Start a new sequence; `tokens` are all committed tokens (prompt + first new token)."""
 
-    def propose(self, tree: TreeBuilder, nodes: list[int], k: int) -> Proposal:
-        """Top-k next tokens after each of `nodes` (one row per node, in the given order)."""
+    def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
+        """Top-k next tokens after each of `nodes` (one row per node, in the given order);
+        with `full`, also the whole distribution (for drafting by sampling)."""
 
     def commit(self, tokens: list[int], path: list[int]) -> None:
         """After verification: `tokens` is the new committed sequence, `path` the accepted

@@ -38,7 +38,7 @@ class LMDrafter:
         self.slots: dict[int, tuple[int, int]] = {}  # tree node -> (cache slot, position), nodes fed this iteration
 
     @torch.no_grad()
-    def propose(self, tree: TreeBuilder, nodes: list[int], k: int) -> Proposal:
+    def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
         if nodes == [0]:
             logits = self._feed_committed()
         elif 0 in nodes:
@@ -47,7 +47,7 @@ class LMDrafter:
             logits = self._feed_nodes(tree, nodes)
         probs = torch.softmax(logits[:, : self.vocab_limit].float(), dim=-1)
         top = probs.topk(min(k, probs.shape[-1]), dim=-1)
-        return Proposal(ids=top.indices.cpu(), probs=top.values.cpu())
+        return Proposal(ids=top.indices.cpu(), probs=top.values.cpu(), dist=probs.cpu() if full else None)
 
     def commit(self, tokens: list[int], path: list[int]) -> None:
         committed_slots = len(self.slot_pos)

@@ -22,10 +22,11 @@ from .base import Proposal
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, max_n: int = 4):
+    def __init__(self, max_n: int = 4, vocab_size: int | None = None):
         if max_n < 1:
             raise ValueError("max_n must be at least 1")
         self.max_n = max_n
+        self.vocab_size = vocab_size  # needed only for whole distributions (full=True)
 
     def reset(self, tokens: list[int]) -> None:
         self.tokens: list[int] = []
@@ -35,18 +36,25 @@ class NgramDrafter:
     def commit(self, tokens: list[int], path: list[int]) -> None:
         self._extend(tokens[len(self.tokens) :])
 
-    def propose(self, tree: TreeBuilder, nodes: list[int], k: int) -> Proposal:
+    def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
+        """With `full`, `dist` is the back-off distribution renormalized over every candidate
+        (all zeros where nothing matched)."""
         ids = torch.full((len(nodes), k), -1, dtype=torch.long)
         probs = torch.zeros(len(nodes), k)
+        dist = torch.zeros(len(nodes), self.vocab_size) if full else None
         tail = self.tokens[-self.max_n :]
         for row, node in enumerate(nodes):
             context = (tail + tree.path_tokens(node))[-self.max_n :]
-            for col, (token, p) in enumerate(self.distribution(context, k)):
+            candidates = self.distribution(context, None if full else k)
+            for col, (token, p) in enumerate(candidates[:k]):
                 ids[row, col], probs[row, col] = token, p
-        return Proposal(ids=ids, probs=probs)
+            if full and candidates:
+                tokens, mass = zip(*candidates)
+                dist[row, list(tokens)] = torch.tensor(mass) / sum(mass)
+        return Proposal(ids=ids, probs=probs, dist=dist)
 
-    def distribution(self, context: list[int], k: int) -> list[tuple[int, float]]:
-        """Up to k (token, probability) pairs after `context`, most probable first."""
+    def distribution(self, context: list[int], k: int | None) -> list[tuple[int, float]]:
+        """Up to k (all when None) (token, probability) pairs after `context`, most probable first."""
         probs: dict[int, float] = {}
         escape = 1.0
         for n in range(min(self.max_n, len(context)), 0, -1):
@@ -58,9 +66,10 @@ class NgramDrafter:
                 if token not in probs:
                     probs[token] = escape * count / (total + 1)
             escape /= total + 1
-            if len(probs) >= k:  # lower orders cannot beat what we have: each is below `escape`
+            if k is not None and len(probs) >= k:  # lower orders cannot beat what we have: each is below `escape`
                 break
-        return heapq.nlargest(k, probs.items(), key=lambda item: (item[1], -item[0]))
+        ranked = lambda item: (item[1], -item[0])  # noqa: E731 - most probable first, then smaller id
+        return heapq.nlargest(k, probs.items(), key=ranked) if k is not None else sorted(probs.items(), key=ranked, reverse=True)
 
     def _extend(self, new_tokens: list[int]) -> None:
         for token in new_tokens:

@@ -11,14 +11,17 @@ import math
 from typing import Callable, Protocol
 
 from ..drafters.base import Drafter
+from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
 
 
 class TreePolicy(Protocol):
     needs_drafter: bool  # False only for plain decoding
 
-    def grow(self, drafter: Drafter | None, root_token: int, max_depth: int) -> Tree:
-        """Draft a tree below `root_token`, no deeper than `max_depth` levels."""
+    def grow(self, drafter: Drafter | None, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
+        """Draft a tree below `root_token`, no deeper than `max_depth` levels. In sampling mode
+        (`sampler` given) a policy may draw children from the draft distribution, recording it
+        in `TreeBuilder.proposals`; children it picks deterministically need nothing more."""
 
     def observe(self, tree: Tree, path: list[int]) -> None:
         """Called after every verification with the accepted path (root excluded)."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ..config import in_open_unit, in_unit, option, positive, require
 from ..drafters.base import Drafter
+from ..sampling import Sampler
 from ..tree import Tree
 from .base import grow_levels
 
@@ -76,7 +77,7 @@ class DynaTreePolicy:
         self.tau_h = config.tau_h
         self.window: deque[float] = deque(maxlen=config.history_window)
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int) -> Tree:
+    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         c = self.config
         d0, tau_h = round(self.d0), self.tau_h
 

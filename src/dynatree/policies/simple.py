@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..config import in_unit, option, positive
 from ..drafters.base import Drafter
+from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
 from .base import Stateless, grow_levels
 
@@ -21,7 +22,7 @@ class ArPolicy(Stateless):
     def __init__(self, config: ArConfig):
         self.config = config
 
-    def grow(self, drafter: Drafter | None, root_token: int, max_depth: int) -> Tree:
+    def grow(self, drafter: Drafter | None, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         return TreeBuilder(root_token).build()
 
 
@@ -41,12 +42,30 @@ class ChainPolicy(Stateless):
     def __init__(self, config: LinearConfig):
         self.config = config
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int) -> Tree:
+    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         k = self.config.k
+        if sampler is not None:
+            return self._sampled_chain(drafter, root_token, min(k, max_depth), sampler)
         return grow_levels(
             drafter, root_token, max_depth=min(k, max_depth), n_max=k, max_breadth=1,
             expandable=lambda depth, prob: True, breadth=lambda conf: 1,
         )
+
+    @staticmethod
+    def _sampled_chain(drafter: Drafter, root_token: int, length: int, sampler: Sampler) -> Tree:
+        """Each chain token drawn from the draft's distribution (tempered like the target's)."""
+        tree = TreeBuilder(root_token)
+        node = 0
+        for _ in range(length):
+            dist = drafter.propose(tree, [node], 1, full=True).dist[0]
+            if float(dist.sum()) <= 0.0:  # the drafter has nothing to say here
+                break
+            q = sampler.probs(dist.clamp_min(1e-30).log()[None])[0].masked_fill(dist <= 0, 0.0)
+            q = q / q.sum()
+            token = sampler.draw(q)
+            tree.proposals[node] = q
+            node = tree.add(node, token, float(q[token]))
+        return tree.build()
 
 
 @dataclass
@@ -69,7 +88,7 @@ class FixedTreePolicy(Stateless):
     def __init__(self, config: FixedTreeConfig):
         self.config = config
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int) -> Tree:
+    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         c = self.config
         return grow_levels(
             drafter, root_token, max_depth=min(c.depth, max_depth), n_max=c.n_max, max_breadth=c.branch,

@@ -1,0 +1,121 @@
+"""Sampling mode: the target distribution, and lossless verification of drafted trees.
+
+The distribution every method samples from is the target's next-token distribution after
+temperature, then top-k, then top-p (the order transformers applies them in `generate`):
+top-k keeps tokens whose logit reaches the k-th largest; top-p keeps the most probable
+tokens until their probability mass first exceeds top_p (at least one token).
+
+Verification (`sample_accept`) is recursive rejection sampling over the children of each
+node, starting at the root: with p the target's (residual) distribution at the node and
+q the distribution a child was proposed from, the child is accepted with probability
+min(1, p(x) / q(x)); on rejection p <- normalize(max(0, p - q)) and the next child is tried
+(q renormalized without the rejected token); when every child is rejected, the bonus token
+is sampled from what is left of p. This keeps the committed tokens distributed exactly as
+sampling from the target, for two kinds of children:
+  * sampled children (linear speculation: each chain token drawn from the draft's q): the
+    classic speculative-sampling rule;
+  * deterministic children (the top-B children of the tree policies): q is a point mass on
+    the child, so a child is accepted with the residual probability p(x), i.e. the rule
+    reduces to "sample from the target and descend into the child that matches".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import option, require
+from .tree import Tree
+
+
+@dataclass
+class SamplingConfig:
+    """How tokens are sampled when sampling is on (`--sample`)."""
+
+    temperature: float = option(1.0, "softmax temperature (> 0)")
+    top_k: int = option(0, "keep only the k most probable tokens (0: off)")
+    top_p: float = option(1.0, "keep the smallest set of tokens whose probability exceeds top_p (1: off)")
+
+    def validate(self) -> None:
+        require(self.temperature > 0, f"--temperature must be > 0 when sampling, got {self.temperature}")
+        require(self.top_k >= 0, f"--top-k must be >= 1 (or 0 for off), got {self.top_k}")
+        require(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
+
+
+def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """[n, V] logits -> [n, V] float64 probabilities after temperature, top-k and top-p."""
+    scores = logits.double() / cfg.temperature
+    if cfg.top_k and cfg.top_k < scores.shape[-1]:
+        kth = scores.topk(cfg.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if cfg.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # probability of the more likely tokens
+        drop_sorted = mass_before >= cfg.top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+class Sampler:
+    """A sampling config with its seeded random generator: what the engine needs to sample."""
+
+    def __init__(self, config: SamplingConfig, seed: int = 0):
+        config.validate()
+        self.config = config
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return target_probs(logits, self.config)
+
+    def draw(self, probs: torch.Tensor) -> int:
+        return sample(probs, self.generator)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from a [V] distribution."""
+    return int(torch.multinomial(probs.float().cpu(), 1, generator=generator))
+
+
+def sample_accept(tree: Tree, probs: torch.Tensor, generator: torch.Generator) -> tuple[list[int], int]:
+    """Accepted path and bonus token by recursive rejection sampling (see module doc).
+
+    `probs` is [n, V]: the target distribution after each node. `tree.proposals[u]` is the
+    [V] draft distribution u's children were sampled from; nodes without one have
+    deterministic children.
+    """
+    probs = probs.cpu()
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents.tolist()[1:], start=1):
+        children.setdefault(parent, []).append(node)
+    tokens = tree.tokens.tolist()
+    path, node = [], 0
+    while True:
+        p = probs[node].clone()
+        q = tree.proposals.get(node)
+        q = None if q is None else q.double().cpu().clone()
+        accepted = None
+        for child in children.get(node, []):
+            x = tokens[child]
+            q_child = torch.zeros_like(p)
+            if q is None:
+                q_child[x] = 1.0  # deterministic child: a point mass
+            else:
+                q_child = q / q.sum()
+            ratio = float(p[x] / q_child[x]) if q_child[x] > 0 else 0.0
+            if torch.rand((), generator=generator, dtype=torch.float64) < min(1.0, ratio):
+                accepted = child
+                break
+            residual = torch.clamp(p - q_child, min=0.0)
+            if float(residual.sum()) > 0.0:  # zero only by rounding: then p(x) >= q(x) and x was accepted
+                p = residual / residual.sum()
+            if q is not None:
+                q[x] = 0.0  # the next child was drawn without replacement: q without x
+        if accepted is None:
+            return path, sample(p, generator)
+        path.append(accepted)
+        node = accepted

@@ -1,0 +1,184 @@
+"""Sampling mode: warps match transformers', and every method samples exactly the target's
+distribution (chi-square goodness of fit at a fixed significance level), while deliberately
+broken acceptance rules are caught by the same test."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chi2
+from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+import dynatree.decode
+from conftest import tiny
+from dynatree import DynaTreeError, Decoder, LoadedModel, generate, make_config
+from dynatree.drafters import LMDrafter, NgramDrafter
+from dynatree.methods import METHODS
+from dynatree.sampling import Sampler, SamplingConfig, sample, target_probs
+
+V = 6  # a vocabulary small enough to enumerate every continuation
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
+CONFIG = SamplingConfig(temperature=0.9, top_k=5, top_p=0.97)
+ALPHA = 1e-3  # significance level of every goodness-of-fit test here
+RUNS = 2000
+NEW = 3  # tokens per run: the first from the prefill, two more through tree verification
+
+
+@functools.cache
+def small(seed: int, noise: float = 0.0) -> LoadedModel:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.5,
+                      bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = AutoModelForCausalLM.from_config(cfg).double().eval()
+    if noise:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(noise * p.std() * torch.randn_like(p))
+    return LoadedModel(model=model, tokenizer=None, name=f"small-{seed}-{noise}", eos_ids=[])
+
+
+@functools.cache
+def exact_distribution() -> dict[tuple[int, ...], float]:
+    """P(y1, y2, y3 | prompt) of the target under CONFIG, by enumeration."""
+    model = small(0).model
+    out = {}
+    with torch.no_grad():
+        for ys in itertools.product(range(V), repeat=NEW):
+            prob = 1.0
+            for i in range(NEW):
+                logits = model(torch.tensor([PROMPT + list(ys[:i])])).logits[0, -1:]
+                prob *= float(target_probs(logits, CONFIG)[0, ys[i]])
+            out[ys] = prob
+    return out
+
+
+def chi_square_pvalue(counts: dict, expected: dict[tuple, float], n: int) -> float:
+    """Goodness of fit; cells expecting fewer than 5 samples are pooled into one."""
+    observed, expect, pooled_o, pooled_e = [], [], 0, 0.0
+    for cell, p in expected.items():
+        if p * n >= 5:
+            observed.append(counts.get(cell, 0))
+            expect.append(p * n)
+        else:
+            pooled_o += counts.get(cell, 0)
+            pooled_e += p * n
+    observed.append(pooled_o + sum(c for cell, c in counts.items() if cell not in expected))
+    expect.append(pooled_e)
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expect) if e > 0)
+    return float(chi2.sf(stat, df=len(observed) - 1))
+
+
+def empirical(method: str, drafter_kind: str | None, options: dict, runs: int = RUNS) -> dict:
+    target = small(0)
+    counts: dict[tuple, int] = {}
+    for seed in range(runs):
+        drafter = {None: None, "ngram": NgramDrafter(max_n=3, vocab_size=V),
+                   "lm": LMDrafter(small(0, 0.3), vocab_limit=V)}[drafter_kind]
+        policy = METHODS[method].policy_cls(make_config(method, **options))
+        run = Decoder(target, policy, drafter, sampler=Sampler(CONFIG, seed)).generate(PROMPT, NEW, ignore_eos=True)
+        key = tuple(run.new_tokens)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+CASES = [
+    ("ar", None, {}),
+    ("linear", "lm", {"k": 3}),
+    ("linear", "ngram", {"k": 3}),
+    ("fixed-tree", "lm", {"depth": 2, "branch": 2, "tau": 0.0}),
+    ("dynatree", "lm", {"d0": 1, "d_max": 2, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02}),
+    ("dynatree", "ngram", {"d0": 1, "d_max": 2}),
+]
+
+
+@pytest.mark.parametrize("method, drafter, options", CASES)
+def test_sampled_distribution_equals_the_target(method, drafter, options):
+    counts = empirical(method, drafter, options)
+    assert chi_square_pvalue(counts, exact_distribution(), RUNS) > ALPHA
+
+
+def test_the_drafts_get_accepted_so_the_test_has_teeth():
+    """The noisy draft agrees often enough that speculation really decides tokens 2 and 3."""
+    target, accepted = small(0), 0
+    for seed in range(200):
+        policy = METHODS["fixed-tree"].policy_cls(make_config("fixed-tree", depth=2, branch=2, tau=0.0))
+        run = Decoder(target, policy, LMDrafter(small(0, 0.3), V), sampler=Sampler(CONFIG, seed)).generate(
+            PROMPT, NEW, ignore_eos=True)
+        accepted += run.stats.accepted_tokens
+    assert accepted > 100
+
+
+def bonus_from_target_instead_of_residual(tree, probs, generator):
+    """Broken: on rejection, sample the bonus from p instead of the residual max(0, p - q)."""
+    probs = probs.cpu()
+    path, node = [], 0
+    children = [i for i, par in enumerate(tree.parents.tolist()) if par == node]
+    while children:
+        child = children[0]
+        x = int(tree.tokens[child])
+        q = tree.proposals.get(node)
+        qx = 1.0 if q is None else float(q[x])
+        if torch.rand((), generator=generator, dtype=torch.float64) < min(1.0, float(probs[node, x]) / qx):
+            path.append(child)
+            node = child
+            children = [i for i, par in enumerate(tree.parents.tolist()) if par == node]
+        else:
+            break
+    return path, sample(probs[node], generator)
+
+
+def always_accept_matching_draft(tree, probs, generator):
+    """Broken: accept the first child whenever the target gives it any probability."""
+    probs = probs.cpu()
+    path, node = [], 0
+    while True:
+        children = [i for i, par in enumerate(tree.parents.tolist()) if par == node]
+        if not children or probs[node, int(tree.tokens[children[0]])] <= 0:
+            return path, sample(probs[node], generator)
+        node = children[0]
+        path.append(node)
+
+
+@pytest.mark.parametrize("broken", [bonus_from_target_instead_of_residual, always_accept_matching_draft])
+def test_broken_acceptance_rules_are_caught(monkeypatch, broken):
+    monkeypatch.setattr(dynatree.decode, "sample_accept", broken)
+    counts = empirical("fixed-tree", "lm", {"depth": 2, "branch": 2, "tau": 0.0})
+    assert chi_square_pvalue(counts, exact_distribution(), RUNS) < ALPHA
+
+
+def test_warps_match_transformers():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50, dtype=torch.float64) * 3
+    for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.8), (0.5, 20, 0.9), (1.0, 1, 1.0)]:
+        ours = target_probs(logits, SamplingConfig(temperature, top_k, top_p))
+        scores = TemperatureLogitsWarper(temperature)(None, logits.clone())
+        if top_k:
+            scores = TopKLogitsWarper(top_k)(None, scores)
+        if top_p < 1.0:
+            scores = TopPLogitsWarper(top_p)(None, scores)
+        torch.testing.assert_close(ours, torch.softmax(scores, dim=-1))
+
+
+def test_seeded_runs_are_reproducible():
+    target = tiny("llama", eos_ids=[])
+    runs = [generate(method="dynatree", target=target, prompt_ids=[5, 6, 7, 5, 6], max_new_tokens=16, ignore_eos=True,
+                     sample=True, temperature=1.0, top_k=10, top_p=0.9, seed=s)["new_token_ids"] for s in (1, 1, 2)]
+    assert runs[0] == runs[1] != runs[2]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"sample": True, "temperature": 0.0}, "--temperature must be > 0"),
+    ({"sample": True, "temperature": -1.0}, "--temperature must be > 0"),
+    ({"sample": True, "top_p": 0.0}, "--top-p must be in (0, 1]"),
+    ({"sample": True, "top_p": 1.5}, "--top-p must be in (0, 1]"),
+    ({"sample": True, "top_k": 0}, "--top-k must be at least 1"),
+    ({"temperature": 0.7}, "apply only with --sample"),
+])
+def test_bad_sampling_settings(kwargs, message):
+    with pytest.raises(DynaTreeError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        generate(method="ar", target=tiny("llama"), prompt_ids=[5, 6], max_new_tokens=2, **kwargs)
