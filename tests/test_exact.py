@@ -18,7 +18,8 @@ from dynatree import Decoder, make_config
 from dynatree.drafters import LMDrafter, NgramDrafter
 from dynatree.methods import METHODS
 
-TREE_METHODS = ["linear", "fixed-tree", "dynatree"]
+TREE_METHODS = ["linear", "fixed-tree", "dynatree", "wetap", "specinfer", "specexec", "opt-tree"]
+PERFECT = ["linear", "fixed-tree", "dynatree", "specinfer"]  # trees that always contain the draft's greedy chain
 DRAFTERS = ["self", "noisy", "other", "ngram"]
 
 
@@ -52,6 +53,20 @@ def method_options(draw, method: str) -> dict:
                 "tau": draw(st.sampled_from([0.0, 0.001, 0.05])), "n_max": draw(st.sampled_from([1, 2, 5, 16, 256])),
                 "history": draw(st.booleans()), "history_window": draw(st.integers(1, 6)),
                 "target_accept": draw(st.sampled_from([0.1, 0.5, 0.9])), "eta_depth": draw(st.sampled_from([0.0, 3.0, 20.0]))}
+    if method == "wetap":
+        w_min = draw(st.integers(1, 4))
+        return {"depth": draw(st.integers(1, 6)), "budget": draw(st.sampled_from([1, 2, 5, 16, 64])),
+                "w_min": w_min, "w_max": w_min + draw(st.integers(0, 6)), "gamma": draw(st.sampled_from([0.5, 1.2, 4.0])),
+                "alpha": draw(st.sampled_from([0.0, 0.6, 1.0])), "dynamic_width": draw(st.booleans()),
+                "verify": draw(st.sampled_from(["beam", "exact"])), "beam_tau": draw(st.sampled_from([0.0, 0.5, 0.9]))}
+    if method == "specinfer":
+        return {"width": draw(st.integers(1, 4)), "depth": draw(st.integers(1, 6))}
+    if method == "specexec":
+        return {"budget": draw(st.sampled_from([1, 2, 5, 16, 40])), "depth": draw(st.integers(1, 6)),
+                "expand": draw(st.integers(1, 4)), "branch": draw(st.integers(1, 4))}
+    if method == "opt-tree":
+        return {"budget": draw(st.sampled_from([1, 2, 5, 16, 40])), "depth": draw(st.integers(1, 6)),
+                "delta": draw(st.sampled_from([0.0, 0.05, 0.5]))}
     return {}
 
 
@@ -68,7 +83,7 @@ def cases(draw):
     return arch, method, drafter, prompt, max_new, eos_at, method_options(draw, method)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_greedy_equals_plain_decoding(case):
     arch, method, drafter_kind, prompt, max_new, eos_at, options = case
@@ -99,13 +114,14 @@ def test_hf_reference_stops_at_eos_like_us(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("method", TREE_METHODS)
+@pytest.mark.parametrize("method", PERFECT)
 def test_perfect_draft_accepts_everything(arch, method):
     """With the target as its own draft, every chain/tree accepts its whole deepest path."""
     prompt, max_new = [4, 9, 4, 9, 4], 30
     target = tiny(arch, eos_ids=[])
     options = {"linear": {"k": 4}, "fixed-tree": {"depth": 4, "branch": 2, "tau": 0.0},
-               "dynatree": {"d0": 3, "d_max": 4, "rho_stop": 1e-9, "rho_deep": 2e-9, "tau": 0.0, "history": False}}[method]
+               "dynatree": {"d0": 3, "d_max": 4, "rho_stop": 1e-9, "rho_deep": 2e-9, "tau": 0.0, "history": False},
+               "specinfer": {"width": 2, "depth": 4}}[method]
     policy = METHODS[method].policy_cls(make_config(method, **options))
     run = Decoder(target, policy, LMDrafter(target, target.vocab_size)).generate(prompt, max_new, ignore_eos=True)
     assert run.new_tokens == reference(arch, tuple(prompt), max_new)

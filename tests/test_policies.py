@@ -23,7 +23,7 @@ class ScriptedDrafter:
         self.script = script
         self.calls: list[list[int]] = []
 
-    def propose(self, tree: TreeBuilder, nodes, k):
+    def propose(self, tree: TreeBuilder, nodes, k, full=False):
         self.calls.append(list(nodes))
         ids = torch.full((len(nodes), k), -1)
         probs = torch.zeros(len(nodes), k, dtype=torch.float64)

@@ -93,6 +93,11 @@ CASES = [
     ("fixed-tree", "lm", {"depth": 2, "branch": 2, "tau": 0.0}),
     ("dynatree", "lm", {"d0": 1, "d_max": 2, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02}),
     ("dynatree", "ngram", {"d0": 1, "d_max": 2}),
+    ("specinfer", "lm", {"width": 3, "depth": 2}),  # sampled children, drawn without replacement
+    ("specinfer", "ngram", {"width": 2, "depth": 2}),
+    ("specexec", "lm", {"budget": 5, "depth": 2, "expand": 2, "branch": 3}),
+    ("opt-tree", "lm", {"budget": 5, "depth": 2}),
+    ("wetap", "lm", {"depth": 2, "budget": 5, "w_min": 2, "w_max": 4, "verify": "exact"}),
 ]
 
 
@@ -100,6 +105,12 @@ CASES = [
 def test_sampled_distribution_equals_the_target(method, drafter, options):
     counts = empirical(method, drafter, options)
     assert chi_square_pvalue(counts, exact_distribution(), RUNS) > ALPHA
+
+
+def test_wetap_beam_verification_is_lossy_as_documented():
+    """The paper's beam rule does not keep the target's distribution: the same test rejects it."""
+    counts = empirical("wetap", "lm", {"depth": 2, "budget": 5, "w_min": 2, "w_max": 4, "verify": "beam", "beam_tau": 0.1})
+    assert chi_square_pvalue(counts, exact_distribution(), RUNS) < ALPHA
 
 
 def test_the_drafts_get_accepted_so_the_test_has_teeth():

@@ -50,7 +50,8 @@ class Run:
 
 
 class Decoder:
-    """Greedy decoding of one target with one tree policy (and the drafter it needs)."""
+    """Decoding of one target with one tree policy (and the drafter it needs): greedy, or
+    sampling with a `Sampler`; optionally under an attention-sink KV window."""
 
     def __init__(self, target: LoadedModel, policy: TreePolicy, drafter: Drafter | None = None,
                  window: KVWindow | None = None, sampler: Sampler | None = None):
@@ -103,7 +104,7 @@ class Decoder:
             cached = kv.length(run.cache)
 
             tree = self.policy.grow(self.drafter, run.seq[-1], max_depth=remaining - 1, sampler=self.sampler)  # 1. draft
-            positions = len(run.seq) - 1 + tree.depths  # the root is seq[-1]
+            positions = tree.position_ids(len(run.seq) - 1)[0]  # the root is seq[-1]
             logits = self._forward(run, tree.tokens.tolist(), positions, tree.allowed(cached))  # 2. verify
             path, bonus = self._accept(tree, logits)  # 3. accept
             keep = torch.tensor([0] + path)  # 4. commit caches
@@ -113,7 +114,7 @@ class Decoder:
             run.seq.extend(committed)
             self._evict(run)
             if self.drafter is not None:
-                self.drafter.commit(run.seq, path)
+                self.drafter.commit(run.seq, tree.drafted_nodes(path))
             self.policy.observe(tree, path)
 
             stats.iterations += 1
@@ -130,7 +131,6 @@ class Decoder:
         stats.wall_s = clock.elapsed()
         stats.peak_mem_mb = memory.peak_mb()
 
-
     def _forward(self, run: Run, ids: list[int], positions: torch.Tensor, allowed: torch.Tensor,
                  prefill: bool = False) -> torch.Tensor:
         """Target logits for `ids` at `positions` (only the last row for the prefill).
@@ -146,6 +146,9 @@ class Decoder:
         return self.target.forward(run.cache, ids, positions.tolist(), mask, last_only=prefill)
 
     def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
+        verifier = getattr(self.policy, "verifier", None)  # a policy may bring its own (lossy) rule
+        if verifier is not None:
+            return verifier.accept(tree, logits, self.sampler)
         if self.sampler is None:
             return greedy_accept(tree, logits)
         return sample_accept(tree, self.sampler.probs(logits), self.sampler.generator)

@@ -9,6 +9,10 @@ from .config import field_type
 from .errors import DynaTreeError
 from .peers import HfArConfig, HfAssistedConfig, HfLookupConfig
 from .policies.dynatree import DynaTreeConfig, DynaTreePolicy
+from .policies.baselines import (
+    OptTreeConfig, OptTreePolicy, SpecExecConfig, SpecExecPolicy, SpecInferConfig, SpecInferPolicy,
+)
+from .policies.wetap import WetapConfig, WetapPolicy
 from .policies.simple import ArConfig, ArPolicy, ChainPolicy, FixedTreeConfig, FixedTreePolicy, LinearConfig
 
 
@@ -28,6 +32,11 @@ METHODS = {
         Method("linear", LinearConfig, ChainPolicy, "any", "draft chain of K tokens, verified in one pass"),
         Method("fixed-tree", FixedTreeConfig, FixedTreePolicy, "any", "static top-B tree to depth D, pruned, budgeted"),
         Method("dynatree", DynaTreeConfig, DynaTreePolicy, "any", "confidence-aware adaptive tree (the paper's method)"),
+        Method("wetap", WetapConfig, WetapPolicy, "any",
+               "entropy-width tree + prob/length pruning (paper 004); --verify beam is LOSSY when sampling"),
+        Method("specinfer", SpecInferConfig, SpecInferPolicy, "any", "fork-shaped tree: WIDTH chains from the root"),
+        Method("specexec", SpecExecConfig, SpecExecPolicy, "any", "budgeted best-first expansion of likely continuations"),
+        Method("opt-tree", OptTreeConfig, OptTreePolicy, "any", "budgeted tree maximising expected accepted length"),
         Method("hf-ar", HfArConfig, None, "none", "transformers generate(), greedy"),
         Method("hf-assisted", HfAssistedConfig, None, "lm", "transformers assisted generation with a draft LM"),
         Method("hf-lookup", HfLookupConfig, None, "none", "transformers prompt-lookup decoding"),

@@ -26,6 +26,7 @@ class Tree:
     depths: torch.Tensor  # [n] long, distance from the root; depths[0] = 0
     logp: torch.Tensor  # [n] float64, cumulative draft log-probability of the path; logp[0] = 0
     proposals: dict = field(default_factory=dict)  # node -> [V] distribution its children were *sampled* from
+    source: list[int] | None = None  # node -> its index in the builder the drafter saw (None: the same)
 
     @property
     def size(self) -> int:
@@ -51,9 +52,9 @@ class Tree:
             anc[level] |= anc[self.parents[level]]
         return anc
 
-    def position_ids(self, prefix_len: int) -> torch.Tensor:
-        """[1, n] positions of the nodes after `prefix_len` cached tokens."""
-        return (prefix_len + self.depths).unsqueeze(0)
+    def position_ids(self, root_pos: int) -> torch.Tensor:
+        """[1, n] positions of the nodes when the root sits at `root_pos` (prefix length)."""
+        return (root_pos + self.depths).unsqueeze(0)
 
     def allowed(self, prefix_len: int) -> torch.Tensor:
         """[n, prefix_len + n] bool: every node sees the cached prefix and its own ancestors."""
@@ -73,6 +74,10 @@ class Tree:
         row, node = self.ancestors[leaves].nonzero(as_tuple=True)  # every (leaf, ancestor) pair
         paths[row, self.depths[node]] = node  # an ancestor's depth is its place on the path
         return paths
+
+    def drafted_nodes(self, nodes: list[int]) -> list[int]:
+        """`nodes` as the drafter knows them (builder indices; they differ after pruning)."""
+        return nodes if self.source is None else [self.source[u] for u in nodes]
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's first child down to `node` (root excluded)."""
@@ -129,13 +134,25 @@ class TreeBuilder:
         self.logp.append(self.logp[parent] + math.log(prob))
         return len(self.tokens) - 1
 
-    def build(self) -> Tree:
-        if any(b < a for a, b in zip(self.depths, self.depths[1:])):
-            raise ValueError("tree nodes must be added in breadth-first order")
+    def build(self, keep: list[int] | None = None) -> Tree:
+        """The finished tree; with `keep`, only those nodes (the root and every kept node's
+        parent must be kept too), re-ordered breadth-first, remembering their builder indices."""
+        if keep is None:
+            if any(b < a for a, b in zip(self.depths, self.depths[1:])):
+                raise ValueError("tree nodes must be added in breadth-first order")
+            order, source = list(range(len(self))), None
+        else:
+            kept = set(keep)
+            if 0 not in kept or any(self.parents[u] not in kept for u in kept if u):
+                raise ValueError("a kept tree must contain the root and the parent of every kept node")
+            order = sorted(kept, key=lambda u: (self.depths[u], u))
+            source = order
+        index = {u: i for i, u in enumerate(order)}
         return Tree(
-            tokens=torch.tensor(self.tokens, dtype=torch.long),
-            parents=torch.tensor(self.parents, dtype=torch.long),
-            depths=torch.tensor(self.depths, dtype=torch.long),
-            logp=torch.tensor(self.logp, dtype=torch.float64),
-            proposals=dict(self.proposals),
+            tokens=torch.tensor([self.tokens[u] for u in order], dtype=torch.long),
+            parents=torch.tensor([index[self.parents[u]] if u else -1 for u in order], dtype=torch.long),
+            depths=torch.tensor([self.depths[u] for u in order], dtype=torch.long),
+            logp=torch.tensor([self.logp[u] for u in order], dtype=torch.float64),
+            proposals={index[u]: q for u, q in self.proposals.items() if u in index},
+            source=source,
         )

@@ -26,3 +26,53 @@ def greedy_accept(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
     path = paths[best, 1 : 1 + length].tolist()
     bonus = int(pred[paths[best, length]])
     return path, bonus
+
+
+class BeamVerifier:
+    """WETAP's deep-to-shallow beam verification (paper 004, eq. 9 and Algorithm 1). LOSSY.
+
+    A drafted node v is accepted on its own when its whole root-to-v beam passes
+        min(1, P(beam) / Q(beam)) > tau,
+    P and Q being the products of the target's and the draft's probabilities of the beam's
+    tokens: a rejected token no longer blocks its descendants. Levels are scanned from the
+    deepest up; the first level with an accepted node wins, and among its accepted nodes the
+    one with the largest P. Its beam is committed and the bonus token is drawn from the
+    target after it (argmax when greedy). With nothing accepted, only the bonus is committed.
+
+    With sampling this does NOT keep the target's distribution (a beam the target finds
+    unlikely token by token can pass on its product), which is why `dynatree` labels it lossy
+    and measures its perplexity. Greedy, P is 0/1 (the target's argmax), so a beam passes
+    exactly when every token on it is the target's argmax: the rule then equals
+    `greedy_accept` and the output is token-for-token that of greedy decoding.
+    """
+
+    def __init__(self, tau: float):
+        self.tau = tau
+
+    def accept(self, tree: Tree, logits: torch.Tensor, sampler) -> tuple[list[int], int]:
+        if tree.n_drafted == 0:
+            return [], self._draw(logits[0:1], sampler)
+        parents, tokens = tree.parents[1:], tree.tokens[1:]
+        if sampler is None:
+            probs = None
+            node_p = (logits.argmax(dim=-1).cpu()[parents] == tokens).double()  # [n-1] target's 0/1 probability
+        else:
+            probs = sampler.probs(logits).cpu()  # [n, V] float64
+            node_p = probs[parents, tokens]
+        node_logp = torch.cat([torch.zeros(1, dtype=torch.float64), node_p.clamp_min(1e-300).log()])
+        beam_logp = tree.ancestors.double() @ node_logp  # [n] log P of each root-to-node beam
+        impossible = (tree.ancestors.double() @ torch.cat([torch.zeros(1), (node_p <= 0).double()])) > 0  # P = 0
+        passed = ((beam_logp - tree.logp).clamp(max=0.0).exp() > self.tau) & ~impossible  # min(1, P/Q) > tau
+        passed[0] = False
+        if not bool(passed.any()):
+            return [], self._draw(logits[0:1], sampler, probs, 0)
+        depth = int(tree.depths[passed].max())  # the deepest level with an accepted beam
+        candidates = (passed & (tree.depths == depth)).nonzero().squeeze(1)
+        node = int(candidates[beam_logp[candidates].argmax()])
+        return tree.path_to(node), self._draw(logits[node : node + 1], sampler, probs, node)
+
+    @staticmethod
+    def _draw(row_logits: torch.Tensor, sampler, probs: torch.Tensor | None = None, node: int = 0) -> int:
+        if sampler is None:
+            return int(row_logits[0].argmax())
+        return sampler.draw(probs[node] if probs is not None else sampler.probs(row_logits)[0])

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 from typing import Callable, Protocol
 
-from ..drafters.base import Drafter
+import torch
+
+from ..drafters.base import Drafter, Proposal
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
 
@@ -32,6 +34,24 @@ class Stateless:
 
     def observe(self, tree: Tree, path: list[int]) -> None:
         return None
+
+
+def tempered(dist: torch.Tensor, sampler: Sampler) -> torch.Tensor:
+    """[m, V] draft distributions -> the same temperature/top-k/top-p the target samples with
+    (tokens the drafter gives no mass stay at zero; all-zero rows stay all zero)."""
+    q = sampler.probs(dist.clamp_min(1e-30).log()).masked_fill(dist <= 0, 0.0)
+    total = q.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, q / total.clamp_min(1e-300), q)
+
+
+def top_children(proposal: Proposal, k: int, sampler: Sampler | None) -> list[list[tuple[int, float]]]:
+    """Per proposal row, its k most probable (token, probability) children: from the drafter's
+    own probabilities when greedy, from its tempered distribution when sampling (the
+    proposal must then carry `dist`)."""
+    if sampler is None:
+        return [proposal.candidates(row)[:k] for row in range(proposal.ids.shape[0])]
+    top = tempered(proposal.dist, sampler).topk(min(k, proposal.dist.shape[-1]), dim=-1)
+    return [[(t, p) for t, p in zip(ids, ps) if p > 0.0] for ids, ps in zip(top.indices.tolist(), top.values.tolist())]
 
 
 def grow_levels(

@@ -8,7 +8,7 @@ from ..config import in_unit, option, positive
 from ..drafters.base import Drafter
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
-from .base import Stateless, grow_levels
+from .base import Stateless, grow_levels, tempered
 
 
 @dataclass
@@ -58,10 +58,9 @@ class ChainPolicy(Stateless):
         node = 0
         for _ in range(length):
             dist = drafter.propose(tree, [node], 1, full=True).dist[0]
-            if float(dist.sum()) <= 0.0:  # the drafter has nothing to say here
+            q = tempered(dist[None], sampler)[0]
+            if float(q.sum()) <= 0.0:  # the drafter has nothing to say here
                 break
-            q = sampler.probs(dist.clamp_min(1e-30).log()[None])[0].masked_fill(dist <= 0, 0.0)
-            q = q / q.sum()
             token = sampler.draw(q)
             tree.proposals[node] = q
             node = tree.add(node, token, float(q[token]))
