@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
+import torch
 
 from conftest import tiny, tokenizer
 from dynatree import DynaTreeError
 from dynatree.bench import data, plots, presets, report, results, runner
 from dynatree.cli import main
+from dynatree.quality import perplexity
 
 
 # ---------------------------------------------------------------- data sets
@@ -115,17 +118,22 @@ def fixed_results(kind: str) -> dict:
     """A small results dict shaped like the runner's, for report and plot tests."""
     variants = presets.variants(kind, "small", ["ngram"])
     t_values = [8, 16] if kind in ("length", "streaming") else [8]
+    sets = ["humaneval", "gsm8k"] if kind == "wetap-main" else ["fixture"]
     records = []
     for t in t_values:
-        for i in range(3):
-            for j, v in enumerate(variants):
-                r = rec(v.label, i, 10.0 + j + i, warmup=i == 0, t=t, acc=None if v.method == "ar" else 0.3)
-                r["method"], r["draft"] = v.method, v.draft
-                records.append(r)
+        for d in sets:
+            for i in range(3):
+                for j, v in enumerate(variants):
+                    r = rec(v.label, i, 10.0 + j + i, warmup=i == 0, t=t, acc=None if v.method == "ar" else 0.3)
+                    r["method"], r["draft"], r["dataset"] = v.method, v.draft, d
+                    if kind.startswith("wetap"):
+                        r["ppl"] = 2.0 + j / 10
+                    records.append(r)
     res = {"schema": 1, "experiment": kind, "created": "2026-11-22T00:00:00", "command": ["dynatree", "bench"],
            "complete": True, "target": "tiny", "dtype": "float32",
-           "protocol": {"dataset": "fixture", "n": 3, "warmup": 1, "max_new_tokens": t_values, "l_max": [800],
-                        "ignore_eos": True, "chat": False, "min_chars": None},
+           "protocol": {"dataset": ",".join(sets), "n": 3, "warmup": 1, "max_new_tokens": t_values, "l_max": [800],
+                        "ignore_eos": True, "chat": False, "min_chars": None, "sample": kind.startswith("wetap"),
+                        "temperature": 1.0, "top_k": 10, "top_p": 0.9, "seed": 0, "ppl": kind.startswith("wetap")},
            "env": {"versions": {"torch": "x"}, "python": "3", "cpu": "cpu", "cpu_count": 2, "torch_threads": 2,
                    "device": "cpu"},
            "variants": [{"label": v.label, "method": v.method, "options": v.options, "draft": v.draft, "tags": v.tags,
@@ -138,7 +146,9 @@ def fixed_results(kind: str) -> dict:
 @pytest.mark.parametrize("kind, plot", [("main", "throughput.png"), ("ablation", "ablation.png"),
                                         ("length", "length_scaling.png"), ("fixed-sweep", "fixed_sweep.png"),
                                         ("dynatree-sensitivity", "sensitivity.png"),
-                                        ("streaming", "memory_scaling.png")])
+                                        ("streaming", "memory_scaling.png"), ("wetap-main", "quality.png"),
+                                        ("wetap-ablation", "ablation.png"), ("wetap-gamma", "wetap_sensitivity.png"),
+                                        ("wetap-width", "wetap_sensitivity.png"), ("wetap-alpha", "quality.png")])
 def test_report_and_plots_from_results_json_alone(tmp_path, kind, plot):
     results.save(fixed_results(kind), tmp_path)
     written = report.write(tmp_path)
@@ -151,6 +161,15 @@ def test_report_and_plots_from_results_json_alone(tmp_path, kind, plot):
     assert "**Peak memory**" in md and f"![{plot[:-4]}]({plot})" in md
     if kind == "length":
         assert "Throughput (tok/s) by T" in md and "T=16" in md
+
+
+def test_wetap_report_has_m_speed_ppl_per_data_set_and_marks_the_lossy_rule():
+    md = report.render(fixed_results("wetap-main"))
+    assert "| Method | M (humaneval) | Speed (tok/s) (humaneval) | PPL (humaneval) | M (gsm8k) |" in md
+    assert "| wetap (lossy) |" in md and "| wetap (exact verify) |" in md  # only the beam rule is lossy
+    assert "### humaneval" in md and "### gsm8k" in md
+    assert "Lossy verification (WETAP's beam rule): wetap." in md
+    assert "sampling: temperature 1.0, top-k 10, top-p 0.9" in md
 
 
 def test_report_numbers(tmp_path):
@@ -223,6 +242,43 @@ def test_runner_end_to_end_on_tiny_models(tmp_path, prompt_file):
     assert on_disk["variants"][1]["config"]["k"] == 5  # resolved config of every variant
 
 
+def test_sampling_runner_scores_ppl_per_data_set_reproducibly(tmp_path, prompt_file):
+    """Sampling protocol on two data sets: same seed for every variant on a prompt, PPL scored,
+    tokens not compared with ar, and a rerun reproduces every token."""
+    other = tmp_path / "other.txt"
+    other.write_text("w3 w4 w3 w4 w3\n\nw20 w21 w22 w20 w21 w22\n\nw7 w7 w8 w7 w7 w8")
+    target = tiny("llama", eos_ids=[])
+    variants = [v for v in presets.variants("wetap-main", "small", ["ngram"])]
+    proto = runner.Protocol(dataset=f"{prompt_file},{other}", n=3, warmup=1, max_new_tokens=[10], sample=True,
+                            temperature=1.0, top_k=10, top_p=0.9, seed=5)
+    res = runner.run("wetap-main", variants, proto, target, {}, progress=False)
+    assert {r["dataset"] for r in res["records"]} == {str(prompt_file), str(other)}
+    assert len(res["records"]) == len(variants) * (3 + 2)  # warm-up in the first data set only
+    for r in res["records"]:
+        assert r["matches_ar"] is None and r["ppl"] > 1.0 and r["seed"] == 5 + r["prompt_index"]
+        st = r["stats"]
+        assert st["mean_generated_len"] == pytest.approx((st["new_tokens"] - 1) / (st["iterations"] - 1))
+    assert {(a["variant"], a["dataset"]) for a in res["aggregates"]} == {
+        (v.label, d) for v in variants for d in (str(prompt_file), str(other))}
+    again = runner.run("wetap-main", variants, proto, target, {}, progress=False)
+    assert [r["tokens_sha1"] for r in again["records"]] == [r["tokens_sha1"] for r in res["records"]]
+
+
+def test_perplexity_is_the_targets_teacher_forced_loss():
+    target = tiny("gpt2")
+    prompt, new = [5, 6, 7, 8], [9, 10, 11]
+    ids = torch.tensor([prompt + new])
+    labels = ids.clone()
+    labels[0, : len(prompt)] = -100
+    with torch.no_grad():
+        loss = target.model(input_ids=ids, labels=labels).loss  # transformers scores in float32
+        nll = [-torch.log_softmax(target.model(torch.tensor([prompt + new[:i]])).logits[0, -1].double(), -1)[tok]
+               for i, tok in enumerate(new)]  # one prefix at a time, float64
+    assert perplexity(target, prompt, new) == pytest.approx(math.exp(float(sum(nll)) / len(new)), rel=1e-9)
+    assert perplexity(target, prompt, new) == pytest.approx(math.exp(float(loss)), rel=1e-5)
+    assert perplexity(target, prompt, []) is None
+
+
 def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
     out = tmp_path / "main"
     code = main(["bench", "--preset", "main", "--scale", "small", "--target", str(saved_tiny), "--dataset",
@@ -257,6 +313,14 @@ def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
     (["sweep", "--method", "fixed-tree"], "give at least one option"),
     (["sweep", "--depth", "1,x"], "invalid int value 'x'"),
     (["report", "/nonexistent/dir"], "no results file"),
+    (["bench", "--temperature", "0.5"], "apply only when sampling (--sample)"),
+    (["bench", "--preset", "wetap-main", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["bench", "--preset", "wetap-main", "--temperature", "0"], "--temperature must be > 0"),
+    (["bench", "--preset", "wetap-main", "--top-k", "0"], "--top-k must be at least 1"),
+    (["bench", "--preset", "wetap-main", "--alpha", "2"], "--alpha must be in [0, 1]"),
+    (["bench", "--preset", "wetap-main", "--w-min", "64", "--w-max", "16"], "--w-min must not exceed --w-max"),
+    (["bench", "--preset", "wetap-gamma", "--gamma", "-1"], "--gamma must be > 0"),
+    (["bench", "--sample", "--greedy"], "not allowed with argument"),
 ])
 def test_bench_bad_input(capsys, argv, message):
     code = main(argv)

@@ -3,6 +3,8 @@
   throughput (tokens_per_s) = new tokens / wall time (prefill included, model load excluded)
   acceptance_rate  = drafted tokens committed / drafted tokens proposed   (never above 1)
   tokens_per_iter L = new tokens / target passes (the prefill counts as the first pass)
+  mean_generated_len M = tokens committed per verification pass, prefill excluded
+                    (paper 004's M: accepted draft tokens + the bonus token, per iteration)
   accepted_len l    = committed drafted tokens / target passes (bonus tokens excluded)
   ttft_s = time from the call to the first new token; tpot_s = (wall - ttft) / (new - 1)
   peak_mem_mb = peak resident memory of the process during the run (CPU; the kernel's
@@ -40,6 +42,7 @@ class Stats:
             "iterations": it,
             "acceptance_rate": self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None,
             "tokens_per_iter": n / it if it else None,
+            "mean_generated_len": (n - 1) / (it - 1) if it > 1 else None,
             "accepted_len": self.accepted_tokens / it if it else None,
             "ttft_s": self.ttft_s,
             "tpot_s": (self.wall_s - self.ttft_s) / (n - 1) if n > 1 else None,

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..api import NGRAM
 from ..errors import DynaTreeError
 from .data import DATASETS, L_MAX
-from .presets import PRESETS, method_variants, protocol_defaults, variants
+from .presets import PRESETS, dataset_default, method_variants, protocol_defaults, sampling_defaults, variants
 from .results import load
 from .runner import Protocol, Variant
 
@@ -28,8 +28,9 @@ def _ints(text: str) -> list[int]:
 def _protocol_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("protocol (defaults come from the preset and --scale)")
     g.add_argument("--scale", default="paper", help="paper (N=10, W=2, T=1500) or small (minutes on a CPU) [paper]")
-    g.add_argument("--dataset", default="wikitext2",
-                   help=f"{', '.join(DATASETS)}, or a prompts file (.jsonl or plain text) [wikitext2]")
+    g.add_argument("--dataset",
+                   help=f"{', '.join(DATASETS)}, or a prompts file (.jsonl or plain text); several comma-separated "
+                        "[wikitext2; mtbench,humaneval,gsm8k for the wetap-* presets]")
     g.add_argument("--n", type=int, help="prompts, warm-up included")
     g.add_argument("--warmup", type=int, help="first prompts run but excluded from the aggregates")
     g.add_argument("--max-new-tokens", type=_ints, metavar="T[,T...]", help="new tokens per run (several: length scaling)")
@@ -39,6 +40,16 @@ def _protocol_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     g.add_argument("--min-chars", type=int, help="drop prompts shorter than this many characters [200 for prose sets]")
     g.add_argument("--kv-window", metavar="SINK,RECENT", help="attention-sink KV window for every variant [none]")
+    s = p.add_argument_group("sampling (greedy unless --sample; the wetap-* presets sample at temperature 1, "
+                             "top-k 10, top-p 0.9 unless --greedy)")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--sample", action="store_true", default=None, help="sample (lossless verification)")
+    mode.add_argument("--greedy", action="store_true", help="greedy decoding even for a sampling preset")
+    s.add_argument("--temperature", type=float, help="softmax temperature (> 0) [1.0]")
+    s.add_argument("--top-k", type=int, help="keep the k most probable tokens (>= 1) [off]")
+    s.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] [off]")
+    s.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i by every variant [0]")
+    g.add_argument("--no-ppl", action="store_true", help="do not score continuations' perplexity under the target")
     g.add_argument("--out", type=Path, help="results directory [runs/<experiment>-<time>]")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -70,9 +81,15 @@ def add_bench_commands(sub) -> None:
 
 def _protocol(args, preset: str) -> Protocol:
     n, warmup, t_values, l_values = protocol_defaults(preset, args.scale)
-    l_default = [L_MAX.get(args.dataset, 800)]
+    dataset = args.dataset or dataset_default(preset) or "wikitext2"
+    l_default = [max(L_MAX.get(d.strip(), 800) for d in dataset.split(","))]
+    defaults = sampling_defaults(preset) if not args.greedy else None
+    sample = bool(args.sample) or defaults is not None
+    if not sample and any(v is not None for v in (args.temperature, args.top_k, args.top_p)):
+        raise DynaTreeError("--temperature, --top-k and --top-p apply only when sampling (--sample)")
+    defaults = defaults or {}
     return Protocol(
-        dataset=args.dataset,
+        dataset=dataset,
         n=args.n if args.n is not None else n,
         warmup=args.warmup if args.warmup is not None else min(warmup, max((args.n or n) - 1, 0)),
         max_new_tokens=args.max_new_tokens or t_values,
@@ -81,6 +98,12 @@ def _protocol(args, preset: str) -> Protocol:
         chat=args.chat,
         min_chars=args.min_chars,
         kv_window=args.kv_window,
+        sample=sample,
+        temperature=args.temperature if args.temperature is not None else defaults.get("temperature"),
+        top_k=args.top_k if args.top_k is not None else defaults.get("top_k"),
+        top_p=args.top_p if args.top_p is not None else defaults.get("top_p"),
+        seed=args.seed,
+        ppl=not args.no_ppl,
     )
 
 
@@ -95,12 +118,10 @@ def _given_options(args) -> dict:
 def _execute(args, experiment: str, variant_list: list[Variant], protocol: Protocol) -> int:
     from ..models import check_compatible, load_model
     from . import report, runner
-    from .data import load_texts
-
     drafts = _drafts(args)
     runner.check_variants(variant_list)
     protocol.validate()
-    texts = load_texts(protocol.dataset, protocol.n, protocol.min_chars)  # fail fast, before loading models
+    texts = runner.load_all(protocol)  # fail fast, before loading models
     out = args.out or Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     target = load_model(args.target, device=args.device, dtype=args.dtype)
     lms = {}
@@ -112,7 +133,10 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
                command=["dynatree", *sys.argv[1:]], texts=texts)
     paths = report.write(out)
     results = load(out)
-    print(report.main_tables(report.at(results, *max(report.settings(results)))).split("\n\n**Latency**")[0])
+    setting = max(report.settings(results))
+    if results["protocol"].get("ppl") or len(report.datasets(results)) > 1:
+        print(report.quality_table(results, *setting) + "\n")
+    print(report.main_tables(report.at(results, *setting)).split("\n\n**Latency**")[0])
     print(f"\nwrote {', '.join(str(p) for p in [out / 'results.json', *paths])}")
     return 0
 

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .report import at, settings  # noqa: E402
+from .report import at, datasets, lossy, settings  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -55,7 +55,7 @@ def memory_bars(results: dict, out: Path) -> Path:
 
 
 def _lines(results: dict, axis: str, out: Path, name: str, panels: list[tuple[str, str]]) -> Path:
-    aggs = results["aggregates"]
+    aggs = [a for a in results["aggregates"] if a.get("dataset") == datasets(results)[0]]
     variants = list(dict.fromkeys(a["variant"] for a in aggs))
     color = {v: f"C{i % 10}" for i, v in enumerate(variants)}  # one color per variant in every panel
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
@@ -161,6 +161,53 @@ def sensitivity(results: dict, out: Path) -> Path:
     return _save(fig, out / "sensitivity.png")
 
 
+def quality_bars(results: dict, out: Path) -> Path:
+    """Paper 004's three metrics side by side: M, speed and PPL per variant (and data set)."""
+    setting = _main_setting(results)
+    sets = datasets(results)
+    variants = list(dict.fromkeys(a["variant"] for a in results["aggregates"]))
+    marked = set(lossy(results)) if results["protocol"].get("sample") else set()
+    labels = [v + (" (lossy)" if v in marked else "") for v in variants]
+    fig, axes = plt.subplots(1, 3, figsize=(max(12, 1.2 * len(variants) * len(sets) + 6), 4))
+    width = 0.8 / len(sets)
+    for j, d in enumerate(sets):
+        aggs = {a["variant"]: a for a in at(results, *setting, d)}
+        for ax, key in zip(axes, ("mean_generated_len", "tokens_per_s", "ppl")):
+            xs = [i + j * width for i in range(len(variants))]
+            ax.bar(xs, [aggs[v]["mean"][key] or 0 if v in aggs else 0 for v in variants], width,
+                   yerr=[aggs[v]["std"][key] or 0 if v in aggs else 0 for v in variants], capsize=2, label=d)
+    for ax, title in zip(axes, ("M (tokens per verification)", "speed (tokens/s)", "PPL under the target")):
+        ax.set_title(title)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(variants))], labels, rotation=30, ha="right")
+    if len(sets) > 1:
+        axes[0].legend(fontsize=8)
+    fig.suptitle(f"{results['target']}, T={setting[0]}")
+    return _save(fig, out / "quality.png")
+
+
+def wetap_sensitivity(results: dict, out: Path) -> Path:
+    """Speed, M and PPL against the one WETAP parameter a sensitivity preset varies."""
+    tags = _variant_tags(results)
+    aggs = [a for a in at(results, *_main_setting(results)) if tags[a["variant"]].get("wetap")]
+    groups = list(dict.fromkeys(tags[a["variant"]]["group"] for a in aggs))
+    ref = {a["variant"]: a for a in at(results, *_main_setting(results))}
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (key, ylabel) in zip(axes, (("tokens_per_s", "speed (tokens/s)"), ("mean_generated_len", "M"),
+                                        ("ppl", "PPL"))):
+        for group in groups:
+            rows = [a for a in aggs if tags[a["variant"]]["group"] == group]
+            ax.errorbar([str(tags[a["variant"]]["value"]) for a in rows], [a["mean"][key] or 0 for a in rows],
+                        yerr=[a["std"][key] or 0 for a in rows], marker="o", capsize=3, label=group)
+        for name, style in (("ar", "gray"), ("wetap", "tab:red")):
+            if name in ref and ref[name]["mean"][key] is not None:
+                ax.axhline(ref[name]["mean"][key], ls="--", lw=1, color=style, label=f"{name} (defaults)")
+        ax.set_ylabel(ylabel)
+        ax.tick_params(axis="x", rotation=30)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return _save(fig, out / "wetap_sensitivity.png")
+
+
 def make_all(results: dict, out: Path) -> list[Path]:
     out = Path(out)
     tags = [v["tags"] for v in results["variants"]]
@@ -174,6 +221,10 @@ def make_all(results: dict, out: Path) -> list[Path]:
         made.append(ablation(results, out))
     if any({"depth", "branch", "tau"} <= set(t) for t in tags):
         made.append(fixed_sweep(results, out))
-    if any("group" in t for t in tags):
+    if any("group" in t and not t.get("wetap") for t in tags):
         made.append(sensitivity(results, out))
+    if any(t.get("wetap") for t in tags):
+        made.append(wetap_sensitivity(results, out))
+    if any(a["mean"].get("ppl") is not None for a in results["aggregates"]):
+        made.append(quality_bars(results, out))
     return made

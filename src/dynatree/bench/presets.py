@@ -10,6 +10,13 @@
   dynatree-sensitivity  DynaTree's thresholds, breadth and depth, one group at a time
   streaming   AR and DynaTree with and without an attention-sink KV window (paper 003's
               StreamingLLM + speculative baseline): peak memory and throughput over T
+  wetap-main  paper 004, Table 1: AR, SpecInfer, SpecExec, OPT-Tree, WETAP (its lossy beam
+              verification, and our lossless verifier on its tree), DynaTree; M, speed, PPL;
+              sampling at temperature 1, top-k 10, top-p 0.9; MT-Bench, HumanEval, GSM8K
+  wetap-ablation  Table 2: WETAP, w/o dynamic width (every layer W_max), w/o prob+len
+              pruning (alpha = 1: probability alone)
+  wetap-width Fig. 4 / C.2: fixed widths 16..128 and width ranges
+  wetap-gamma, wetap-alpha, wetap-length  Table 3, Fig. 5, Table 5: one WETAP parameter each
 
 `paper` scale follows the papers (N=10 prompts, W=2 warm-up, T=1500); `small` runs in
 minutes on a 2-core CPU. Every value can still be overridden on the command line.
@@ -26,7 +33,8 @@ from .runner import Variant
 
 ALIASES = {"latency": "main", "efficiency": "main", "memory": "main"}
 PRESETS = ["main", "latency", "efficiency", "memory", "ablation", "length", "prompt-length", "fixed-sweep",
-           "dynatree-sensitivity", "streaming"]
+           "dynatree-sensitivity", "streaming", "wetap-main", "wetap-ablation", "wetap-width", "wetap-gamma",
+           "wetap-alpha", "wetap-length"]
 STREAMING_WINDOW = {"paper": "4,1020", "small": "4,508"}  # paper 003 used a 1024-token cache
 
 # protocol per preset and scale: n prompts, warm-up, T values, L_max values (None: the data set's cap)
@@ -39,6 +47,8 @@ SCALES = {
         "fixed-sweep": (10, 2, [1500], None),
         "dynatree-sensitivity": (10, 2, [1500], None),
         "streaming": (3, 1, [500, 1000, 2000, 4000], None),
+        **{p: (10, 2, [1024], None) for p in ("wetap-main", "wetap-ablation")},
+        **{p: (10, 2, [1024], None) for p in ("wetap-width", "wetap-gamma", "wetap-alpha", "wetap-length")},
     },
     "small": {
         "main": (6, 1, [128], None),
@@ -48,6 +58,8 @@ SCALES = {
         "fixed-sweep": (3, 1, [64], None),
         "dynatree-sensitivity": (3, 1, [64], None),
         "streaming": (2, 1, [512, 1024, 2048, 4096], None),
+        **{p: (6, 1, [128], None) for p in ("wetap-main", "wetap-ablation")},
+        **{p: (3, 1, [64], None) for p in ("wetap-width", "wetap-gamma", "wetap-alpha", "wetap-length")},
     },
 }
 
@@ -60,6 +72,42 @@ SENSITIVITY = {
     "breadth": [(1, 1, 1), (1, 1, 2), (1, 2, 2), (1, 2, 3), (1, 2, 4), (2, 3, 4)],  # (b_min, b_mid, b_max)
     "depth": [(2, 4), (3, 6), (4, 8), (5, 8), (6, 10), (8, 12)],  # (d0, d_max)
 }
+
+# paper 004 (WETAP): sampling settings, data sets, and its sensitivity grids
+WETAP_SAMPLING = {"temperature": 1.0, "top_k": 10, "top_p": 0.9}
+WETAP_DATASETS = "mtbench,humaneval,gsm8k"
+WETAP_GRIDS = {
+    "wetap-width": [("fixed", w, w) for w in (16, 32, 64, 128)]
+    + [("range", lo, hi) for lo, hi in ((16, 64), (32, 64), (16, 128), (32, 128), (16, 256), (32, 256))],
+    "wetap-gamma": [0.2, 0.5, 1.0, 1.2, 2.0, 4.0, 8.0],
+    "wetap-alpha": [round(0.1 * i, 1) for i in range(11)],
+    "wetap-length": [4, 5, 6, 7, 8, 9, 10],
+}
+
+
+def sampling_defaults(preset: str) -> dict | None:
+    """The sampling settings a preset runs with by default (None: greedy)."""
+    return dict(WETAP_SAMPLING) if preset.startswith("wetap-") else None
+
+
+def dataset_default(preset: str) -> str | None:
+    return WETAP_DATASETS if preset.startswith("wetap-") else None
+
+
+def _wetap_variants(preset: str, first: str) -> list[Variant]:
+    out = [Variant("ar", "ar"), Variant("wetap", "wetap", {}, first, {"baseline": True})]
+    for value in WETAP_GRIDS[preset]:
+        if preset == "wetap-width":
+            kind, lo, hi = value
+            options = {"w_min": lo, "w_max": hi}  # a fixed width is the range [w, w]
+            label = f"width [{lo}, {hi}]" if kind == "range" else f"fixed width {lo}"
+            group_value = f"[{lo},{hi}]" if kind == "range" else str(lo)
+            out.append(Variant(label, "wetap", options, first, {"group": kind, "value": group_value, "wetap": True}))
+        else:
+            name = {"wetap-gamma": "gamma", "wetap-alpha": "alpha", "wetap-length": "depth"}[preset]
+            out.append(Variant(f"{name}={value}", "wetap", {name: value}, first,
+                               {"group": name, "value": value, "wetap": True}))
+    return out
 
 
 def _labelled(method: str, draft: str, drafts: list[str]) -> str:
@@ -123,6 +171,20 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
             out.append(Variant(f"D0={d0} D_max={dm}", "dynatree", {"d0": d0, "d_max": dm}, first,
                                {"group": "depth", "value": f"{d0}/{dm}"}))
         return out
+    if preset == "wetap-main":
+        return [Variant("ar", "ar")] + method_variants(["specinfer", "specexec", "opt-tree"], drafts) + [
+            Variant(_labelled("wetap", d, drafts), "wetap", {"verify": "beam"}, d) for d in drafts] + [
+            Variant(_labelled("wetap (exact verify)", d, drafts), "wetap", {"verify": "exact"}, d) for d in drafts
+        ] + method_variants(["dynatree"], drafts)
+    if preset == "wetap-ablation":
+        return [
+            Variant("ar", "ar"),
+            Variant("WETAP w/o dynamic width tree", "wetap", {"dynamic_width": False}, first, {"stage": 0}),
+            Variant("WETAP w/o prob+len pruning", "wetap", {"alpha": 1.0}, first, {"stage": 1}),
+            Variant("WETAP", "wetap", {}, first, {"stage": 2}),
+        ]
+    if preset in WETAP_GRIDS:
+        return _wetap_variants(preset, first)
     if preset == "streaming":
         window = STREAMING_WINDOW[scale]
         return [Variant("ar", "ar"), Variant("dynatree", "dynatree", {}, first),

@@ -23,8 +23,46 @@ def settings(results: dict) -> list[tuple[int, int]]:
     return list(dict.fromkeys((a["max_new_tokens"], a["l_max"]) for a in results["aggregates"]))
 
 
-def at(results: dict, t_new: int, l_max: int) -> list[dict]:
-    return [a for a in results["aggregates"] if (a["max_new_tokens"], a["l_max"]) == (t_new, l_max)]
+def datasets(results: dict) -> list[str | None]:
+    return list(dict.fromkeys(a.get("dataset") for a in results["aggregates"]))
+
+
+def at(results: dict, t_new: int, l_max: int, dataset: str | None = None) -> list[dict]:
+    """Aggregates of one setting on one data set (the run's first when not given)."""
+    dataset = dataset if dataset is not None else datasets(results)[0]
+    return [a for a in results["aggregates"]
+            if (a["max_new_tokens"], a["l_max"], a.get("dataset")) == (t_new, l_max, dataset)]
+
+
+def lossy(results: dict) -> list[str]:
+    """Variants whose verification does not keep the target's distribution when sampling."""
+    from ..methods import make_config
+
+    out = []
+    for v in results["variants"]:
+        config = make_config(v["method"], **v["config"])
+        if getattr(config, "lossy", lambda: False)():
+            out.append(v["label"])
+    return out
+
+
+def quality_table(results: dict, t_new: int, l_max: int) -> str:
+    """Paper 004's table: mean generated length M, speed and PPL per method and data set."""
+    sets = datasets(results)
+    variants = list(dict.fromkeys(a["variant"] for a in results["aggregates"]))
+    marked = set(lossy(results)) if results["protocol"].get("sample") else set()
+    rows = []
+    for v in variants:
+        row = [v + (" (lossy)" if v in marked else "")]
+        for d in sets:
+            a = next((a for a in at(results, t_new, l_max, d) if a["variant"] == v), None)
+            row += ["-", "-", "-"] if a is None else [
+                _pm(a["mean"]["mean_generated_len"], a["std"]["mean_generated_len"], digits=2),
+                _pm(a["mean"]["tokens_per_s"], a["std"]["tokens_per_s"]),
+                _pm(a["mean"]["ppl"], a["std"]["ppl"], digits=3)]
+        rows.append(row)
+    header = ["Method"] + [f"{col} ({d})" if len(sets) > 1 else col for d in sets for col in ("M", "Speed (tok/s)", "PPL")]
+    return _table(header, rows)
 
 
 def _speedup(a: dict) -> str:
@@ -127,6 +165,10 @@ def header(results: dict) -> str:
              f"{', chat template' if p['chat'] else ''}",
              "- values: mean ± sample std over the measured prompts; speedup = mean throughput / mean AR "
              "throughput of this run (per-prompt ratio median and range in brackets)", ""]
+    if p.get("sample"):
+        lines.insert(-1, f"- sampling: temperature {p.get('temperature') or 1.0}, top-k {p.get('top_k') or 'off'}, "
+                         f"top-p {p.get('top_p') or 'off'}; prompt i sampled with seed {p.get('seed', 0)} + i by every "
+                         "variant; PPL = perplexity of each continuation under the target (paper 004, eq. 11)")
     window = p.get("kv_window")
     lines += ["**Variants**", "", _table(["Label", "Method", "Draft", "KV window", "Config"],
               [[v["label"], v["method"], v["draft"] or "-", v.get("kv_window") or window or "-",
@@ -136,6 +178,11 @@ def header(results: dict) -> str:
 
 
 def exactness(results: dict) -> str:
+    if results["protocol"].get("sample"):
+        marked = lossy(results)
+        return ("Sampling run: tokens are not compared with `ar` (lossless methods reproduce the target's "
+                "distribution, not ar's draws); compare PPL instead."
+                + (f" Lossy verification (WETAP's beam rule): {', '.join(marked)}." if marked else ""))
     bad = [a for a in results["aggregates"] if a["mismatches"]]
     unchecked = [a["variant"] for a in results["aggregates"] if a.get("unchecked")]
     note = (f" Not checked (no `ar` run under the same KV window): {', '.join(dict.fromkeys(unchecked))}."
@@ -157,9 +204,17 @@ def render(results: dict) -> str:
         parts += ["## Prompt-length sensitivity", "", pivot_table(results, "l_max")]
     if any({"depth", "branch", "tau"} <= set(v["tags"]) for v in results["variants"]):
         parts += ["## Fixed-tree sweep", "", sweep_section(results), ""]
+    scored = any(a["mean"].get("ppl") is not None for a in results["aggregates"])
+    sets = datasets(results)
     for t_new, l_max in s:
         title = f"## Results at T = {t_new}, L_max = {l_max}" if len(s) > 1 else "## Results"
-        parts += [title, "", main_tables(at(results, t_new, l_max)), ""]
+        parts += [title, ""]
+        if scored or len(sets) > 1:
+            parts += ["**M (tokens per verification), speed and PPL**", "", quality_table(results, t_new, l_max), ""]
+        for d in sets:
+            if len(sets) > 1:
+                parts += [f"### {d}", ""]
+            parts += [main_tables(at(results, t_new, l_max, d)), ""]
     parts += [exactness(results), ""]
     return "\n".join(parts)
 

@@ -1,7 +1,8 @@
 """results.json: saving, loading, and the aggregates every table and plot is drawn from.
 
-Aggregates are per (variant, T, L_max) over the measured prompts (warm-up excluded):
-mean and sample standard deviation of every statistic, and the speedup against `ar` of
+Aggregates are per (variant, data set, T, L_max) over the measured prompts (warm-up
+excluded): mean and sample standard deviation of every statistic and of the PPL of the
+continuations (when scored), and the speedup against `ar` of
 the same run and setting, two ways:
   speedup            = mean throughput / mean AR throughput (the papers' definition)
   speedup_median/min/max = over prompts, of throughput / AR throughput on the same prompt
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from ..errors import DynaTreeError
 
-STATS = ["tokens_per_s", "ttft_s", "tpot_s", "acceptance_rate", "tokens_per_iter", "accepted_len",
+STATS = ["tokens_per_s", "ttft_s", "tpot_s", "acceptance_rate", "tokens_per_iter", "mean_generated_len", "accepted_len",
          "iterations", "new_tokens", "wall_s", "peak_mem_mb", "drafted_tokens", "accepted_tokens"]
 
 
@@ -28,22 +29,27 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def _setting(r: dict) -> tuple:
+    return r.get("dataset"), r["max_new_tokens"], r["l_max"]
+
+
 def aggregate(records: list[dict]) -> list[dict]:
     measured = [r for r in records if not r["warmup"]]
-    keys = list(dict.fromkeys((r["variant"], r["max_new_tokens"], r["l_max"]) for r in measured))
-    ar_tps = {(r["prompt_index"], r["max_new_tokens"], r["l_max"]): r["stats"]["tokens_per_s"]
-              for r in measured if r["variant"] == "ar"}
+    keys = list(dict.fromkeys((r["variant"], *_setting(r)) for r in measured))
+    ar_tps = {(r["prompt_index"], *_setting(r)): r["stats"]["tokens_per_s"] for r in measured if r["variant"] == "ar"}
     out = []
-    for variant, t_new, l_max in keys:
-        rows = [r for r in measured if (r["variant"], r["max_new_tokens"], r["l_max"]) == (variant, t_new, l_max)]
-        agg = {"variant": variant, "method": rows[0]["method"], "draft": rows[0]["draft"],
-               "max_new_tokens": t_new, "l_max": l_max, "n": len(rows), "mean": {}, "std": {}}
+    for variant, *setting in keys:
+        setting = tuple(setting)
+        rows = [r for r in measured if r["variant"] == variant and _setting(r) == setting]
+        agg = {"variant": variant, "method": rows[0]["method"], "draft": rows[0]["draft"], "dataset": setting[0],
+               "max_new_tokens": setting[1], "l_max": setting[2], "n": len(rows), "mean": {}, "std": {}}
         for stat in STATS:
-            agg["mean"][stat], agg["std"][stat] = mean_std([r["stats"][stat] for r in rows])
+            agg["mean"][stat], agg["std"][stat] = mean_std([r["stats"].get(stat) for r in rows])
         agg["mean"]["prompt_tokens"], agg["std"]["prompt_tokens"] = mean_std([r["prompt_tokens"] for r in rows])
-        ratios = [r["stats"]["tokens_per_s"] / ar_tps[(r["prompt_index"], t_new, l_max)] for r in rows
-                  if (r["prompt_index"], t_new, l_max) in ar_tps]
-        ar_mean = mean_std([ar_tps[k] for k in ar_tps if k[1:] == (t_new, l_max)])[0]
+        agg["mean"]["ppl"], agg["std"]["ppl"] = mean_std([r.get("ppl") for r in rows])
+        ratios = [r["stats"]["tokens_per_s"] / ar_tps[(r["prompt_index"], *setting)] for r in rows
+                  if (r["prompt_index"], *setting) in ar_tps]
+        ar_mean = mean_std([tps for k, tps in ar_tps.items() if k[1:] == setting])[0]
         agg["speedup"] = agg["mean"]["tokens_per_s"] / ar_mean if ar_mean else None
         agg["speedup_median"] = statistics.median(ratios) if ratios else None
         agg["speedup_min"] = min(ratios) if ratios else None

@@ -5,8 +5,12 @@ after the other (interleaved, so slow drifts of the machine hit every method ali
 first `warmup` prompts are run (in the first setting only: warming up once is enough) and
 recorded but flagged, and left out of the aggregates.
 EOS is ignored by default (the papers force T tokens). Every record keeps the engine's
-full statistics; each variant's tokens are compared with those of an `ar` variant run
-under the same KV window (if any) on the same prompt.
+full statistics and the perplexity of its continuation under the target (`quality.py`).
+Greedy, each variant's tokens are compared with those of an `ar` variant run under the
+same KV window (if any) on the same prompt. Sampling (`sample`), every variant on a prompt
+gets the same seed (protocol seed + prompt index); tokens are not compared (lossless
+methods match the target's distribution, not ar's draws) and PPL is the quality measure.
+Several data sets (comma-separated) run one after the other, like settings.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import env
-from ..api import NGRAM, generate
+from ..api import NGRAM, generate, sampling_config
 from ..errors import DynaTreeError
 from ..methods import get_method, make_config
 from ..models import LoadedModel
+from ..quality import perplexity
 from ..window import KVWindow
 from .data import Prompt, load_texts, tokenize
 from .results import aggregate, save
@@ -52,8 +57,24 @@ class Protocol:
     chat: bool = False  # wrap prompts in the tokenizer's chat template
     min_chars: int | None = None  # paragraph filter override (None: the data set's own)
     kv_window: str | None = None  # "SINK,RECENT" KV window for every variant without its own
+    sample: bool = False  # sampling mode (lossless verification; WETAP's beam rule is lossy)
+    temperature: float | None = None  # sampling settings (None: off / 1.0), as `dynatree generate`
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0  # prompt i is sampled with seed + i by every variant
+    ppl: bool = True  # score every continuation's perplexity under the target (one extra pass, untimed)
+
+    @property
+    def datasets(self) -> list[str]:
+        return [d.strip() for d in self.dataset.split(",") if d.strip()]
+
+    def sampling(self):
+        return sampling_config(self.sample, self.temperature, self.top_k, self.top_p)
 
     def validate(self) -> None:
+        if not self.datasets:
+            raise DynaTreeError("--dataset is empty")
+        self.sampling()
         if self.n < 1 or self.warmup < 0 or self.warmup >= self.n:
             raise DynaTreeError(f"need --n >= 1 and 0 <= --warmup < --n, got n={self.n}, warmup={self.warmup}")
         if any(t < 1 for t in self.max_new_tokens) or any(l < 1 for l in self.l_max):
@@ -84,15 +105,15 @@ def run(
     out_dir: Path | None = None,
     progress: bool = True,
     command: list[str] | None = None,
-    texts: list[Prompt] | None = None,
+    texts: dict[str, list[Prompt]] | None = None,
 ) -> dict:
     """Run the protocol; write `out_dir/results.json` after every prompt; return the results.
 
-    `texts` are the prompts when already loaded (else loaded from `protocol.dataset`).
+    `texts` maps each data set to its prompts when already loaded (else loaded here).
     """
     protocol.validate()
     check_variants(variants)
-    texts = texts if texts is not None else load_texts(protocol.dataset, protocol.n, protocol.min_chars)
+    texts = texts if texts is not None else load_all(protocol)
     results = {
         "schema": SCHEMA,
         "experiment": experiment,
@@ -109,31 +130,42 @@ def run(
         ],
         "records": [],
     }
-    settings = [(t, l) for l in protocol.l_max for t in protocol.max_new_tokens]
-    runs = (len(settings) * len(texts) - (len(settings) - 1) * protocol.warmup) * len(variants)
-    bar = _Progress(runs, enabled=progress)
+    settings = [(d, t, l) for d in protocol.datasets for l in protocol.l_max for t in protocol.max_new_tokens]
+    runs = sum(len(texts[d]) for d, _, _ in settings) - (len(settings) - 1) * protocol.warmup
+    bar = _Progress(runs * len(variants), enabled=progress)
+    sampling = protocol.sampling()
+    scored: dict[str, float | None] = {}  # sha1 of prompt + tokens -> PPL (greedy runs repeat sequences)
     try:
-        for number, (t_new, l_max) in enumerate(settings):
-            for index, prompt in enumerate(texts):
+        for number, (dataset, t_new, l_max) in enumerate(settings):
+            for index, prompt in enumerate(texts[dataset]):
                 if number > 0 and index < protocol.warmup:
                     continue
                 ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat)
                 _check_length(target, drafts, ids, t_new)
                 reference = {}  # KV window -> tokens of plain decoding (ar) under that window
                 for v in variants:
-                    bar.start(f"{index + 1}/{len(texts)}", v.label, t_new)
+                    bar.start(f"{dataset} {index + 1}/{len(texts[dataset])}", v.label, t_new)
                     rec = generate(
                         method=v.method, target=target, draft=drafts.get(v.draft, v.draft), prompt_ids=ids,
                         max_new_tokens=t_new, ignore_eos=protocol.ignore_eos, on_tokens=bar.tokens,
-                        kv_window=v.kv_window or protocol.kv_window, **v.options,
+                        kv_window=v.kv_window or protocol.kv_window, seed=protocol.seed + index,
+                        sample=sampling is not None, temperature=protocol.temperature, top_k=protocol.top_k,
+                        top_p=protocol.top_p, **v.options,
                     )
                     bar.done(rec["stats"]["tokens_per_s"])
                     if v.method == "ar":
                         reference.setdefault(rec["run"]["kv_window"], rec["new_token_ids"])
-                    results["records"].append(_record(v, prompt, index, protocol, t_new, l_max, rec))
+                    r = _record(v, prompt, dataset, index, protocol, t_new, l_max, rec)
+                    if protocol.ppl:
+                        key = hashlib.sha1(json.dumps([ids, rec["new_token_ids"]]).encode()).hexdigest()
+                        if key not in scored:
+                            scored[key] = perplexity(target, ids, rec["new_token_ids"])
+                        r["ppl"] = scored[key]
+                    results["records"].append(r)
                 for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
-                    ids = r.pop("_ids")  # None below: no ar run under this variant's window to compare with
-                    r["matches_ar"] = ids == reference[r["kv_window"]] if r["kv_window"] in reference else None
+                    ids = r.pop("_ids")  # None below: sampling, or no ar run under this variant's window
+                    compare = sampling is None and r["kv_window"] in reference
+                    r["matches_ar"] = ids == reference[r["kv_window"]] if compare else None
                 if out_dir is not None:
                     save(results, out_dir)
     finally:
@@ -145,12 +177,19 @@ def run(
     return results
 
 
-def _record(v: Variant, prompt: Prompt, index: int, protocol: Protocol, t_new: int, l_max: int, rec: dict) -> dict:
+def load_all(protocol: Protocol) -> dict[str, list[Prompt]]:
+    """The prompts of every data set of the protocol (any that cannot be loaded is an error)."""
+    return {d: load_texts(d, protocol.n, protocol.min_chars) for d in protocol.datasets}
+
+
+def _record(v: Variant, prompt: Prompt, dataset: str, index: int, protocol: Protocol, t_new: int, l_max: int,
+            rec: dict) -> dict:
     ids = rec["new_token_ids"]
     return {
         "variant": v.label,
         "method": v.method,
         "draft": rec["draft"],
+        "dataset": dataset,
         "prompt_id": prompt.id,
         "prompt_index": index,
         "warmup": index < protocol.warmup,
@@ -160,6 +199,7 @@ def _record(v: Variant, prompt: Prompt, index: int, protocol: Protocol, t_new: i
         "kv_window": rec["run"]["kv_window"],
         "stats": rec["stats"],
         "policy_state": rec.get("policy_state"),
+        "seed": rec["run"]["seed"],
         "tokens_sha1": hashlib.sha1(json.dumps(ids).encode()).hexdigest(),
         "_ids": ids,
     }

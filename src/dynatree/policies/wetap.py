@@ -49,6 +49,10 @@ class WetapConfig:
     verify: str = option("beam", "beam: the paper's deep-to-shallow beam rule, LOSSY when sampling; exact: lossless")
     beam_tau: float = option(0.5, "beam rule threshold: accept a beam when min(1, P/Q) > beam_tau")
 
+    def lossy(self) -> bool:
+        """True when sampled output does not follow the target's distribution."""
+        return self.verify == "beam"
+
     def validate(self) -> None:
         positive(self, "depth", "budget", "w_min", "w_max")
         require(self.w_min <= self.w_max, f"--w-min must not exceed --w-max, got {self.w_min} > {self.w_max}")

@@ -1,0 +1,30 @@
+"""Quality of a generated continuation: its perplexity under the target (paper 004, eq. 11).
+
+    PPL(x_1..x_n) = exp(-1/n * sum_i log P_target(x_i | prompt, x_<i))
+
+P_target is the target's own next-token distribution (softmax of its logits, temperature 1,
+no top-k/top-p), scored with full causal attention in one teacher-forced pass, whatever
+method, sampling settings or KV window produced the tokens. Lossless methods produce
+continuations distributed as the target samples them, so their PPL matches plain sampling
+up to noise; a lossy verifier (WETAP's beam rule) shows up as a shift.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .models import LoadedModel
+
+
+@torch.no_grad()
+def perplexity(target: LoadedModel, prompt_ids: list[int], new_ids: list[int]) -> float | None:
+    """PPL of `new_ids` after `prompt_ids`; None when nothing was generated."""
+    if not new_ids:
+        return None
+    ids = torch.tensor([prompt_ids + new_ids], device=target.device)
+    logits = target.model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1]  # rows predicting new_ids
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    nll = -logp.gather(1, torch.tensor(new_ids, device=target.device)[:, None]).mean()
+    return math.exp(float(nll))
