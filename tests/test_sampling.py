@@ -175,6 +175,23 @@ def test_warps_match_transformers():
         torch.testing.assert_close(ours, torch.softmax(scores, dim=-1))
 
 
+def test_top_k_fast_path_equals_the_full_computation():
+    """With top-k the warps run on the k largest logits only; ties at the k-th fall back."""
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(100):
+        vocab = int(torch.randint(12, 300, (), generator=gen))
+        logits = torch.randn(5, vocab, generator=gen, dtype=torch.float64) * 3
+        if trial % 10 == 0:
+            logits[:, :4] = logits.max() + 1.0  # four tied maxima: top-k 2 must keep all four
+        temperature, top_k = 0.3 + float(torch.rand((), generator=gen)), int(torch.randint(1, 10, (), generator=gen))
+        top_p = 0.1 + 0.9 * float(torch.rand((), generator=gen))
+        if trial % 10 == 0:
+            top_p = 1.0  # which of several tied tokens top-p keeps is a matter of sort order
+        scores = TopKLogitsWarper(top_k)(None, TemperatureLogitsWarper(temperature)(None, logits.clone()))
+        expected = torch.softmax(TopPLogitsWarper(top_p)(None, scores), dim=-1)
+        torch.testing.assert_close(target_probs(logits, SamplingConfig(temperature, top_k, top_p)), expected)
+
+
 def test_seeded_runs_are_reproducible():
     target = tiny("llama", eos_ids=[])
     runs = [generate(method="dynatree", target=target, prompt_ids=[5, 6, 7, 5, 6], max_new_tokens=16, ignore_eos=True,

@@ -45,6 +45,10 @@ class SamplingConfig:
 
 def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """[n, V] logits -> [n, V] float64 probabilities after temperature, top-k and top-p."""
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        fast = _top_k_probs(logits, cfg)
+        if fast is not None:
+            return fast
     scores = logits.double() / cfg.temperature
     if cfg.top_k and cfg.top_k < scores.shape[-1]:
         kth = scores.topk(cfg.top_k, dim=-1).values[..., -1:]
@@ -59,6 +63,25 @@ def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+def _top_k_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor | None:
+    """`target_probs` computed on the k largest logits only (then scattered back): the same
+    result without sorting the whole vocabulary. None when a tie at the k-th logit would make
+    top-k keep more than k tokens (the full computation handles that)."""
+    k = cfg.top_k
+    top = logits.double().topk(k + 1, dim=-1)  # sorted, most probable first
+    if bool((top.values[..., k] == top.values[..., k - 1]).any()):
+        return None
+    probs = torch.softmax(top.values[..., :k] / cfg.temperature, dim=-1)
+    if cfg.top_p < 1.0:
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop = mass_before >= cfg.top_p
+        drop[..., 0] = False
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    out = torch.zeros(logits.shape, dtype=torch.float64, device=logits.device)
+    return out.scatter_(-1, top.indices[..., :k], probs)
 
 
 class Sampler:

@@ -39,7 +39,17 @@ class Stateless:
 def tempered(dist: torch.Tensor, sampler: Sampler) -> torch.Tensor:
     """[m, V] draft distributions -> the same temperature/top-k/top-p the target samples with
     (tokens the drafter gives no mass stay at zero; all-zero rows stay all zero)."""
-    q = sampler.probs(dist.clamp_min(1e-30).log()).masked_fill(dist <= 0, 0.0)
+    k = sampler.config.top_k
+    if k and k < dist.shape[-1]:  # only the k most probable tokens can survive: warp those alone
+        top = dist.topk(k, dim=-1)
+        q = torch.zeros(dist.shape, dtype=torch.float64).scatter_(-1, top.indices, _warp(top.values, sampler))
+    else:
+        q = _warp(dist, sampler)
+    return q
+
+
+def _warp(probs: torch.Tensor, sampler: Sampler) -> torch.Tensor:
+    q = sampler.probs(probs.clamp_min(1e-30).log()).masked_fill(probs <= 0, 0.0)
     total = q.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, q / total.clamp_min(1e-300), q)
 
