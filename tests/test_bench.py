@@ -148,7 +148,8 @@ def fixed_results(kind: str) -> dict:
                                         ("dynatree-sensitivity", "sensitivity.png"),
                                         ("streaming", "memory_scaling.png"), ("wetap-main", "quality.png"),
                                         ("wetap-ablation", "ablation.png"), ("wetap-gamma", "wetap_sensitivity.png"),
-                                        ("wetap-width", "wetap_sensitivity.png"), ("wetap-alpha", "quality.png")])
+                                        ("wetap-width", "wetap_sensitivity.png"), ("wetap-alpha", "quality.png"),
+                                        ("perf", "throughput.png")])
 def test_report_and_plots_from_results_json_alone(tmp_path, kind, plot):
     results.save(fixed_results(kind), tmp_path)
     written = report.write(tmp_path)
@@ -170,6 +171,30 @@ def test_wetap_report_has_m_speed_ppl_per_data_set_and_marks_the_lossy_rule():
     assert "### humaneval" in md and "### gsm8k" in md
     assert "Lossy verification (WETAP's beam rule): wetap." in md
     assert "sampling: temperature 1.0, top-k 10, top-p 0.9" in md
+
+
+def test_perf_table_ratios_and_bandwidth_limit():
+    res = fixed_results("perf")
+    assert [v["label"] for v in res["variants"]] == ["hf-ar", "hf-lookup", "ar", "linear", "fixed-tree", "dynatree"]
+    res["hardware"] = {"weight_bytes": 500e6, "bandwidth_bytes_per_s": 10e9, "limit_tokens_per_s": 20.0}
+    md = report.render(res)
+    # tokens/s = 10 + variant index + prompt index; measured prompts 1 and 2
+    # linear (3) / hf-ar (0): 14/11, 15/12 -> median 1.26, range 1.25-1.27; vs hf-lookup (1): 14/12, 15/13
+    assert "| linear | 14.5 ± 0.7 | 1.26× (1.25-1.27; of means 1.26×) | 1.16× (1.15-1.17; of means 1.16×) |" in md
+    assert "| hf-lookup | 12.5 ± 0.7 | 1.09× (1.08-1.09; of means 1.09×) | - |" in md
+    assert "vs best hf-* speculative (hf-lookup)" in md
+    assert "500 MB of weights per forward / 10.0 GB/s measured read bandwidth = **20.0 tokens/s**" in md
+    assert "Our `ar` reaches 13.5 tokens/s, 68% of it (1.48× from the limit)" in md
+
+
+def test_weight_bytes_and_bandwidth():
+    from dynatree.hardware import decode_limit, weight_bytes
+
+    model = tiny("gpt2").model  # tied input/output embeddings: counted once
+    assert weight_bytes(model) == sum(p.numel() * p.element_size() for p in set(model.parameters()))
+    assert weight_bytes(model) < sum(p.numel() * p.element_size() for p in model.state_dict().values())
+    limit = decode_limit(model)
+    assert limit["bandwidth_bytes_per_s"] > 1e8 and limit["limit_tokens_per_s"] > 0
 
 
 def test_report_numbers(tmp_path):

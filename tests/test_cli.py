@@ -29,7 +29,8 @@ def generate_json(capsys, target, *extra):
     return json.loads(out)
 
 
-@pytest.mark.parametrize("method", ["dynatree", "fixed-tree", "linear", "hf-lookup", "hf-ar"])
+@pytest.mark.parametrize("method", ["dynatree", "fixed-tree", "linear", "wetap", "specinfer", "specexec", "opt-tree",
+                                    "hf-lookup", "hf-ar"])
 def test_json_record(capsys, saved_tiny, method):
     rec = generate_json(capsys, saved_tiny, "--method", method, "--max-new-tokens", "12", "--ignore-eos")
     assert {"method", "target", "draft", "prompt_tokens", "new_token_ids", "text", "stats", "config"} <= set(rec)
@@ -47,6 +48,18 @@ def test_json_config_is_the_resolved_method_config(capsys, saved_tiny):
     assert rec["config"]["d0"] == 3 and rec["config"]["tau_h"] == 0.8 and rec["config"]["history"] is False
     assert rec["config"]["n_max"] == 256 and rec["draft"] == "ngram"
     assert rec["policy_state"]["d0"] == 3
+
+
+def test_lossy_method_is_labelled_when_sampling(capsys, saved_tiny):
+    argv = ["generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "6", "--json", "--sample",
+            "--top-k", "10", "--method", "wetap"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0 and "lossy when sampling" in err and json.loads(out)["run"]["lossy"] is True
+    code, out, err = run_cli(capsys, *argv, "--verify", "exact")
+    assert code == 0 and "lossy" not in err and json.loads(out)["run"]["lossy"] is False
+    greedy = [a for a in argv if a not in ("--sample", "--top-k", "10")]
+    code, out, err = run_cli(capsys, *greedy)  # greedy, the beam rule is exact: no note
+    assert code == 0 and "lossy" not in err and json.loads(out)["run"]["lossy"] is False
 
 
 def test_streamed_text_and_stats_line(capsys, saved_tiny):

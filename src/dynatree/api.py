@@ -169,6 +169,7 @@ def generate(
             "ngram_max": ngram_max if draft_name == NGRAM else None,
             "kv_window": str(window) if window is not None else None,
             "sampling": dataclasses.asdict(sampling) if sampling is not None else None,
+            "lossy": sampling is not None and getattr(config, "lossy", lambda: False)(),
         },
         "env": env.describe(tgt.device),
     }

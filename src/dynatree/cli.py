@@ -206,7 +206,10 @@ def cmd_generate(args) -> int:
         if not any(m in args.method_fields[name] for m in methods):
             make_config(args.method, **{name: given[name]})  # raises "does not apply to method ..."
     for method in methods:  # reject bad methods and values before loading any model
-        make_config(method, **options_for(method))
+        config = make_config(method, **options_for(method))
+        if args.sample and getattr(config, "lossy", lambda: False)():
+            print(f"note: {method} with --verify beam is lossy when sampling: its output does not follow the "
+                  "target's distribution (--verify exact is lossless)", file=sys.stderr)
     target = load_model(args.target, device=args.device, dtype=args.dtype)
     draft = args.draft
     if draft not in (None, "auto", api.NGRAM) and any(METHODS[m].draft != "none" for m in methods):

@@ -104,6 +104,7 @@ def _protocol(args, preset: str) -> Protocol:
         top_p=args.top_p if args.top_p is not None else defaults.get("top_p"),
         seed=args.seed,
         ppl=not args.no_ppl,
+        bandwidth_limit=preset == "perf",
     )
 
 
@@ -134,6 +135,8 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     paths = report.write(out)
     results = load(out)
     setting = max(report.settings(results))
+    if any(v["label"] == "hf-ar" for v in results["variants"]):
+        print(report.perf_section(results, *setting) + "\n")
     if results["protocol"].get("ppl") or len(report.datasets(results)) > 1:
         print(report.quality_table(results, *setting) + "\n")
     print(report.main_tables(report.at(results, *setting)).split("\n\n**Latency**")[0])

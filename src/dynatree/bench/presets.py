@@ -10,6 +10,10 @@
   dynatree-sensitivity  DynaTree's thresholds, breadth and depth, one group at a time
   streaming   AR and DynaTree with and without an attention-sink KV window (paper 003's
               StreamingLLM + speculative baseline): peak memory and throughput over T
+  perf        issue 5's speed table: transformers' greedy generate (hf-ar), hf-lookup,
+              hf-assisted (with a draft LM), and our ar, linear, fixed tree, DynaTree with every
+              drafter; ratios to hf-ar and to the best hf-* speculative method, and the
+              memory-bandwidth limit of plain decoding
   wetap-main  paper 004, Table 1: AR, SpecInfer, SpecExec, OPT-Tree, WETAP (its lossy beam
               verification, and our lossless verifier on its tree), DynaTree; M, speed, PPL;
               sampling at temperature 1, top-k 10, top-p 0.9; MT-Bench, HumanEval, GSM8K
@@ -32,7 +36,7 @@ from ..methods import get_method
 from .runner import Variant
 
 ALIASES = {"latency": "main", "efficiency": "main", "memory": "main"}
-PRESETS = ["main", "latency", "efficiency", "memory", "ablation", "length", "prompt-length", "fixed-sweep",
+PRESETS = ["main", "perf", "latency", "efficiency", "memory", "ablation", "length", "prompt-length", "fixed-sweep",
            "dynatree-sensitivity", "streaming", "wetap-main", "wetap-ablation", "wetap-width", "wetap-gamma",
            "wetap-alpha", "wetap-length"]
 STREAMING_WINDOW = {"paper": "4,1020", "small": "4,508"}  # paper 003 used a 1024-token cache
@@ -47,6 +51,7 @@ SCALES = {
         "fixed-sweep": (10, 2, [1500], None),
         "dynatree-sensitivity": (10, 2, [1500], None),
         "streaming": (3, 1, [500, 1000, 2000, 4000], None),
+        "perf": (22, 2, [256], None),
         **{p: (10, 2, [1024], None) for p in ("wetap-main", "wetap-ablation")},
         **{p: (10, 2, [1024], None) for p in ("wetap-width", "wetap-gamma", "wetap-alpha", "wetap-length")},
     },
@@ -58,6 +63,7 @@ SCALES = {
         "fixed-sweep": (3, 1, [64], None),
         "dynatree-sensitivity": (3, 1, [64], None),
         "streaming": (2, 1, [512, 1024, 2048, 4096], None),
+        "perf": (6, 1, [128], None),
         **{p: (6, 1, [128], None) for p in ("wetap-main", "wetap-ablation")},
         **{p: (3, 1, [64], None) for p in ("wetap-width", "wetap-gamma", "wetap-alpha", "wetap-length")},
     },
@@ -171,6 +177,9 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
             out.append(Variant(f"D0={d0} D_max={dm}", "dynatree", {"d0": d0, "d_max": dm}, first,
                                {"group": "depth", "value": f"{d0}/{dm}"}))
         return out
+    if preset == "perf":
+        return method_variants(["hf-ar", "hf-lookup", "hf-assisted", "ar", "linear", "fixed-tree", "dynatree"], drafts,
+                               strict=False)
     if preset == "wetap-main":
         return [Variant("ar", "ar")] + method_variants(["specinfer", "specexec", "opt-tree"], drafts) + [
             Variant(_labelled("wetap", d, drafts), "wetap", {"verify": "beam"}, d) for d in drafts] + [

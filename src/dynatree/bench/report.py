@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .results import load
+from .results import load, ratios_to
 
 
 def _pm(mean, std, scale=1.0, digits=1) -> str:
@@ -63,6 +63,41 @@ def quality_table(results: dict, t_new: int, l_max: int) -> str:
         rows.append(row)
     header = ["Method"] + [f"{col} ({d})" if len(sets) > 1 else col for d in sets for col in ("M", "Speed (tok/s)", "PPL")]
     return _table(header, rows)
+
+
+def _ratio(r: dict | None) -> str:
+    return "-" if r is None else f"{r['median']:.2f}× ({r['min']:.2f}-{r['max']:.2f}; of means {r['of_means']:.2f}×)"
+
+
+def perf_section(results: dict, t_new: int, l_max: int) -> str:
+    """Every method against transformers' greedy generate (hf-ar) and ours against the best
+    hf-* speculative method, per prompt (median, range) and as a ratio of means; plus the
+    memory-bandwidth limit of plain decoding when it was measured."""
+    aggs = at(results, t_new, l_max)
+    dataset = aggs[0].get("dataset") if aggs else None
+    setting = (dataset, t_new, l_max)
+    records = results["records"]
+    peers = [a for a in aggs if a["method"] in ("hf-lookup", "hf-assisted")]
+    best_peer = max(peers, key=lambda a: a["mean"]["tokens_per_s"] or 0)["variant"] if peers else None
+    rows = []
+    for a in aggs:
+        ours = not a["method"].startswith("hf-")
+        rows.append([a["variant"], _pm(a["mean"]["tokens_per_s"], a["std"]["tokens_per_s"]),
+                     _ratio(ratios_to(records, a["variant"], "hf-ar", setting)),
+                     _ratio(ratios_to(records, a["variant"], best_peer, setting)) if ours and best_peer else "-"])
+    out = [_table(["Method", "Throughput (tok/s)", "vs hf-ar: per-prompt median (range; ratio of means)",
+                   f"vs best hf-* speculative ({best_peer or 'none run'})"], rows)]
+    hw = results.get("hardware")
+    if hw:
+        limit = hw["limit_tokens_per_s"]
+        ar = next((a for a in aggs if a["variant"] == "ar"), None)
+        line = (f"Bandwidth limit of plain decoding: {hw['weight_bytes'] / 1e6:.0f} MB of weights per forward / "
+                f"{hw['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s measured read bandwidth = **{limit:.1f} tokens/s**.")
+        if ar and ar["mean"]["tokens_per_s"]:
+            line += (f" Our `ar` reaches {ar['mean']['tokens_per_s']:.1f} tokens/s, "
+                     f"{100 * ar['mean']['tokens_per_s'] / limit:.0f}% of it ({limit / ar['mean']['tokens_per_s']:.2f}× from the limit).")
+        out += ["", line]
+    return "\n".join(out)
 
 
 def _speedup(a: dict) -> str:
@@ -209,6 +244,9 @@ def render(results: dict) -> str:
     for t_new, l_max in s:
         title = f"## Results at T = {t_new}, L_max = {l_max}" if len(s) > 1 else "## Results"
         parts += [title, ""]
+        if any(v["label"] == "hf-ar" for v in results["variants"]):
+            parts += ["**Against transformers (hf-ar = `generate()` greedy, same dtype)**", "",
+                      perf_section(results, t_new, l_max), ""]
         if scored or len(sets) > 1:
             parts += ["**M (tokens per verification), speed and PPL**", "", quality_table(results, t_new, l_max), ""]
         for d in sets:

@@ -61,6 +61,21 @@ def aggregate(records: list[dict]) -> list[dict]:
     return out
 
 
+def ratios_to(records: list[dict], variant: str, reference: str, setting: tuple) -> dict | None:
+    """Throughput of `variant` / throughput of `reference` on the same measured prompts:
+    per-prompt median, min, max, and the ratio of means. None if they share no prompt."""
+    measured = [r for r in records if not r["warmup"] and _setting(r) == tuple(setting)]
+    ref = {r["prompt_index"]: r["stats"]["tokens_per_s"] for r in measured if r["variant"] == reference}
+    mine = {r["prompt_index"]: r["stats"]["tokens_per_s"] for r in measured if r["variant"] == variant}
+    common = [i for i in mine if i in ref and ref[i]]
+    if not common:
+        return None
+    per_prompt = [mine[i] / ref[i] for i in common]
+    return {"median": statistics.median(per_prompt), "min": min(per_prompt), "max": max(per_prompt),
+            "of_means": statistics.fmean(mine[i] for i in common) / statistics.fmean(ref[i] for i in common),
+            "n": len(common)}
+
+
 def save(results: dict, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

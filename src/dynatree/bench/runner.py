@@ -63,6 +63,7 @@ class Protocol:
     top_p: float | None = None
     seed: int = 0  # prompt i is sampled with seed + i by every variant
     ppl: bool = True  # score every continuation's perplexity under the target (one extra pass, untimed)
+    bandwidth_limit: bool = False  # measure the memory-bandwidth limit of plain decoding (hardware.py)
 
     @property
     def datasets(self) -> list[str]:
@@ -130,6 +131,10 @@ def run(
         ],
         "records": [],
     }
+    if protocol.bandwidth_limit:
+        from ..hardware import decode_limit
+
+        results["hardware"] = decode_limit(target.model, target.device)
     settings = [(d, t, l) for d in protocol.datasets for l in protocol.l_max for t in protocol.max_new_tokens]
     runs = sum(len(texts[d]) for d, _, _ in settings) - (len(settings) - 1) * protocol.warmup
     bar = _Progress(runs * len(variants), enabled=progress)
