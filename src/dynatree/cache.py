@@ -41,12 +41,14 @@ def keep(cache: DynamicCache, start: int, keep_idx: torch.Tensor) -> None:
     each kept entry moves to a slot at or before its old one and the copy is safe.
     """
     m = int(keep_idx.numel())
+    in_place = m == 0 or int(keep_idx[-1]) == m - 1  # increasing and ending at m - 1: already 0..m-1
     for layer in cache.layers:
         if not layer.is_initialized:
             continue
-        src = start + keep_idx.to(layer.keys.device)
-        layer.keys[..., start : start + m, :] = layer.keys[..., src, :]
-        layer.values[..., start : start + m, :] = layer.values[..., src, :]
+        if not in_place:
+            src = start + keep_idx.to(layer.keys.device)
+            layer.keys[..., start : start + m, :] = layer.keys[..., src, :]
+            layer.values[..., start : start + m, :] = layer.values[..., src, :]
         layer.keys = layer.keys[..., : start + m, :]
         layer.values = layer.values[..., : start + m, :]
 

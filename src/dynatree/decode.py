@@ -140,8 +140,8 @@ class Decoder:
         """
         if self.window is not None:
             allowed = allowed & self.window.visible(positions, torch.cat([run.slot_pos, positions]))
-        elif prefill:  # plain causal attention: let the model build its own mask
-            return self.target.forward(run.cache, ids, positions.tolist(), mask=None, last_only=True)
+        elif prefill or len(ids) == 1:  # plain causal attention (a lone query sees everything): the model's own mask
+            return self.target.forward(run.cache, ids, positions.tolist(), mask=None, last_only=prefill)
         mask = additive_mask(allowed, self.target.dtype, self.target.device)
         return self.target.forward(run.cache, ids, positions.tolist(), mask, last_only=prefill)
 

@@ -16,6 +16,8 @@ def greedy_accept(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
     nodes (root excluded, root-to-leaf order) and the target's argmax after the last one.
     Siblings carry distinct tokens, so the accepted path is unique.
     """
+    if tree.size == 1:  # nothing drafted (plain decoding)
+        return [], int(logits[0].argmax())
     pred = logits.argmax(dim=-1).cpu()  # [n] the single device->host transfer of an iteration
     paths = tree.paths  # [n_leaves, max_depth + 1], -1 padded
     child, parent = paths[:, 1:], paths[:, :-1]
