@@ -11,7 +11,7 @@ from . import env
 from .decode import Decoder
 from .drafters import LMDrafter, NgramDrafter
 from .errors import DynaTreeError
-from .methods import get_method, make_config
+from .methods import get_method, is_lossy, make_config
 from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model
 from .peers import hf_generate
 from .sampling import Sampler, SamplingConfig
@@ -169,7 +169,7 @@ def generate(
             "ngram_max": ngram_max if draft_name == NGRAM else None,
             "kv_window": str(window) if window is not None else None,
             "sampling": dataclasses.asdict(sampling) if sampling is not None else None,
-            "lossy": sampling is not None and getattr(config, "lossy", lambda: False)(),
+            "lossy": sampling is not None and is_lossy(config),
         },
         "env": env.describe(tgt.device),
     }

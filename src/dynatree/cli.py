@@ -14,7 +14,7 @@ import sys
 
 from .config import field_type
 from .errors import DynaTreeError
-from .methods import METHODS
+from .methods import METHODS, is_lossy
 from .models import DEFAULT_TARGET, EMBEDDED
 from .window import KVWindow
 
@@ -207,7 +207,7 @@ def cmd_generate(args) -> int:
             make_config(args.method, **{name: given[name]})  # raises "does not apply to method ..."
     for method in methods:  # reject bad methods and values before loading any model
         config = make_config(method, **options_for(method))
-        if args.sample and getattr(config, "lossy", lambda: False)():
+        if args.sample and is_lossy(config):
             print(f"note: {method} with --verify beam is lossy when sampling: its output does not follow the "
                   "target's distribution (--verify exact is lossless)", file=sys.stderr)
     target = load_model(args.target, device=args.device, dtype=args.dtype)

@@ -44,6 +44,12 @@ METHODS = {
 }
 
 
+def is_lossy(config) -> bool:
+    """True when a method's config makes sampled output deviate from the target's distribution
+    (a config says so with a `lossy()` method; WETAP's beam verification is the only one)."""
+    return bool(getattr(config, "lossy", lambda: False)())
+
+
 def get_method(name: str) -> Method:
     if name not in METHODS:
         raise DynaTreeError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")

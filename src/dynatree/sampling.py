@@ -56,13 +56,18 @@ def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     probs = torch.softmax(scores, dim=-1)
     if cfg.top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # probability of the more likely tokens
-        drop_sorted = mass_before >= cfg.top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        drop = torch.zeros_like(sorted_p, dtype=torch.bool).scatter(-1, order, _outside_nucleus(sorted_p, cfg.top_p))
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+def _outside_nucleus(sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """For probabilities sorted most probable first: True where top-p drops the token (the
+    mass of the more likely tokens already reaches top_p; the first token always stays)."""
+    drop = sorted_p.cumsum(dim=-1) - sorted_p >= top_p
+    drop[..., 0] = False
+    return drop
 
 
 def _top_k_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor | None:
@@ -75,10 +80,7 @@ def _top_k_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor | No
         return None
     probs = torch.softmax(top.values[..., :k] / cfg.temperature, dim=-1)
     if cfg.top_p < 1.0:
-        mass_before = probs.cumsum(dim=-1) - probs
-        drop = mass_before >= cfg.top_p
-        drop[..., 0] = False
-        probs = probs.masked_fill(drop, 0.0)
+        probs = probs.masked_fill(_outside_nucleus(probs, cfg.top_p), 0.0)  # already sorted by topk
         probs = probs / probs.sum(dim=-1, keepdim=True)
     out = torch.zeros(logits.shape, dtype=torch.float64, device=logits.device)
     return out.scatter_(-1, top.indices[..., :k], probs)

@@ -52,29 +52,27 @@ class BeamVerifier:
         self.tau = tau
 
     def accept(self, tree: Tree, logits: torch.Tensor, sampler) -> tuple[list[int], int]:
+        probs = None if sampler is None else sampler.probs(logits).cpu()  # [n, V] float64 when sampling
+
+        def bonus(node: int) -> int:
+            return int(logits[node].argmax()) if probs is None else sampler.draw(probs[node])
+
         if tree.n_drafted == 0:
-            return [], self._draw(logits[0:1], sampler)
+            return [], bonus(0)
         parents, tokens = tree.parents[1:], tree.tokens[1:]
-        if sampler is None:
-            probs = None
+        if probs is None:
             node_p = (logits.argmax(dim=-1).cpu()[parents] == tokens).double()  # [n-1] target's 0/1 probability
         else:
-            probs = sampler.probs(logits).cpu()  # [n, V] float64
             node_p = probs[parents, tokens]
-        node_logp = torch.cat([torch.zeros(1, dtype=torch.float64), node_p.clamp_min(1e-300).log()])
-        beam_logp = tree.ancestors.double() @ node_logp  # [n] log P of each root-to-node beam
-        impossible = (tree.ancestors.double() @ torch.cat([torch.zeros(1), (node_p <= 0).double()])) > 0  # P = 0
+        ancestors = tree.ancestors.double()
+        zero = torch.zeros(1, dtype=torch.float64)
+        beam_logp = ancestors @ torch.cat([zero, node_p.clamp_min(1e-300).log()])  # [n] log P of each beam
+        impossible = (ancestors @ torch.cat([zero, (node_p <= 0).double()])) > 0  # a token with P = 0 on the beam
         passed = ((beam_logp - tree.logp).clamp(max=0.0).exp() > self.tau) & ~impossible  # min(1, P/Q) > tau
         passed[0] = False
         if not bool(passed.any()):
-            return [], self._draw(logits[0:1], sampler, probs, 0)
+            return [], bonus(0)
         depth = int(tree.depths[passed].max())  # the deepest level with an accepted beam
         candidates = (passed & (tree.depths == depth)).nonzero().squeeze(1)
         node = int(candidates[beam_logp[candidates].argmax()])
-        return tree.path_to(node), self._draw(logits[node : node + 1], sampler, probs, node)
-
-    @staticmethod
-    def _draw(row_logits: torch.Tensor, sampler, probs: torch.Tensor | None = None, node: int = 0) -> int:
-        if sampler is None:
-            return int(row_logits[0].argmax())
-        return sampler.draw(probs[node] if probs is not None else sampler.probs(row_logits)[0])
+        return tree.path_to(node), bonus(node)

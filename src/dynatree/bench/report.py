@@ -36,14 +36,9 @@ def at(results: dict, t_new: int, l_max: int, dataset: str | None = None) -> lis
 
 def lossy(results: dict) -> list[str]:
     """Variants whose verification does not keep the target's distribution when sampling."""
-    from ..methods import make_config
+    from ..methods import is_lossy, make_config
 
-    out = []
-    for v in results["variants"]:
-        config = make_config(v["method"], **v["config"])
-        if getattr(config, "lossy", lambda: False)():
-            out.append(v["label"])
-    return out
+    return [v["label"] for v in results["variants"] if is_lossy(make_config(v["method"], **v["config"]))]
 
 
 def quality_table(results: dict, t_new: int, l_max: int) -> str:

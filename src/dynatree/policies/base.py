@@ -1,7 +1,9 @@
 """The tree-policy contract and the level-by-level growth loop the policies share.
 
 A policy turns a drafter's proposals into a `Tree` (`grow`) and may learn from the
-verification outcome (`observe`). The engine calls nothing else. Growth happens one depth
+verification outcome (`observe`). The engine calls nothing else, except that a policy with
+its own acceptance rule exposes it as `verifier` (`.accept(tree, logits, sampler)`, WETAP's
+beam rule); without one the engine's greedy or rejection-sampling verifier decides. Growth happens one depth
 level at a time so that a whole level costs a single drafter call (one draft forward).
 """
 
