@@ -95,6 +95,7 @@ def sampling_kwargs(args) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     from .bench.commands import add_bench_commands
+    from .distill_cli import add_distill_command
 
     parser = _Parser(prog="dynatree", description="Exact tree-based speculative decoding for HuggingFace causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -108,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", help="the prompt text (or use --prompt-file)")
     gen.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-' for stdin)")
     gen.add_argument("--method", default="dynatree", help="decoding method [dynatree]")
-    add_model_args(gen, "draft: 'ngram' or a model spec sharing the target's tokenizer [ngram]")
+    add_model_args(gen, "draft: 'ngram', the shipped 'smollm2-135m-draft' (for the default target), or a model "
+                        "spec sharing the target's tokenizer [ngram]")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most [128]")
     gen.add_argument("--ignore-eos", action="store_true", help="treat EOS as an ordinary token and generate exactly N tokens")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -121,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="attention-sink KV window: keep the first SINK and the last RECENT tokens (bounded memory)")
     gen.set_defaults(method_fields=_method_options(gen), run=cmd_generate)
     add_bench_commands(sub)
+    add_distill_command(sub)
     return parser
 
 
@@ -248,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         transformers.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
         args = build_parser().parse_args(argv)
+        args.argv = list(argv) if argv is not None else sys.argv[1:]  # recorded in result files
         return args.run(args)
     except DynaTreeError as exc:
         print(f"dynatree: error: {exc}", file=sys.stderr)

@@ -1,0 +1,184 @@
+"""`dynatree distill` on tiny random targets: the loss falls, the output loads and drafts
+exactly, checkpoints resume to the same weights, HumanEval text is kept out, bad input fails."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import pytest
+import torch
+
+from conftest import VOCAB, hf_greedy, tiny, tokenizer
+from dynatree import DynaTreeError, distill
+from dynatree.api import generate
+from dynatree.bench import data as bench_data
+from dynatree.cli import main
+from dynatree.models import check_compatible, load_model
+
+SMALL = dict(layers=2, hidden=16, heads=2, ffn=32, corpus_tokens=1200, gen_prompts=0, seq_len=32, top_k=4, steps=30,
+             batch_size=4, lr=1e-2, warmup=3, checkpoint_every=10, eval_fraction=0.2, save_dtype="float32")
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    """Word-level 'text' with repeated phrases, so the target's predictions have structure to learn."""
+    rng = random.Random(0)
+    phrases = [" ".join(f"w{rng.randrange(3, VOCAB)}" for _ in range(6)) for _ in range(12)]
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(" ".join(rng.choice(phrases) for _ in range(8)) for _ in range(60)))
+    return path
+
+
+def _target():
+    return tiny("llama", seed=2, dtype=torch.float32, eos_ids=[2])
+
+
+def test_distillation_lowers_the_loss_and_writes_a_loadable_draft(tmp_path, corpus):
+    target = _target()
+    cfg = distill.DistillConfig(corpus=str(corpus), **SMALL)
+    out = tmp_path / "draft"
+    summary = distill.distill(target, out, cfg, progress=False, command=["test"])
+
+    data = torch.load(out / "data.pt", weights_only=True)
+    _, held = distill.split(data, cfg.eval_fraction)
+    before = distill.evaluate(distill.init_draft(target, cfg), held, "cpu", 4)["corpus"]
+    after = summary["held_out"]["corpus"]
+    assert after["loss"] < before["loss"] - 0.2
+    assert after["agreement"] > before["agreement"]
+    assert [h["step"] for h in summary["history"]] == [10, 20, 30]
+
+    on_disk = json.loads((out / "distill.json").read_text())
+    assert on_disk["config"]["hidden"] == 16 and on_disk["data"]["corpus_tokens"] == 1184  # 37 windows of 32
+    assert on_disk["env"]["versions"]["torch"] and on_disk["command"] == ["test"]
+
+    draft = load_model(str(out))  # like any HF checkpoint directory
+    assert draft.vocab_size == target.vocab_size and draft.model.config.num_hidden_layers == 2
+    check_compatible(target, draft)  # same tokenizer, same ids
+    prompt = [5, 6, 7, 5, 6]
+    rec = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=12, ignore_eos=True)
+    assert rec["new_token_ids"] == hf_greedy(target, prompt, 12)
+    assert rec["stats"]["drafted_tokens"] > 0
+
+
+def test_resume_from_a_checkpoint_reaches_the_same_weights(tmp_path, corpus, monkeypatch):
+    target = _target()
+    cfg = distill.DistillConfig(corpus=str(corpus), **{**SMALL, "steps": 20})
+    distill.distill(target, tmp_path / "whole", cfg, progress=False)
+
+    real_loss, calls = distill.distill_loss, []
+
+    def crash_after_step_12(*args):
+        calls.append(1)
+        if sum(calls) > 12 + 2:  # 12 training steps + the 2 held-out batches evaluated at step 10
+            raise KeyboardInterrupt
+        return real_loss(*args)
+
+    monkeypatch.setattr(distill, "distill_loss", crash_after_step_12)
+    with pytest.raises(KeyboardInterrupt):
+        distill.distill(target, tmp_path / "resumed", cfg, progress=False)
+    monkeypatch.setattr(distill, "distill_loss", real_loss)
+    assert torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["step"] == 10
+    with pytest.raises(DynaTreeError, match="pass --resume"):
+        distill.distill(target, tmp_path / "resumed", cfg, progress=False)
+    with pytest.raises(DynaTreeError, match="lr differ"):
+        distill.distill(target, tmp_path / "resumed", dataclasses.replace(cfg, lr=0.5), resume=True, progress=False)
+    distill.distill(target, tmp_path / "resumed", cfg, resume=True, progress=False)
+
+    whole, resumed = (load_model(str(tmp_path / d)).model.state_dict() for d in ("whole", "resumed"))
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+def test_on_policy_data_is_the_targets_greedy_continuation(tmp_path):
+    target = _target()
+    prompts = ["w5 w6 w7", "w10 w11 w12 w13 w14"]
+    gen = distill.generate_on_policy(target, prompts, 7, batch=2)
+    for text, ids in zip(prompts, gen):
+        prompt = tokenizer()(text, add_special_tokens=False)["input_ids"]
+        assert ids == prompt + hf_greedy(target, prompt, 7)  # left padding in the batch changes nothing
+
+
+def test_function_prompts_are_headers_with_docstrings_and_skip_humaneval():
+    source = '''
+def documented(a, b):
+    """Return the sum of a and b, checking both are numbers first."""
+    return a + b
+
+def short(x):
+    """Too short."""
+    return x
+
+class K:
+    @staticmethod
+    def method(self):
+        """A method whose docstring is long enough to become a prompt."""
+        return 1
+'''
+    prompts = distill.function_prompts([source], 10, seed=0, banned=set())
+    assert sorted(prompts) == sorted([
+        'def documented(a, b):\n    """Return the sum of a and b, checking both are numbers first."""\n',
+        '@staticmethod\ndef method(self):\n    """A method whose docstring is long enough to become a prompt."""\n',
+    ])
+    banned = {'"""Return the sum of a and b, checking both are numbers first."""'}
+    assert len(distill.function_prompts([source], 10, seed=0, banned=banned)) == 1
+
+
+def test_humaneval_text_never_enters_the_training_data(tmp_path):
+    """A corpus file holding a HumanEval prompt line is dropped (and counted); clean files stay."""
+    problem = bench_data._humaneval()[0].text
+    line = next(x.strip() for x in problem.splitlines() if len(x.strip()) >= 30)
+    assert line in distill.humaneval_lines()
+    (tmp_path / "leak.py").write_text("x = 1\n" + problem)
+    (tmp_path / "clean.txt").write_text(" ".join(f"w{3 + i % 90}" for i in range(400)))
+    target = _target()
+    cfg = distill.DistillConfig(corpus=str(tmp_path), **{**SMALL, "corpus_tokens": 200})
+    data = distill.build_data(target, cfg, progress=False)
+    assert data["info"]["corpus_files_dropped_for_humaneval"] == 1 and data["info"]["corpus_files"] == 1
+    assert torch.equal(data["sources"]["corpus"]["tokens"][0, :5], torch.tensor([3, 4, 5, 6, 7], dtype=torch.int32))
+
+
+def test_stdlib_corpus_excludes_installed_packages():
+    files = distill.corpus_files("stdlib")
+    assert len(files) > 100 and not any("site-packages" in f.parts for f in files)
+
+
+def test_labels_are_the_targets_top_k():
+    target = _target()
+    windows = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])
+    ids, probs = distill.label(target, windows, top_k=3, batch=2)
+    with torch.no_grad():
+        full = torch.softmax(target.model(windows).logits.float(), -1)
+    assert ids.shape == (3, 4, 3) and probs.dtype == torch.float16
+    assert torch.equal(ids.long(), full.topk(3, -1).indices)
+    assert torch.allclose(probs.float(), full.topk(3, -1).values, atol=1e-3)
+
+
+def test_distill_loss_and_agreement_by_hand():
+    logits = torch.log(torch.tensor([[[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]]]))
+    top_ids = torch.tensor([[[0, 1], [1, 2]]])
+    top_p = torch.tensor([[[0.5, 0.5], [0.75, 0.25]]])  # already normalised
+    loss, agree = distill.distill_loss(logits, top_ids, top_p)
+    expected = -(0.5 * torch.log(torch.tensor(0.7)) + 0.5 * torch.log(torch.tensor(0.2))
+                 + 0.75 * torch.log(torch.tensor(0.3)) + 0.25 * torch.log(torch.tensor(0.6))) / 2
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert agree.item() == 0.5  # position 0: argmax 0 == 0; position 1: argmax 2 != 1
+
+
+def test_cli_distill_end_to_end_and_bad_input(tmp_path, corpus, saved_tiny, capsys):
+    out = tmp_path / "cli-draft"
+    argv = ["distill", "--target", str(saved_tiny), "--out", str(out), "--corpus", str(corpus), "--quiet",
+            "--layers", "1", "--hidden", "16", "--heads", "2", "--ffn", "32", "--corpus-tokens", "600",
+            "--gen-prompts", "0", "--seq-len", "16", "--steps", "4", "--checkpoint-every", "2", "--top-k", "4",
+            "--save-dtype", "float32"]
+    assert main(argv) == 0
+    assert "draft written to" in capsys.readouterr().out
+    assert json.loads((out / "distill.json").read_text())["command"] == ["dynatree", *argv]
+    assert load_model(str(out)).model.config.hidden_size == 16
+    assert main(argv) == 2 and "pass --resume" in capsys.readouterr().err
+    for bad, message in [(["--hidden", "15"], "multiple of --heads"), (["--steps", "0"], "--steps must be at least 1"),
+                         (["--corpus", str(tmp_path / "nope")], "neither 'stdlib' nor an existing"),
+                         (["--eval-fraction", "0.7"], "--eval-fraction must be in"),
+                         (["--corpus-tokens", "0"], "no training data")]:
+        assert main([*argv[:4], str(tmp_path / "x"), *argv[5:], *bad]) == 2
+        assert message in capsys.readouterr().err, bad
