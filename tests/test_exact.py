@@ -52,7 +52,8 @@ def method_options(draw, method: str) -> dict:
                 "rho_stop": rho_stop, "rho_deep": draw(st.sampled_from([rho_stop * 2, 0.3, 0.8])),
                 "tau": draw(st.sampled_from([0.0, 0.001, 0.05])), "n_max": draw(st.sampled_from([1, 2, 5, 16, 256])),
                 "history": draw(st.booleans()), "history_window": draw(st.integers(1, 6)),
-                "target_accept": draw(st.sampled_from([0.1, 0.5, 0.9])), "eta_depth": draw(st.sampled_from([0.0, 3.0, 20.0]))}
+                "target_accept": draw(st.sampled_from([0.1, 0.5, 0.9])), "eta_depth": draw(st.sampled_from([0.0, 3.0, 20.0])),
+                "cost_aware": draw(st.booleans())}
     if method == "wetap":
         w_min = draw(st.integers(1, 4))
         return {"depth": draw(st.integers(1, 6)), "budget": draw(st.sampled_from([1, 2, 5, 16, 64])),

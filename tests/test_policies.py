@@ -170,3 +170,55 @@ def test_adapted_depth_changes_the_next_tree():
     assert policy.grow(drafter, 1, 10).max_depth == 1
     policy.observe(fake_tree(1), path=[1])  # acceptance 1.0: D0 1 -> 7
     assert policy.grow(drafter, 1, 10).max_depth == 7
+
+
+# ---------------------------------------------------------------- cost-aware tree size (issue 5)
+def test_cost_curve_interpolates_and_extrapolates():
+    from dynatree.costmodel import CostCurve
+
+    curve = CostCurve((1, 2, 4), (0.10, 0.12, 0.20))
+    assert curve.at(1) == 0.10 and curve.at(2) == 0.12
+    assert curve.at(3) == pytest.approx(0.16)
+    assert curve.at(6) == pytest.approx(0.28)  # last slope (0.04 per token) beyond the last size
+
+
+def test_best_size_maximises_expected_tokens_per_second():
+    from dynatree.costmodel import CostCurve, best_size
+
+    flat = CostCurve((1, 64), (0.1, 0.1))  # verification free of size: verify everything
+    assert best_size([0.9, 0.5, 0.01], flat) == 3
+    steep = CostCurve((1, 2, 3, 4), (0.1, 0.2, 0.3, 0.4))  # each token costs a full pass: verify nothing
+    assert best_size([0.9, 0.5], steep) == 0
+    curve = CostCurve((1, 2, 3, 4), (0.10, 0.11, 0.15, 0.30))
+    # k=0: 1/0.10 = 10; k=1: 1.9/0.11 = 17.3; k=2: 2.4/0.15 = 16; k=3: 2.5/0.30 = 8.3
+    assert best_size([0.5, 0.9, 0.1], curve) == 1
+
+
+def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
+    from conftest import hf_greedy, noisy_copy, tiny
+    from dynatree.api import generate
+    from dynatree.costmodel import CostCurve, _CURVES
+
+    target = tiny("llama", seed=1)
+    draft = noisy_copy("llama", 1, 0.3)
+    prompt = [5, 6, 7, 8, 9]
+    full = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=20,
+                    ignore_eos=True, history=False)
+    _CURVES[target.model] = CostCurve((1, 2, 3), (0.1, 0.105, 0.3))  # two tokens nearly free, then expensive
+    try:
+        cut = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=20,
+                       ignore_eos=True, history=False, cost_aware=True)
+    finally:
+        del _CURVES[target.model]
+    assert cut["new_token_ids"] == full["new_token_ids"] == hf_greedy(target, prompt, 20)
+    assert full["stats"]["drafted_tokens"] > cut["stats"]["drafted_tokens"]
+    assert cut["stats"]["drafted_tokens"] <= cut["stats"]["iterations"] - 1  # at most one node per verification
+
+
+def test_measured_cost_curve_is_non_decreasing():
+    from conftest import tiny
+    from dynatree.costmodel import measure
+
+    curve = measure(tiny("gpt2"), [5, 6, 7], sizes=(1, 4, 16), repeats=2)
+    assert curve.sizes == (1, 4, 16) and all(a <= b for a, b in zip(curve.seconds, curve.seconds[1:]))
+    assert curve.seconds[0] > 0

@@ -98,6 +98,9 @@ class Decoder:
         self._evict(run)
         if self.drafter is not None:
             self.drafter.reset(run.seq)
+        calibrate = getattr(self.policy, "calibrate", None)  # optional: policies that size trees by cost
+        if calibrate is not None:
+            calibrate(self.target, run.seq)
 
         while stats.new_tokens < max_new_tokens and run.seq[-1] not in stop_ids:
             remaining = max_new_tokens - stats.new_tokens

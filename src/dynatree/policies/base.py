@@ -30,6 +30,9 @@ class TreePolicy(Protocol):
     def observe(self, tree: Tree, path: list[int]) -> None:
         """Called after every verification with the accepted path (root excluded)."""
 
+    # Optional, besides `verifier` (above): `calibrate(target, context)`, called once after
+    # the prefill, lets a policy measure the target (DynaTree's verification cost curve).
+
 
 class Stateless:
     """Mixin for policies that do not learn from verification outcomes."""
@@ -76,6 +79,7 @@ def grow_levels(
     expandable: Callable[[int, float], bool],
     breadth: Callable[[float], int],
     tau: float = 0.0,
+    cut: Callable[[TreeBuilder], list[int] | None] | None = None,
 ) -> Tree:
     """Grow a tree breadth-first, one drafter call per level.
 
@@ -83,7 +87,8 @@ def grow_levels(
     and `expandable(d, p)`; it gets `breadth(c)` children, c being the drafter's top-1
     probability at that node. Children whose cumulative probability is below `tau` are
     pruned. At most `n_max` drafted nodes: when a level's children exceed the remaining
-    budget, the most probable (by cumulative probability) are kept.
+    budget, the most probable (by cumulative probability) are kept. `cut`, when given, picks
+    the nodes to keep from the grown tree (None: all).
     """
     tree = TreeBuilder(root_token)
     frontier = [0]
@@ -107,4 +112,4 @@ def grow_levels(
             best = sorted(range(len(children)), key=lambda i: -children[i][0])[:budget]
             children = [children[i] for i in sorted(best)]  # keep BFS order by parent
         frontier = [node for _, parent, token, prob in children if (node := tree.add(parent, token, prob)) is not None]
-    return tree.build()
+    return tree.build(keep=cut(tree) if cut is not None else None)

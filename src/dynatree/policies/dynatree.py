@@ -16,6 +16,9 @@ a_bar = mean of the last `history_window` values and error e = a_bar - target_ac
     tau_h <- clip(tau_h - eta_tau * e, tau_l, 1)
 High acceptance makes drafting more aggressive (deeper, narrower), low acceptance more
 conservative. Only D0 and tau_h adapt; every other parameter stays as configured.
+
+With `cost_aware` (ours, issue 5), each grown tree is cut to the nodes of largest p worth
+their verification time under the target's measured cost curve (costmodel.py).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..config import in_open_unit, in_unit, option, positive, require
+from ..costmodel import CostCurve, best_size, curve_for
 from ..drafters.base import Drafter
+from ..models import LoadedModel
 from ..sampling import Sampler
-from ..tree import Tree
+from ..tree import Tree, TreeBuilder
 from .base import grow_levels
 
 
@@ -50,6 +55,8 @@ class DynaTreeConfig:
     target_accept: float = option(0.35, "target per-iteration acceptance a* of the proportional controller")
     eta_depth: float = option(4.0, "step size for D0 per unit of acceptance error")
     eta_tau: float = option(0.2, "step size for tau_h per unit of acceptance error")
+    cost_aware: bool = option(False, "cut each tree to the size that maximises expected tokens per second under "
+                                     "the target's measured verification cost (issue 5; costmodel.py)")
 
     def validate(self) -> None:
         positive(self, "d0", "d_max", "b_min", "b_mid", "b_max", "n_max", "history_window")
@@ -76,6 +83,20 @@ class DynaTreePolicy:
         self.d0 = float(config.d0)  # adapted state; starts at the configured values
         self.tau_h = config.tau_h
         self.window: deque[float] = deque(maxlen=config.history_window)
+        self.curve: CostCurve | None = None  # the target's verification cost, when cost_aware
+
+    def calibrate(self, target: LoadedModel, context: list[int]) -> None:
+        """Called by the decoder after the prefill: fetch the target's cost curve if needed."""
+        if self.config.cost_aware:
+            self.curve = curve_for(target, context)
+
+    def _cut(self, tree: TreeBuilder) -> list[int] | None:
+        """The root and the drafted nodes worth verifying (most probable first), or None for all."""
+        if self.curve is None:
+            return None
+        ranked = sorted(range(1, len(tree)), key=lambda u: (-tree.logp[u], u))  # parents before children
+        k = best_size([tree.prob(u) for u in ranked], self.curve)
+        return None if k == len(ranked) else [0, *ranked[:k]]
 
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         c = self.config
@@ -91,7 +112,7 @@ class DynaTreePolicy:
 
         return grow_levels(
             drafter, root_token, max_depth=min(c.d_max, max_depth), n_max=c.n_max, max_breadth=c.b_max,
-            expandable=expandable, breadth=breadth, tau=c.tau,
+            expandable=expandable, breadth=breadth, tau=c.tau, cut=self._cut,
         )
 
     def observe(self, tree: Tree, path: list[int]) -> None:

@@ -1,0 +1,93 @@
+"""Cost-aware tree size (issue 5): the target's verification time as a function of the
+number of tokens it verifies, and the tree size that maximises expected tokens per second.
+
+On a CPU a verification pass is far from free (on the 2-core test machine ~68 ms for one
+token, ~180 ms for 64), so drafting as many nodes as the tree rules allow can lose time.
+With p(u) the draft's path probability of node u (its estimate of the chance that u is
+accepted), the k drafted nodes of largest p (always ancestor-closed, since a child's p never
+exceeds its parent's) commit about 1 + p_1 + ... + p_k tokens per pass, so the best k maximises
+
+    (1 + p_1 + ... + p_k) / t_verify(k + 1)        (k + 1: the root is verified too)
+
+The curve is measured once per target model (median of `repeats` timings per size, made
+non-decreasing) and kept for the life of the process.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from . import cache as kv
+from .models import LoadedModel
+from .tree import additive_mask
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> CostCurve
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    sizes: tuple[int, ...]  # tokens verified per forward that were timed, increasing
+    seconds: tuple[float, ...]  # time of one such forward, non-decreasing
+
+    def at(self, n: int) -> float:
+        """Forward time for n tokens: linear between measured sizes, last slope beyond."""
+        s, t = self.sizes, self.seconds
+        if n <= s[0]:
+            return t[0]
+        for i in range(1, len(s)):
+            if n <= s[i] or i == len(s) - 1:
+                slope = (t[i] - t[i - 1]) / (s[i] - s[i - 1])
+                return t[i - 1] + slope * (n - s[i - 1])
+        return t[-1]
+
+
+def best_size(probs: list[float], curve: CostCurve) -> int:
+    """How many of the drafted nodes (path probabilities, any order) to verify: the k that
+    maximises expected committed tokens per second of verification."""
+    ranked = sorted(probs, reverse=True)
+    best_k, best_rate, expected = 0, 1.0 / curve.at(1), 1.0
+    for k, p in enumerate(ranked, start=1):
+        expected += p
+        rate = expected / curve.at(k + 1)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
+
+
+@torch.no_grad()
+def measure(target: LoadedModel, context: list[int], sizes=SIZES, repeats: int = 3) -> CostCurve:
+    """Time forwards of n chained tokens on top of a cache holding `context` (at least 1 token)."""
+    cache = kv.new_cache(target.model)
+    target.forward(cache, context, list(range(len(context))), None, last_only=True)
+    base = len(context)
+    seconds = []
+    for n in sizes:
+        ids, pos = [context[-1]] * n, list(range(base, base + n))
+        allowed = torch.cat([torch.ones(n, base, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
+        mask = additive_mask(allowed, target.dtype, target.device)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            target.forward(cache, ids, pos, mask)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize(target.device)
+            times.append(time.perf_counter() - t0)
+            kv.crop(cache, base)  # back to the context
+        seconds.append(statistics.median(times))
+    for i in range(1, len(seconds)):  # more tokens never cost less; what looks cheaper is noise
+        seconds[i] = max(seconds[i], seconds[i - 1])
+    return CostCurve(tuple(sizes), tuple(seconds))
+
+
+def curve_for(target: LoadedModel, context: list[int]) -> CostCurve:
+    """The target's cost curve, measured on first use (on `context`) and then reused."""
+    curve = _CURVES.get(target.model)
+    if curve is None:
+        curve = _CURVES[target.model] = measure(target, context)
+    return curve
