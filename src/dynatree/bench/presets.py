@@ -14,6 +14,11 @@
               hf-assisted (with a draft LM), and our ar, linear, fixed tree, DynaTree with every
               drafter; ratios to hf-ar and to the best hf-* speculative method, and the
               memory-bandwidth limit of plain decoding
+  draft       a draft LM against the n-gram drafter and against transformers' assisted
+              generation with the same draft (issue 6): ar, linear and DynaTree with each
+              drafter, hf-lookup, hf-assisted; plus each draft's top-1 agreement with the
+              target and its step cost relative to a target forward. Default drafters:
+              `ngram` and the embedded target's shipped draft
   wetap-main  paper 004, Table 1: AR, SpecInfer, SpecExec, OPT-Tree, WETAP (its lossy beam
               verification, and our lossless verifier on its tree), DynaTree; M, speed, PPL;
               sampling at temperature 1, top-k 10, top-p 0.9; MT-Bench, HumanEval, GSM8K
@@ -36,7 +41,7 @@ from ..methods import get_method
 from .runner import Variant
 
 ALIASES = {"latency": "main", "efficiency": "main", "memory": "main"}
-PRESETS = ["main", "perf", "latency", "efficiency", "memory", "ablation", "length", "prompt-length", "fixed-sweep",
+PRESETS = ["main", "perf", "draft", "latency", "efficiency", "memory", "ablation", "length", "prompt-length", "fixed-sweep",
            "dynatree-sensitivity", "streaming", "wetap-main", "wetap-ablation", "wetap-width", "wetap-gamma",
            "wetap-alpha", "wetap-length"]
 STREAMING_WINDOW = {"paper": "4,1020", "small": "4,508"}  # paper 003 used a 1024-token cache
@@ -52,6 +57,7 @@ SCALES = {
         "dynatree-sensitivity": (10, 2, [1500], None),
         "streaming": (3, 1, [500, 1000, 2000, 4000], None),
         "perf": (22, 2, [256], None),
+        "draft": (22, 2, [256], None),
         **{p: (10, 2, [1024], None) for p in ("wetap-main", "wetap-ablation")},
         **{p: (10, 2, [1024], None) for p in ("wetap-width", "wetap-gamma", "wetap-alpha", "wetap-length")},
     },
@@ -64,6 +70,7 @@ SCALES = {
         "dynatree-sensitivity": (3, 1, [64], None),
         "streaming": (2, 1, [512, 1024, 2048, 4096], None),
         "perf": (6, 1, [128], None),
+        "draft": (6, 1, [128], None),
         **{p: (6, 1, [128], None) for p in ("wetap-main", "wetap-ablation")},
         **{p: (3, 1, [64], None) for p in ("wetap-width", "wetap-gamma", "wetap-alpha", "wetap-length")},
     },
@@ -97,6 +104,8 @@ def sampling_defaults(preset: str) -> dict | None:
 
 
 def dataset_default(preset: str) -> str | None:
+    if preset == "draft":
+        return "humaneval"
     return WETAP_DATASETS if preset.startswith("wetap-") else None
 
 
@@ -180,6 +189,8 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
     if preset == "perf":
         return method_variants(["hf-ar", "hf-lookup", "hf-assisted", "ar", "linear", "fixed-tree", "dynatree"], drafts,
                                strict=False)
+    if preset == "draft":
+        return method_variants(["ar", "linear", "dynatree", "hf-lookup", "hf-assisted"], drafts)
     if preset == "wetap-main":
         return [Variant("ar", "ar")] + method_variants(["specinfer", "specexec", "opt-tree"], drafts) + [
             Variant(_labelled("wetap", d, drafts), "wetap", {"verify": "beam"}, d) for d in drafts] + [

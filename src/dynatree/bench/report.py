@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from .results import load, ratios_to
@@ -93,6 +94,39 @@ def perf_section(results: dict, t_new: int, l_max: int) -> str:
                      f"{100 * ar['mean']['tokens_per_s'] / limit:.0f}% of it ({limit / ar['mean']['tokens_per_s']:.2f}× from the limit).")
         out += ["", line]
     return "\n".join(out)
+
+
+def draft_section(results: dict, t_new: int, l_max: int) -> str:
+    """Each draft LM's agreement and step cost, and the methods using it against the same
+    method with the n-gram drafter and against hf-assisted with the same draft."""
+    quality = [q for q in results.get("draft_quality", []) if not q["warmup"]
+               and (q["max_new_tokens"], q["l_max"]) == (t_new, l_max)]
+    aggs = at(results, t_new, l_max)
+    setting = (aggs[0].get("dataset") if aggs else None, t_new, l_max)
+    records = results["records"]
+    spec = {v["label"]: v["draft"] for v in results["variants"]}  # the drafter each variant was given
+    out = []
+    for draft in dict.fromkeys(q["draft"] for q in quality):
+        rows = [q for q in quality if q["draft"] == draft]
+        med = lambda key: statistics.median(q[key] for q in rows)  # noqa: E731
+        agree = [q["agreement"] for q in rows]
+        out.append(f"Draft `{draft}` ({len(rows)} prompts): top-1 agreement with the target {100 * med('agreement'):.1f}% "
+                   f"(median; {100 * min(agree):.1f}-{100 * max(agree):.1f}%); one draft step {med('draft_ms'):.1f} ms vs "
+                   f"one target step {med('target_ms'):.1f} ms = **{med('cost_ratio'):.3f}** of a target forward "
+                   f"(1/{1 / med('cost_ratio'):.1f}).")
+        assisted = next((a["variant"] for a in aggs if a["method"] == "hf-assisted" and spec[a["variant"]] == draft), None)
+        table = []
+        for a in aggs:
+            if spec[a["variant"]] != draft or a["method"].startswith("hf-"):
+                continue
+            ngram = next((b["variant"] for b in aggs if b["method"] == a["method"] and spec[b["variant"]] == "ngram"), None)
+            table.append([a["variant"], _speedup(a),
+                          _ratio(ratios_to(records, a["variant"], ngram, setting)) if ngram else "-",
+                          _ratio(ratios_to(records, a["variant"], assisted, setting)) if assisted else "-"])
+        if table:
+            out += ["", _table(["Method", "Speedup vs ar", "vs the same method with the n-gram drafter",
+                                f"vs hf-assisted with this draft ({assisted or 'not run'})"], table), ""]
+    return "\n".join(out).strip()
 
 
 def _speedup(a: dict) -> str:
@@ -242,6 +276,8 @@ def render(results: dict) -> str:
         if any(v["label"] == "hf-ar" for v in results["variants"]):
             parts += ["**Against transformers (hf-ar = `generate()` greedy, same dtype)**", "",
                       perf_section(results, t_new, l_max), ""]
+        if results.get("draft_quality"):
+            parts += ["**Draft models**", "", draft_section(results, t_new, l_max), ""]
         if scored or len(sets) > 1:
             parts += ["**M (tokens per verification), speed and PPL**", "", quality_table(results, t_new, l_max), ""]
         for d in sets:

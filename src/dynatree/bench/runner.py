@@ -11,6 +11,8 @@ same KV window (if any) on the same prompt. Sampling (`sample`), every variant o
 gets the same seed (protocol seed + prompt index); tokens are not compared (lossless
 methods match the target's distribution, not ar's draws) and PPL is the quality measure.
 Several data sets (comma-separated) run one after the other, like settings.
+With draft LMs, each one's top-1 agreement with the target and the cost of one draft step
+(`draftcheck.py`) are measured on ar's continuation of every prompt (`draft_quality`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..methods import get_method, make_config
 from ..models import LoadedModel
 from ..quality import perplexity
 from ..window import KVWindow
+from . import draftcheck
 from .data import Prompt, load_texts, tokenize
 from .results import aggregate, save
 
@@ -168,9 +171,15 @@ def run(
                         r["ppl"] = scored[key]
                     results["records"].append(r)
                 for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
-                    ids = r.pop("_ids")  # None below: sampling, or no ar run under this variant's window
+                    new = r.pop("_ids")  # None below: sampling, or no ar run under this variant's window
                     compare = sampling is None and r["kv_window"] in reference
-                    r["matches_ar"] = ids == reference[r["kv_window"]] if compare else None
+                    r["matches_ar"] = new == reference[r["kv_window"]] if compare else None
+                if None in reference:  # the draft LMs' agreement and step cost on ar's continuation
+                    for spec, lm in drafts.items():
+                        results.setdefault("draft_quality", []).append({
+                            "draft": spec, "dataset": dataset, "prompt_index": index, "warmup": index < protocol.warmup,
+                            "max_new_tokens": t_new, "l_max": l_max, **draftcheck.measure(target, lm, ids, reference[None]),
+                        })
                 if out_dir is not None:
                     save(results, out_dir)
     finally:
