@@ -39,42 +39,39 @@ from pathlib import Path
 import torch
 
 from . import env
-from .config import option as _f
+from .config import option, positive
 from .errors import DynaTreeError
 from .models import LoadedModel, resolve_dtype
 
 
 @dataclass
 class DistillConfig:
-    layers: int = _f(4, "decoder layers of the draft")
-    hidden: int = _f(160, "hidden size of the draft (embeddings are tied: vocab x hidden dominates its size)")
-    heads: int = _f(5, "attention heads (must divide --hidden)")
-    ffn: int = _f(640, "inner size of the draft's MLP")
-    corpus: str = _f("stdlib", "training text: 'stdlib' (this Python's standard library), a directory or a file")
-    corpus_tokens: int = _f(150_000, "tokens of corpus text labelled by the target")
-    gen_prompts: int = _f(384, "on-policy data: function headers from the corpus the target continues greedily")
-    gen_tokens: int = _f(192, "tokens the target generates per on-policy prompt (EOS ignored)")
-    seq_len: int = _f(256, "training window in tokens")
-    top_k: int = _f(8, "target probabilities kept per position (the distillation targets)")
-    steps: int = _f(1200, "optimizer steps")
-    batch_size: int = _f(8, "windows per optimizer step")
-    lr: float = _f(3e-3, "peak learning rate (AdamW, linear warm-up, cosine decay)")
-    warmup: int = _f(60, "warm-up steps")
-    weight_decay: float = _f(0.01, "AdamW weight decay")
-    eval_fraction: float = _f(0.05, "share of windows held out to measure loss and agreement")
-    checkpoint_every: int = _f(100, "steps between resumable checkpoints")
-    label_batch: int = _f(4, "windows per target forward when labelling")
-    gen_batch: int = _f(32, "prompts per batched target generation")
-    init_from_target: bool = _f(True, "start the embeddings from the target's, projected on their top principal axes")
-    save_dtype: str = _f("float16", "dtype of the saved draft weights")
-    seed: int = _f(0, "seed for data order, initialisation and batches")
+    layers: int = option(4, "decoder layers of the draft")
+    hidden: int = option(160, "hidden size of the draft (embeddings are tied: vocab x hidden dominates its size)")
+    heads: int = option(5, "attention heads (must divide --hidden)")
+    ffn: int = option(640, "inner size of the draft's MLP")
+    corpus: str = option("stdlib", "training text: 'stdlib' (this Python's standard library), a directory or a file")
+    corpus_tokens: int = option(150_000, "tokens of corpus text labelled by the target")
+    gen_prompts: int = option(384, "on-policy data: function headers from the corpus the target continues greedily")
+    gen_tokens: int = option(192, "tokens the target generates per on-policy prompt (EOS ignored)")
+    seq_len: int = option(256, "training window in tokens")
+    top_k: int = option(8, "target probabilities kept per position (the distillation targets)")
+    steps: int = option(1200, "optimizer steps")
+    batch_size: int = option(8, "windows per optimizer step")
+    lr: float = option(3e-3, "peak learning rate (AdamW, linear warm-up, cosine decay)")
+    warmup: int = option(60, "warm-up steps")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    eval_fraction: float = option(0.05, "share of windows held out to measure loss and agreement")
+    checkpoint_every: int = option(100, "steps between resumable checkpoints")
+    label_batch: int = option(4, "windows per target forward when labelling")
+    gen_batch: int = option(32, "prompts per batched target generation")
+    init_from_target: bool = option(True, "start the embeddings from the target's, projected on their top principal axes")
+    save_dtype: str = option("float16", "dtype of the saved draft weights")
+    seed: int = option(0, "seed for data order, initialisation and batches")
 
     def validate(self) -> None:
-        positive = ("layers", "hidden", "heads", "ffn", "seq_len", "top_k", "steps", "batch_size", "checkpoint_every",
-                    "label_batch", "gen_batch")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise DynaTreeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        positive(self, "layers", "hidden", "heads", "ffn", "seq_len", "top_k", "steps", "batch_size",
+                 "checkpoint_every", "label_batch", "gen_batch")
         if self.hidden % self.heads or (self.hidden // self.heads) % 2:
             raise DynaTreeError(f"--hidden {self.hidden} must be a multiple of --heads {self.heads} with an even head size")
         if self.corpus_tokens < 0 or self.gen_prompts < 0 or self.gen_tokens < 0:
