@@ -175,7 +175,9 @@ def test_wetap_report_has_m_speed_ppl_per_data_set_and_marks_the_lossy_rule():
 
 def test_perf_table_ratios_and_bandwidth_limit():
     res = fixed_results("perf")
-    assert [v["label"] for v in res["variants"]] == ["hf-ar", "hf-lookup", "ar", "linear", "fixed-tree", "dynatree"]
+    assert [v["label"] for v in res["variants"]] == ["hf-ar", "hf-lookup", "ar", "linear", "fixed-tree", "dynatree",
+                                                     "ar +compile", "dynatree +compile"]
+    assert [v.compile for v in presets.variants("perf", "small", ["ngram"])] == [False] * 6 + [True] * 2
     res["hardware"] = {"weight_bytes": 500e6, "bandwidth_bytes_per_s": 10e9, "limit_tokens_per_s": 20.0}
     md = report.render(res)
     # tokens/s = 10 + variant index + prompt index; measured prompts 1 and 2
@@ -185,6 +187,7 @@ def test_perf_table_ratios_and_bandwidth_limit():
     assert "vs best hf-* speculative (hf-lookup)" in md
     assert "500 MB of weights per forward / 10.0 GB/s measured read bandwidth = **20.0 tokens/s**" in md
     assert "Our `ar` reaches 13.5 tokens/s, 68% of it (1.48× from the limit)" in md
+    assert "Our `ar +compile` reaches 17.5 tokens/s, 88% of it (1.14× from the limit)" in md
 
 
 def test_weight_bytes_and_bandwidth():

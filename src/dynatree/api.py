@@ -93,6 +93,7 @@ def generate(
     temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
+    compile: bool | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
     **options,
 ) -> dict:
@@ -104,7 +105,9 @@ def generate(
     (text) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
     the KV caches with attention sinks plus a window of recent tokens (see `window.py`).
     `sample=True` samples (temperature, then top-k, then top-p; seeded by `seed`) with lossless
-    verification instead of greedy decoding (see `sampling.py`).
+    verification instead of greedy decoding (see `sampling.py`). `compile=True` runs the
+    target's decode steps through torch.compile (minutes to compile on first use, cached on
+    disk; see `LoadedModel.forward`); None keeps the loaded target's own setting.
     """
     spec = get_method(method)
     config = make_config(method, **options)
@@ -116,7 +119,10 @@ def generate(
     sampling = sampling_config(sample, temperature, top_k, top_p)
     if window is not None and spec.policy_cls is None:
         raise DynaTreeError(f"--kv-window is not available for {method!r} (transformers' own generate())")
+    if compile and spec.policy_cls is None:
+        raise DynaTreeError(f"--compile applies to dynatree's own methods; {method!r} runs transformers' generate() as is")
     tgt = target if isinstance(target, LoadedModel) else load_model(target, device=device, dtype=dtype)
+    compile = tgt.compile if compile is None else compile
     draft_lm, draft_name = resolve_draft(method, draft, tgt, device, dtype)
     if prompt_ids is None:
         prompt_ids = encode_prompt(tgt.tokenizer, prompt, chat)
@@ -145,7 +151,11 @@ def generate(
         else:
             drafter = LMDrafter(draft_lm, vocab_limit=tgt.vocab_size, window=window)
         sampler = Sampler(sampling, seed) if sampling is not None else None
-        run = Decoder(tgt, policy, drafter, window, sampler).generate(prompt_ids, max_new_tokens, ignore_eos, on_tokens)
+        before, tgt.compile = tgt.compile, compile  # for this call only
+        try:
+            run = Decoder(tgt, policy, drafter, window, sampler).generate(prompt_ids, max_new_tokens, ignore_eos, on_tokens)
+        finally:
+            tgt.compile = before
         new_ids, stats = run.new_tokens, run.stats
         if hasattr(policy, "state"):
             policy_state = policy.state()
@@ -165,6 +175,7 @@ def generate(
             "chat": chat,
             "device": str(tgt.device),
             "dtype": str(tgt.dtype).removeprefix("torch."),
+            "compile": bool(compile) and spec.policy_cls is not None,
             "seed": seed,
             "ngram_max": ngram_max if draft_name == NGRAM else None,
             "kv_window": str(window) if window is not None else None,

@@ -79,6 +79,9 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
     parser.add_argument("--draft", default=None, help=draft_help)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64 [float32]")
+    parser.add_argument("--compile", action="store_true",
+                        help="run the target's decode steps through torch.compile (our methods only; the first "
+                             "steps compile for minutes, later runs reuse the on-disk cache) [off]")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -213,6 +216,9 @@ def cmd_generate(args) -> int:
         if args.sample and is_lossy(config):
             print(f"note: {method} with --verify beam is lossy when sampling: its output does not follow the "
                   "target's distribution (--verify exact is lossless)", file=sys.stderr)
+    ours = [m for m in methods if METHODS[m].policy_cls is not None]
+    if args.compile and not ours:
+        raise DynaTreeError("--compile applies to dynatree's own methods, not to transformers' generate() (hf-*)")
     target = load_model(args.target, device=args.device, dtype=args.dtype)
     draft = args.draft
     if draft not in (None, "auto", api.NGRAM) and any(METHODS[m].draft != "none" for m in methods):
@@ -228,7 +234,7 @@ def cmd_generate(args) -> int:
             method=method, target=target, draft=draft, prompt_ids=prompt_ids,
             max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos, chat=args.chat,
             device=args.device, dtype=args.dtype, seed=args.seed, ngram_max=args.ngram_max, on_tokens=stream,
-            kv_window=args.kv_window, **sampling_kwargs(args),
+            kv_window=args.kv_window, compile=args.compile and method in ours, **sampling_kwargs(args),
             **options_for(method),
         )
         records.append(record)

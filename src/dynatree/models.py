@@ -68,6 +68,8 @@ class LoadedModel:
     tokenizer: object  # its tokenizer (PreTrainedTokenizerBase)
     name: str  # the spec the user gave (alias, path or hub id)
     eos_ids: list[int] = field(default_factory=list)  # tokens that end generation
+    compile: bool = False  # run decode steps (not prefills) through torch.compile; may be switched per run
+    _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
 
     @property
     def device(self) -> torch.device:
@@ -98,9 +100,16 @@ class LoadedModel:
 
         `mask` is a [1, 1, len(ids), cached + len(ids)] additive mask, or None for plain
         causal attention. Returns logits [len(ids), vocab] ([1, vocab] with `last_only`).
+        With `compile`, every call but the prefill (`last_only`) goes through torch.compile
+        (dynamic shapes: one graph per kind of step, compiled on first use, cached on disk).
         """
         device = self.device
-        out = self.model(
+        model = self.model
+        if self.compile and not last_only:
+            if self._compiled is None:
+                self._compiled = torch.compile(self.model, dynamic=True)
+            model = self._compiled
+        out = model(
             input_ids=torch.tensor([ids], device=device),
             position_ids=torch.tensor([positions], device=device),
             attention_mask=mask,
@@ -135,14 +144,16 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float32") -> LoadedModel:
-    """Load a causal LM and its tokenizer from an alias, a directory, a .gguf file or a hub id."""
+def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float32", compile: bool = False) -> LoadedModel:
+    """Load a causal LM and its tokenizer from an alias, a directory, a .gguf file or a hub id.
+
+    `compile` runs the decode steps through torch.compile (see `LoadedModel.forward`)."""
     torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
     directory, gguf_file, local_only = _locate(spec)
     model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only, torch_dtype)
     model.to(torch_device).eval()
-    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer))
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer), compile=compile)
     check_causal(loaded)
     return loaded
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..api import NGRAM
 from ..errors import DynaTreeError
+from ..methods import get_method
 from .data import DATASETS, L_MAX
 from .presets import PRESETS, dataset_default, method_variants, protocol_defaults, sampling_defaults, variants
 from .results import load
@@ -164,6 +165,12 @@ def cmd_bench(args) -> int:
         experiment, variant_list = args.preset, variants(args.preset, args.scale, drafts)
         for v in variant_list:  # command-line options apply under the preset's own choices
             v.options = {**{k: val for k, val in given.items() if v.method in args.method_fields[k]}, **v.options}
+    if args.compile:  # every variant of ours, under its own label
+        ours = [v for v in variant_list if get_method(v.method).policy_cls is not None]
+        if not ours:
+            raise DynaTreeError("--compile applies to dynatree's own methods, and this run has none")
+        for v in ours:
+            v.compile = True
     unused = [k for k in given if not any(v.method in args.method_fields[k] for v in variant_list)]
     if unused:
         raise DynaTreeError(f"option --{unused[0].replace('_', '-')} applies to none of the methods in this run")
@@ -179,11 +186,11 @@ def cmd_sweep(args) -> int:
     if not grid:
         raise DynaTreeError(f"give at least one option of {args.method!r} as a comma-separated list to sweep")
     names = list(grid)
-    variant_list = [Variant("ar", "ar")]
+    variant_list = [Variant("ar", "ar", compile=args.compile)]
     for values in itertools.product(*(grid[n] for n in names)):
         options = dict(zip(names, values))
         label = " ".join(f"{n}={v}" for n, v in options.items())
-        variant_list.append(Variant(label, args.method, options, drafts[0], dict(options)))
+        variant_list.append(Variant(label, args.method, options, drafts[0], dict(options), compile=args.compile))
     preset = "fixed-sweep" if args.method == "fixed-tree" else "dynatree-sensitivity"
     return _execute(args, f"sweep-{args.method}", variant_list, _protocol(args, preset))
 

@@ -12,8 +12,9 @@
               StreamingLLM + speculative baseline): peak memory and throughput over T
   perf        issue 5's speed table: transformers' greedy generate (hf-ar), hf-lookup,
               hf-assisted (with a draft LM), and our ar, linear, fixed tree, DynaTree with every
-              drafter; ratios to hf-ar and to the best hf-* speculative method, and the
-              memory-bandwidth limit of plain decoding
+              drafter, plus ar and DynaTree with torch.compile ("+compile"); ratios to hf-ar
+              and to the best hf-* speculative method, and the memory-bandwidth limit of
+              plain decoding
   draft       a draft LM against the n-gram drafter and against transformers' assisted
               generation with the same draft (issue 6): ar, linear and DynaTree with each
               drafter, hf-lookup, hf-assisted; plus each draft's top-1 agreement with the
@@ -33,6 +34,7 @@ minutes on a 2-core CPU. Every value can still be overridden on the command line
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from ..api import NGRAM
@@ -187,8 +189,11 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
                                {"group": "depth", "value": f"{d0}/{dm}"}))
         return out
     if preset == "perf":
-        return method_variants(["hf-ar", "hf-lookup", "hf-assisted", "ar", "linear", "fixed-tree", "dynatree"], drafts,
-                               strict=False)
+        eager = method_variants(["hf-ar", "hf-lookup", "hf-assisted", "ar", "linear", "fixed-tree", "dynatree"], drafts,
+                                strict=False)
+        compiled = [dataclasses.replace(v, label=f"{v.label} +compile", compile=True)
+                    for v in method_variants(["ar", "dynatree"], drafts)]
+        return eager + compiled
     if preset == "draft":
         return method_variants(["ar", "linear", "dynatree", "hf-lookup", "hf-assisted"], drafts)
     if preset == "wetap-main":

@@ -47,6 +47,7 @@ class Variant:
     draft: str | None = None  # "ngram", a draft model spec, or None (methods without a draft)
     tags: dict = field(default_factory=dict)  # what the variant varies, for plots (e.g. {"depth": 8})
     kv_window: str | None = None  # "SINK,RECENT" attention-sink KV window (overrides the protocol's)
+    compile: bool = False  # run the target's decode steps through torch.compile (our methods only)
 
 
 @dataclass
@@ -98,6 +99,8 @@ def check_variants(variants: list[Variant]) -> None:
         need = get_method(v.method).draft
         if need == "lm" and v.draft in (None, NGRAM):
             raise DynaTreeError(f"variant {v.label!r}: method {v.method!r} needs a draft language model")
+        if v.compile and get_method(v.method).policy_cls is None:
+            raise DynaTreeError(f"variant {v.label!r}: --compile applies to dynatree's own methods, not {v.method!r}")
 
 
 def run(
@@ -158,7 +161,7 @@ def run(
                         max_new_tokens=t_new, ignore_eos=protocol.ignore_eos, on_tokens=bar.tokens,
                         kv_window=v.kv_window or protocol.kv_window, seed=protocol.seed + index,
                         sample=sampling is not None, temperature=protocol.temperature, top_k=protocol.top_k,
-                        top_p=protocol.top_p, **v.options,
+                        top_p=protocol.top_p, compile=v.compile, **v.options,
                     )
                     bar.done(rec["stats"]["tokens_per_s"])
                     if v.method == "ar":
