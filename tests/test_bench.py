@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny, tokenizer
-from dynatree import DynaTreeError
+from dynatree import DynaTreeError, api
 from dynatree.bench import data, plots, presets, report, results, runner
 from dynatree.cli import main
 from dynatree.quality import perplexity
@@ -410,3 +410,19 @@ def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(t
     assert "**Draft models**" in report.render(results.load(tmp_path))
     with pytest.raises(DynaTreeError, match="needs a draft language model"):
         presets.variants("draft", "small", ["ngram"])
+
+
+def test_phase_times_per_iteration_add_up_to_at_most_the_decode_time():
+    target = tiny("llama", seed=4)
+    out = api.generate(method="dynatree", target=target, draft="ngram", prompt_ids=[5, 9, 14, 9, 5, 9, 14, 30],
+                       max_new_tokens=30, ignore_eos=True)
+    s = out["stats"]
+    phases = [s["draft_ms"], s["verify_ms"], s["commit_ms"]]
+    assert all(p > 0 for p in phases)
+    assert sum(phases) * (s["iterations"] - 1) <= 1e3 * (s["wall_s"] - s["ttft_s"])
+    hf = api.generate(method="hf-ar", target=target, prompt_ids=[5, 9], max_new_tokens=3, ignore_eos=True)["stats"]
+    assert hf["draft_ms"] is None and hf["verify_ms"] is None
+    md = report.main_tables([{**agg, "mean": {**agg["mean"], "draft_ms": 0.25, "verify_ms": 60.0, "commit_ms": 1.5},
+                              "std": {**agg["std"], "draft_ms": 0.05, "verify_ms": 2.0, "commit_ms": 0.5}}
+                             for agg in results.aggregate([rec("ar", 0, 10.0)])])
+    assert "| ms/iter: draft | verify | commit |" in md and "| 0.25 ± 0.05 | 60.00 ± 2.00 | 1.50 ± 0.50 |" in md

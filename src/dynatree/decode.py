@@ -9,6 +9,7 @@ verification pass. The prefill runs the whole prompt and yields the first new to
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -84,6 +85,7 @@ class Decoder:
         run = self.run = Run(seq=list(prompt_ids), prompt_len=len(prompt_ids),
                              cache=kv.new_cache(self.target.model), slot_pos=torch.empty(0, dtype=torch.long))
         stats = run.stats
+        stats.draft_s = stats.verify_s = stats.commit_s = 0.0
 
         # Prefill: the whole prompt in one causal pass gives the first new token.
         prompt_pos = torch.arange(len(prompt_ids))
@@ -106,10 +108,13 @@ class Decoder:
             remaining = max_new_tokens - stats.new_tokens
             cached = kv.length(run.cache)
 
+            t_draft = time.perf_counter()
             tree = self.policy.grow(self.drafter, run.seq[-1], max_depth=remaining - 1, sampler=self.sampler)  # 1. draft
+            t_verify = time.perf_counter()
             positions = tree.position_ids(len(run.seq) - 1)[0]  # the root is seq[-1]
             logits = self._forward(run, tree.tokens.tolist(), positions, tree.allowed(cached))  # 2. verify
-            path, bonus = self._accept(tree, logits)  # 3. accept
+            path, bonus = self._accept(tree, logits)  # 3. accept (its host sync ends the verification)
+            t_commit = time.perf_counter()
             keep = torch.tensor([0] + path)  # 4. commit caches
             kv.keep(run.cache, cached, keep)
             run.slot_pos = torch.cat([run.slot_pos, positions[keep]])
@@ -119,6 +124,9 @@ class Decoder:
             if self.drafter is not None:
                 self.drafter.commit(run.seq, tree.drafted_nodes(path))
             self.policy.observe(tree, path)
+            stats.draft_s += t_verify - t_draft
+            stats.verify_s += t_commit - t_verify
+            stats.commit_s += time.perf_counter() - t_commit
 
             stats.iterations += 1
             stats.new_tokens += len(committed)

@@ -7,6 +7,10 @@
                     (paper 004's M: accepted draft tokens + the bonus token, per iteration)
   accepted_len l    = committed drafted tokens / target passes (bonus tokens excluded)
   ttft_s = time from the call to the first new token; tpot_s = (wall - ttft) / (new - 1)
+  draft_ms / verify_ms / commit_ms = mean time per decode iteration spent growing the tree
+                (drafter + policy), in the target's verification pass (+ acceptance, whose host
+                sync waits for the device), and committing caches and drafter state; our
+                methods only (None for transformers' generate())
   peak_mem_mb = peak resident memory of the process during the run (CPU; the kernel's
                 high-water mark is reset at the start) or peak allocated device memory (CUDA)
 """
@@ -33,6 +37,9 @@ class Stats:
     peak_mem_mb: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)  # drafted nodes per iteration
     accepted_lens: list[int] = field(default_factory=list)  # committed draft tokens per iteration
+    draft_s: float | None = None  # total time of the decode loop's phases (None: not measured, e.g. hf-*)
+    verify_s: float | None = None
+    commit_s: float | None = None
 
     def record(self) -> dict:
         """The `stats` object of a result record."""
@@ -51,6 +58,8 @@ class Stats:
             "peak_mem_mb": self.peak_mem_mb,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
+            **{f"{phase}_ms": None if total is None or it < 2 else 1e3 * total / (it - 1)
+               for phase, total in (("draft", self.draft_s), ("verify", self.verify_s), ("commit", self.commit_s))},
         }
 
 

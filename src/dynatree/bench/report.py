@@ -146,13 +146,15 @@ def main_tables(aggs: list[dict]) -> str:
         [[a["variant"], _pm(a["mean"]["ttft_s"], a["std"]["ttft_s"], 1000), _pm(a["mean"]["tpot_s"], a["std"]["tpot_s"], 1000, 2)]
          for a in aggs])]
     out += ["", "**Verification efficiency**", "", _table(
-        ["Method", "Accept.", "L (tokens/iter)", "l (accepted/iter)", "#Iter.", "drafted/iter"],
+        ["Method", "Accept.", "L (tokens/iter)", "l (accepted/iter)", "#Iter.", "drafted/iter",
+         "ms/iter: draft", "verify", "commit"],
         [[a["variant"],
           "-" if a["mean"]["acceptance_rate"] is None else f"{100 * a['mean']['acceptance_rate']:.1f}%",
           _pm(a["mean"]["tokens_per_iter"], a["std"]["tokens_per_iter"], digits=2),
           _pm(a["mean"]["accepted_len"], a["std"]["accepted_len"], digits=2),
           f"{a['mean']['iterations']:.0f}",
-          f"{a['mean']['drafted_tokens'] / max(a['mean']['iterations'] - 1, 1):.1f}"]
+          f"{a['mean']['drafted_tokens'] / max(a['mean']['iterations'] - 1, 1):.1f}",
+          *(_pm(a["mean"].get(f"{phase}_ms"), a["std"].get(f"{phase}_ms"), digits=2) for phase in ("draft", "verify", "commit"))]
          for a in aggs])]
     out += ["", "**Peak memory**", "", _table(
         ["Method", "Peak memory (MB)", "vs AR"],

@@ -19,7 +19,8 @@ from pathlib import Path
 from ..errors import DynaTreeError
 
 STATS = ["tokens_per_s", "ttft_s", "tpot_s", "acceptance_rate", "tokens_per_iter", "mean_generated_len", "accepted_len",
-         "iterations", "new_tokens", "wall_s", "peak_mem_mb", "drafted_tokens", "accepted_tokens"]
+         "iterations", "new_tokens", "wall_s", "peak_mem_mb", "drafted_tokens", "accepted_tokens",
+         "draft_ms", "verify_ms", "commit_ms"]
 
 
 def mean_std(values: list[float]) -> tuple[float | None, float | None]:
