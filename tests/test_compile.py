@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import hf_greedy, tiny
 from dynatree import api
 from dynatree.bench import runner
 from dynatree.cli import main
 from dynatree.errors import DynaTreeError
-from dynatree.models import LoadedModel
+from dynatree.models import RECOMPILE_LIMIT, LoadedModel
 
 
 @pytest.mark.parametrize("method", ["ar", "dynatree"])
@@ -23,6 +24,7 @@ def test_compiled_decoding_equals_plain_greedy(method):
     assert rec["new_token_ids"] == expected
     assert rec["run"]["compile"] is True
     assert target._compiled is not None  # the decode steps did go through torch.compile
+    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT  # no silent fallback to eager after 8 graphs
     assert target.compile is False  # the setting applied to that call only
     if method == "dynatree":
         assert rec["stats"]["accepted_tokens"] > 0  # trees (masked multi-token steps) were verified compiled

@@ -58,6 +58,8 @@ DEFAULT_TARGET = "smollm2-135m"
 # by alias, and the draft each embedded target uses by default in `--preset draft`.
 EMBEDDED_DRAFTS = {"smollm2-135m-draft": Path(__file__).parent / "drafts" / "smollm2-135m-draft"}
 DEFAULT_DRAFTS = {"smollm2-135m": "smollm2-135m-draft"}
+# Graphs torch.compile may build per function before it falls back to eager (see `LoadedModel.compiled`).
+RECOMPILE_LIMIT = 64
 
 
 @dataclass(eq=False)
@@ -100,15 +102,13 @@ class LoadedModel:
 
         `mask` is a [1, 1, len(ids), cached + len(ids)] additive mask, or None for plain
         causal attention. Returns logits [len(ids), vocab] ([1, vocab] with `last_only`).
-        With `compile`, every call but the prefill (`last_only`) goes through torch.compile
-        (dynamic shapes: one graph per kind of step, compiled on first use, cached on disk).
+        With `compile`, every call but the prefill (`last_only`) goes through torch.compile,
+        compiled on first use and cached on disk: see `compiled`.
         """
         device = self.device
         model = self.model
         if self.compile and not last_only:
-            if self._compiled is None:
-                self._compiled = torch.compile(self.model, dynamic=True)
-            model = self._compiled
+            model = self.compiled()
         out = model(
             input_ids=torch.tensor([ids], device=device),
             position_ids=torch.tensor([positions], device=device),
@@ -118,6 +118,25 @@ class LoadedModel:
             **({"logits_to_keep": 1} if last_only else {}),
         )
         return out.logits[0]
+
+    def compiled(self):
+        """The model wrapped in torch.compile for decode steps, built on first use.
+
+        `freezing`: the weights become constants of the graph, so inductor lays them out once
+        for its matrix kernels instead of on every call. Measured on SmolLM2-135M float32 (2
+        cores): a 4-token tree step 52 -> 40 ms, 8 tokens 63 -> 46 ms, 1 token 35 -> 32 ms. The
+        weights must therefore not change while the model is used compiled (inference only).
+        Dynamic dimensions are left to dynamo: each kind of step compiles once with static
+        shapes, then once more with the varying sizes (cache length, tree size) made symbolic;
+        that beat `dynamic=True` from the start (faster steps, 205 vs 282 s of compiling).
+        ar and DynaTree together made 6 graphs on SmolLM2 (static and symbolic, with and without
+        a mask); dynamo's default limit of 8 per function would silently fall back to eager
+        beyond that, so the limit is raised to RECOMPILE_LIMIT.
+        """
+        if self._compiled is None:
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            self._compiled = torch.compile(self.model, options={"freezing": True})
+        return self._compiled
 
 
 def cache_root() -> Path:
