@@ -99,6 +99,55 @@ def test_on_policy_data_is_the_targets_greedy_continuation(tmp_path):
         assert ids == prompt + hf_greedy(target, prompt, 7)  # left padding in the batch changes nothing
 
 
+def test_on_policy_text_in_another_dtype_comes_from_a_copy_of_the_target(monkeypatch):
+    target = _target()
+    prompts = ["w5 w6 w7", "w10 w11 w12 w13 w14"]
+    half = tiny("llama", seed=2, dtype=torch.bfloat16, eos_ids=[2])  # the same weights, rounded to bf16
+    generate, used = type(target.model).generate, []
+
+    def spy(model, *args, **kwargs):
+        used.append((model is target.model, model.dtype))
+        return generate(model, *args, **kwargs)
+
+    monkeypatch.setattr(type(target.model), "generate", spy)
+    gen = distill.generate_on_policy(target, prompts, 7, batch=2, dtype="bfloat16")
+    assert used == [(False, torch.bfloat16)]
+    for text, ids in zip(prompts, gen):
+        prompt = tokenizer()(text, add_special_tokens=False)["input_ids"]
+        assert ids == prompt + hf_greedy(half, prompt, 7)
+    assert target.model.dtype == torch.float32  # the target itself (which labels the data) is untouched
+
+
+def test_init_draft_continues_training_an_existing_draft(tmp_path, corpus):
+    target = _target()
+    first = distill.DistillConfig(corpus=str(corpus), **SMALL)
+    distill.distill(target, tmp_path / "first", first, progress=False)
+    start = load_model(str(tmp_path / "first")).model
+
+    # its own sizes win over the size options, and training starts from its weights
+    cfg = dataclasses.replace(first, init_draft=str(tmp_path / "first"), layers=3, hidden=32, seed=1)
+    model = distill.init_draft(target, cfg)
+    assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 16
+    assert all(torch.equal(v, start.state_dict()[k]) for k, v in model.state_dict().items())
+
+    summary = distill.distill(target, tmp_path / "second", cfg, progress=False)
+    data = torch.load(tmp_path / "second" / "data.pt", weights_only=True)
+    _, held = distill.split(data, cfg.eval_fraction)
+    fresh = distill.evaluate(distill.init_draft(target, dataclasses.replace(first, seed=1)), held, "cpu", 4)["corpus"]
+    continued = distill.evaluate(model, held, "cpu", 4)["corpus"]
+    assert continued["loss"] < fresh["loss"] - 0.2  # the first draft's training carries over
+    assert summary["config"]["init_draft"] == str(tmp_path / "first")
+    assert "2 layers, hidden 16" in (tmp_path / "second" / "README.md").read_text()
+
+    wrong_vocab = tiny("llama", seed=2, dtype=torch.float32, eos_ids=[2], vocab=VOCAB + 8)
+    with pytest.raises(DynaTreeError, match="vocabulary of"):
+        distill.init_draft(wrong_vocab, cfg)
+    with pytest.raises(DynaTreeError, match="not a draft directory"):
+        dataclasses.replace(first, init_draft=str(tmp_path / "nope")).validate()
+    with pytest.raises(DynaTreeError, match="dtype"):
+        dataclasses.replace(first, gen_dtype="float8").validate()
+
+
 def test_function_prompts_are_headers_with_docstrings_and_skip_humaneval():
     source = '''
 def documented(a, b):
