@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 
 import pytest
 import torch
@@ -87,3 +88,12 @@ def saved_tiny(tmp_path_factory):
     m.model.save_pretrained(path)
     m.tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture()
+def prompt_file(tmp_path):
+    """Four short word-level prompts as a JSONL data set, for bench runs on tiny models."""
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": p}) for p in
+                           ["w5 w6 w7 w5 w6 w7", "w10 w11 w12 w10 w11", "w40 w41 w40 w41 w40", "w9 w9 w9"]))
+    return f

@@ -241,13 +241,6 @@ def test_results_file_errors(tmp_path):
 
 
 # ---------------------------------------------------------------- end to end
-@pytest.fixture()
-def prompt_file(tmp_path):
-    f = tmp_path / "prompts.jsonl"
-    f.write_text("\n".join(json.dumps({"prompt": p}) for p in
-                           ["w5 w6 w7 w5 w6 w7", "w10 w11 w12 w10 w11", "w40 w41 w40 w41 w40", "w9 w9 w9"]))
-    return f
-
 
 def test_runner_end_to_end_on_tiny_models(tmp_path, prompt_file):
     target = tiny("llama", eos_ids=[])

@@ -1,7 +1,8 @@
 """Greedy exactness: every method's tokens equal transformers' greedy generate(), token for token.
 
 Float64 tiny models of three architectures; drafters that always agree (the target itself),
-often agree (a noisy copy), rarely agree (an unrelated model) and the n-gram drafter; many
+often agree (a noisy copy), rarely agree (an unrelated model), the n-gram drafter and the
+hybrid of n-gram and noisy copy; many
 prompts, lengths, EOS positions and hyperparameters, budget edge cases included.
 """
 
@@ -15,12 +16,12 @@ from hypothesis import strategies as st
 
 from conftest import ARCHS, EOS, VOCAB, hf_greedy, noisy_copy, tiny
 from dynatree import Decoder, make_config
-from dynatree.drafters import LMDrafter, NgramDrafter
+from dynatree.drafters import HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.methods import METHODS
 
 TREE_METHODS = ["linear", "fixed-tree", "dynatree", "wetap", "specinfer", "specexec", "opt-tree"]
 PERFECT = ["linear", "fixed-tree", "dynatree", "specinfer"]  # trees that always contain the draft's greedy chain
-DRAFTERS = ["self", "noisy", "other", "ngram"]
+DRAFTERS = ["self", "noisy", "other", "ngram", "hybrid"]
 
 
 @functools.cache
@@ -32,6 +33,8 @@ def make_drafter(kind: str, arch: str):
     target = tiny(arch)
     if kind == "ngram":
         return NgramDrafter(max_n=3)
+    if kind == "hybrid":  # n-gram where the context repeats (order >= 2), the noisy copy elsewhere
+        return HybridDrafter(NgramDrafter(max_n=3), LMDrafter(noisy_copy(arch, 0, 0.08), target.vocab_size))
     draft = {"self": target, "noisy": noisy_copy(arch, 0, 0.08), "other": tiny("gpt2" if arch != "gpt2" else "llama", seed=7)}[kind]
     return LMDrafter(draft, vocab_limit=target.vocab_size)
 

@@ -16,7 +16,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 import dynatree.decode
 from conftest import tiny
 from dynatree import DynaTreeError, Decoder, LoadedModel, generate, make_config
-from dynatree.drafters import LMDrafter, NgramDrafter
+from dynatree.drafters import HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.methods import METHODS
 from dynatree.sampling import Sampler, SamplingConfig, sample, target_probs
 
@@ -78,7 +78,9 @@ def empirical(method: str, drafter_kind: str | None, options: dict, runs: int = 
     counts: dict[tuple, int] = {}
     for seed in range(runs):
         drafter = {None: None, "ngram": NgramDrafter(max_n=3, vocab_size=V),
-                   "lm": LMDrafter(small(0, 0.3), vocab_limit=V)}[drafter_kind]
+                   "lm": LMDrafter(small(0, 0.3), vocab_limit=V),
+                   "hybrid": HybridDrafter(NgramDrafter(max_n=3, vocab_size=V), LMDrafter(small(0, 0.3), vocab_limit=V),
+                                           min_match=3)}[drafter_kind]
         policy = METHODS[method].policy_cls(make_config(method, **options))
         run = Decoder(target, policy, drafter, sampler=Sampler(CONFIG, seed)).generate(PROMPT, NEW, ignore_eos=True)
         key = tuple(run.new_tokens)
@@ -93,6 +95,8 @@ CASES = [
     ("fixed-tree", "lm", {"depth": 2, "branch": 2, "tau": 0.0}),
     ("dynatree", "lm", {"d0": 1, "d_max": 2, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02}),
     ("dynatree", "ngram", {"d0": 1, "d_max": 2}),
+    ("dynatree", "hybrid", {"d0": 1, "d_max": 2, "tau": 0.0}),  # rows from both sources in one tree
+    ("specinfer", "hybrid", {"width": 2, "depth": 2}),
     ("specinfer", "lm", {"width": 3, "depth": 2}),  # sampled children, drawn without replacement
     ("specinfer", "ngram", {"width": 2, "depth": 2}),
     ("specexec", "lm", {"budget": 5, "depth": 2, "expand": 2, "branch": 3}),

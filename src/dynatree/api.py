@@ -9,7 +9,7 @@ import torch
 
 from . import env
 from .decode import Decoder
-from .drafters import LMDrafter, NgramDrafter
+from .drafters import HybridDrafter, LMDrafter, NgramDrafter
 from .errors import DynaTreeError
 from .methods import get_method, is_lossy, make_config
 from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model
@@ -18,6 +18,14 @@ from .sampling import Sampler, SamplingConfig
 from .window import KVWindow
 
 NGRAM = "ngram"
+HYBRID = "ngram+"  # --draft ngram+MODEL: n-gram copying where the text repeats, the draft LM elsewhere
+
+
+@dataclasses.dataclass(frozen=True)
+class Hybrid:
+    """A draft LM (loaded, or a spec) used together with the n-gram drafter (`HybridDrafter`)."""
+
+    lm: LoadedModel | str
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool = False) -> list[int]:
@@ -56,8 +64,21 @@ def sampling_config(sample: bool, temperature=None, top_k=None, top_p=None) -> S
     return config
 
 
+def load_draft(spec, device: str = "cpu", dtype: str = "float32"):
+    """A --draft value with its model loaded once: None/'auto'/'ngram' as they are, 'ngram+SPEC' as
+    Hybrid(loaded model), any other spec as the loaded model (no compatibility check here)."""
+    if spec in (None, "auto", NGRAM) or isinstance(spec, (LoadedModel, Hybrid)):
+        return spec
+    if spec.startswith(HYBRID):
+        if spec[len(HYBRID):] in ("", NGRAM):
+            raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}")
+        return Hybrid(load_model(spec[len(HYBRID):], device=device, dtype=dtype))
+    return load_model(spec, device=device, dtype=dtype)
+
+
 def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: str):
-    """(draft LM or None, draft name or None) for a method: 'ngram', a spec, or a LoadedModel."""
+    """(draft LM or None, draft name or None) for a method: 'ngram', a spec, a LoadedModel,
+    or 'ngram+SPEC' / Hybrid(...) (the name then starts with 'ngram+')."""
     need = get_method(method).draft
     if need == "none":
         return None, None
@@ -69,6 +90,15 @@ def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: s
         if need == "lm":
             raise DynaTreeError(f"method {method!r} needs a draft language model, not the n-gram drafter")
         return None, NGRAM
+    if isinstance(draft, str) and draft.startswith(HYBRID):
+        draft = Hybrid(draft[len(HYBRID):])
+    if isinstance(draft, Hybrid):
+        if need == "lm":
+            raise DynaTreeError(f"method {method!r} takes a draft language model alone, not {HYBRID}MODEL")
+        if draft.lm in ("", NGRAM):
+            raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}")
+        lm, name = resolve_draft(method, draft.lm, target, device, dtype)
+        return lm, HYBRID + name
     lm = draft if isinstance(draft, LoadedModel) else load_model(draft, device=device, dtype=dtype)
     check_compatible(target, lm)
     return lm, lm.name
@@ -100,7 +130,8 @@ def generate(
     """Decode one prompt with one method and return its result record.
 
     `target`/`draft` take a model spec (alias, directory, .gguf file, hub id) or a model
-    already loaded with `load_model`; `draft` may also be "ngram". `options` are the
+    already loaded with `load_model`; `draft` may also be "ngram", or "ngram+MODEL" /
+    `Hybrid(model)` for n-gram copying backed by a draft LM (`HybridDrafter`). `options` are the
     method's config fields (e.g. k=5 for linear, d0=4 for dynatree). Give either `prompt`
     (text) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
     the KV caches with attention sinks plus a window of recent tokens (see `window.py`).
@@ -150,6 +181,8 @@ def generate(
             drafter = NgramDrafter(max_n=ngram_max, vocab_size=tgt.vocab_size)
         else:
             drafter = LMDrafter(draft_lm, vocab_limit=tgt.vocab_size, window=window)
+            if draft_name.startswith(HYBRID):
+                drafter = HybridDrafter(NgramDrafter(max_n=ngram_max, vocab_size=tgt.vocab_size), drafter)
         sampler = Sampler(sampling, seed) if sampling is not None else None
         before, tgt.compile = tgt.compile, compile  # for this call only
         try:
@@ -177,7 +210,7 @@ def generate(
             "dtype": str(tgt.dtype).removeprefix("torch."),
             "compile": bool(compile) and spec.policy_cls is not None,
             "seed": seed,
-            "ngram_max": ngram_max if draft_name == NGRAM else None,
+            "ngram_max": ngram_max if draft_name == NGRAM or (draft_name or "").startswith(HYBRID) else None,
             "kv_window": str(window) if window is not None else None,
             "sampling": dataclasses.asdict(sampling) if sampling is not None else None,
             "lossy": sampling is not None and is_lossy(config),

@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", help="the prompt text (or use --prompt-file)")
     gen.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-' for stdin)")
     gen.add_argument("--method", default="dynatree", help="decoding method [dynatree]")
-    add_model_args(gen, "draft: 'ngram', the shipped 'smollm2-135m-draft' (for the default target), or a model "
-                        "spec sharing the target's tokenizer [ngram]")
+    add_model_args(gen, "draft: 'ngram', the shipped 'smollm2-135m-draft' (for the default target), a model "
+                        "spec sharing the target's tokenizer, or 'ngram+MODEL' (n-gram copying where the text "
+                        "repeats itself, the draft model elsewhere) [ngram]")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most [128]")
     gen.add_argument("--ignore-eos", action="store_true", help="treat EOS as an ordinary token and generate exactly N tokens")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -221,8 +222,8 @@ def cmd_generate(args) -> int:
         raise DynaTreeError("--compile applies to dynatree's own methods, not to transformers' generate() (hf-*)")
     target = load_model(args.target, device=args.device, dtype=args.dtype)
     draft = args.draft
-    if draft not in (None, "auto", api.NGRAM) and any(METHODS[m].draft != "none" for m in methods):
-        draft = load_model(draft, device=args.device, dtype=args.dtype)
+    if any(METHODS[m].draft != "none" for m in methods):
+        draft = api.load_draft(draft, device=args.device, dtype=args.dtype)
     prompt_ids = api.encode_prompt(target.tokenizer, prompt, args.chat)
 
     if len(methods) > 1:  # a short discarded run, so the first measured method does not pay the cold start

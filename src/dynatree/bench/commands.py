@@ -7,7 +7,7 @@ import itertools
 import time
 from pathlib import Path
 
-from ..api import NGRAM
+from ..api import HYBRID, NGRAM, Hybrid
 from ..errors import DynaTreeError
 from ..methods import get_method
 from .data import DATASETS, L_MAX
@@ -15,7 +15,8 @@ from .presets import PRESETS, dataset_default, method_variants, protocol_default
 from .results import load
 from .runner import Protocol, Variant
 
-DRAFT_HELP = "comma-separated drafters: 'ngram' and/or draft model specs sharing the target's tokenizer [ngram]"
+DRAFT_HELP = ("comma-separated drafters: 'ngram', draft model specs sharing the target's tokenizer, and/or "
+              "'ngram+MODEL' (n-gram copying backed by the draft model) [ngram]")
 
 
 def _ints(text: str) -> list[int]:
@@ -132,11 +133,17 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     texts = runner.load_all(protocol)  # fail fast, before loading models
     out = args.out or Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     target = load_model(args.target, device=args.device, dtype=args.dtype)
-    lms = {}
+    lms, loaded = {}, {}
     for spec in drafts:
-        if spec != NGRAM:
-            lms[spec] = load_model(spec, device=args.device, dtype=args.dtype)
-            check_compatible(target, lms[spec])
+        if spec == NGRAM:
+            continue
+        inner = spec[len(HYBRID):] if spec.startswith(HYBRID) else spec
+        if inner in ("", NGRAM):
+            raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}, got {spec!r}")
+        if inner not in loaded:  # one copy of a draft LM used alone and in ngram+
+            loaded[inner] = load_model(inner, device=args.device, dtype=args.dtype)
+            check_compatible(target, loaded[inner])
+        lms[spec] = Hybrid(loaded[inner]) if inner != spec else loaded[inner]
     runner.run(experiment, variant_list, protocol, target, lms, out_dir=out, progress=not args.no_progress,
                command=["dynatree", *args.argv], texts=texts)
     paths = report.write(out)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from ..api import NGRAM
+from ..api import HYBRID, NGRAM
 from ..errors import DynaTreeError
 from ..methods import get_method
 from .runner import Variant
@@ -139,7 +139,7 @@ def method_variants(methods: list[str], drafts: list[str], options: dict[str, di
     `strict` (the user asked for it), and skipped otherwise (a preset's "where it applies").
     """
     options = options or {}
-    lms = [d for d in drafts if d != NGRAM]
+    lms = [d for d in drafts if d != NGRAM and not d.startswith(HYBRID)]  # draft LMs alone (for hf-assisted)
     out = []
     for method in methods:
         need = get_method(method).draft

@@ -116,7 +116,7 @@ def draft_section(results: dict, t_new: int, l_max: int) -> str:
         assisted = next((a["variant"] for a in aggs if a["method"] == "hf-assisted" and spec[a["variant"]] == draft), None)
         table = []
         for a in aggs:
-            if spec[a["variant"]] != draft or a["method"].startswith("hf-"):
+            if spec[a["variant"]] not in (draft, "ngram+" + draft) or a["method"].startswith("hf-"):
                 continue
             ngram = next((b["variant"] for b in aggs if b["method"] == a["method"] and spec[b["variant"]] == "ngram"), None)
             table.append([a["variant"], _speedup(a),

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import env
-from ..api import NGRAM, generate, sampling_config
+from ..api import HYBRID, NGRAM, Hybrid, generate, sampling_config
 from ..errors import DynaTreeError
 from ..methods import get_method, make_config
 from ..models import LoadedModel
@@ -97,8 +97,8 @@ def check_variants(variants: list[Variant]) -> None:
         make_config(v.method, **v.options)  # fails early on a bad option
         KVWindow.parse(v.kv_window)
         need = get_method(v.method).draft
-        if need == "lm" and v.draft in (None, NGRAM):
-            raise DynaTreeError(f"variant {v.label!r}: method {v.method!r} needs a draft language model")
+        if need == "lm" and (v.draft in (None, NGRAM) or v.draft.startswith(HYBRID)):
+            raise DynaTreeError(f"variant {v.label!r}: method {v.method!r} needs a draft language model alone")
         if v.compile and get_method(v.method).policy_cls is None:
             raise DynaTreeError(f"variant {v.label!r}: --compile applies to dynatree's own methods, not {v.method!r}")
 
@@ -178,7 +178,7 @@ def run(
                     compare = sampling is None and r["kv_window"] in reference
                     r["matches_ar"] = new == reference[r["kv_window"]] if compare else None
                 if None in reference:  # the draft LMs' agreement and step cost on ar's continuation
-                    for spec, lm in drafts.items():
+                    for spec, lm in draft_lms(drafts).items():
                         results.setdefault("draft_quality", []).append({
                             "draft": spec, "dataset": dataset, "prompt_index": index, "warmup": index < protocol.warmup,
                             "max_new_tokens": t_new, "l_max": l_max, **draftcheck.measure(target, lm, ids, reference[None]),
@@ -222,8 +222,19 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, protocol: Prot
     }
 
 
+def draft_lms(drafts: dict) -> dict[str, LoadedModel]:
+    """The distinct draft LMs of a run by spec; 'ngram+SPEC' drafters count under SPEC."""
+    out = {}
+    for spec, d in drafts.items():
+        if isinstance(d, Hybrid):
+            spec, d = spec[len(HYBRID):], d.lm
+        if isinstance(d, LoadedModel):
+            out.setdefault(spec, d)
+    return out
+
+
 def _check_length(target: LoadedModel, drafts: dict, ids: list[int], t_new: int) -> None:
-    for model in [target, *[d for d in drafts.values() if isinstance(d, LoadedModel)]]:
+    for model in [target, *draft_lms(drafts).values()]:
         limit = model.context_length
         if limit is not None and len(ids) + t_new > limit:
             raise DynaTreeError(

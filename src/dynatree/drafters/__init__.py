@@ -1,7 +1,8 @@
 """Drafters propose next-token candidates for tree nodes (see `base.Drafter`)."""
 
 from .base import Drafter, Proposal
+from .hybrid import HybridDrafter
 from .lm import LMDrafter
 from .ngram import NgramDrafter
 
-__all__ = ["Drafter", "Proposal", "LMDrafter", "NgramDrafter"]
+__all__ = ["Drafter", "Proposal", "HybridDrafter", "LMDrafter", "NgramDrafter"]

@@ -42,16 +42,25 @@ class NgramDrafter:
         ids = torch.full((len(nodes), k), -1, dtype=torch.long)
         probs = torch.zeros(len(nodes), k)
         dist = torch.zeros(len(nodes), self.vocab_size) if full else None
-        tail = self.tokens[-self.max_n :]
         for row, node in enumerate(nodes):
-            context = (tail + tree.path_tokens(node))[-self.max_n :]
-            candidates = self.distribution(context, None if full else k)
+            candidates = self.distribution(self.context(tree, node), None if full else k)
             for col, (token, p) in enumerate(candidates[:k]):
                 ids[row, col], probs[row, col] = token, p
             if full and candidates:
                 tokens, mass = zip(*candidates)
                 dist[row, list(tokens)] = torch.tensor(mass) / sum(mass)
         return Proposal(ids=ids, probs=probs, dist=dist)
+
+    def context(self, tree: TreeBuilder, node: int) -> list[int]:
+        """The last max_n tokens of a node's context: committed tokens + its path in the tree."""
+        return (self.tokens[-self.max_n :] + tree.path_tokens(node))[-self.max_n :]
+
+    def match_order(self, context: list[int]) -> int:
+        """Length of the longest suffix of `context` (at most max_n) the text has continued before; 0 if none."""
+        for n in range(min(self.max_n, len(context)), 0, -1):
+            if tuple(context[-n:]) in self.index[n]:
+                return n
+        return 0
 
     def distribution(self, context: list[int], k: int | None) -> list[tuple[int, float]]:
         """Up to k (all when None) (token, probability) pairs after `context`, most probable first."""

@@ -1,0 +1,164 @@
+"""The hybrid drafter (`--draft ngram+MODEL`): n-gram candidates where the context repeats a
+seen n-gram, the draft LM's elsewhere; exact decoding; the API, CLI and bench plumbing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import hf_greedy, noisy_copy, tiny
+from dynatree import DynaTreeError, Decoder, api, make_config
+from dynatree.bench import presets, report, runner
+from dynatree.cli import main
+from dynatree.drafters import HybridDrafter, LMDrafter, NgramDrafter
+from dynatree.methods import METHODS
+from dynatree.tree import TreeBuilder
+
+
+class CountingLM(LMDrafter):
+    """An LM drafter that records the nodes it is asked about."""
+
+    def propose(self, tree, nodes, k, full=False):
+        self.asked.append(list(nodes))
+        return super().propose(tree, nodes, k, full)
+
+
+def _hybrid(min_match=2):
+    target = tiny("llama", eos_ids=[])
+    lm = CountingLM(noisy_copy("llama", 0, 0.08), vocab_limit=target.vocab_size)
+    lm.asked = []
+    return target, lm, HybridDrafter(NgramDrafter(max_n=3), lm, min_match=min_match)
+
+
+def test_a_repeated_context_is_drafted_by_ngram_alone():
+    _, lm, hybrid = _hybrid()
+    hybrid.reset([5, 6, 7, 8, 5, 6])  # the root's context ends in "5 6", seen before and followed by 7
+    tree = TreeBuilder(6)
+    proposal = hybrid.propose(tree, [0], k=2)
+    assert proposal.candidates(0)[0][0] == 7
+    assert lm.asked == [] and hybrid.lm_calls == 0
+    child = tree.add(0, 7, proposal.probs[0, 0].item())  # "5 6 7" continues with 8: still a match
+    assert hybrid.propose(tree, [child], k=2).candidates(0)[0][0] == 8
+    assert lm.asked == []
+
+
+def test_an_unseen_context_asks_the_lm_and_gets_its_answer():
+    _, lm, hybrid = _hybrid()
+    hybrid.reset([5, 6, 7, 8, 40])  # "40" never continued before: no n-gram match at the root
+    tree = TreeBuilder(40)
+    proposal = hybrid.propose(tree, [0], k=3)
+    assert lm.asked == [[0]] and hybrid.lm_calls == 1
+
+    alone = LMDrafter(noisy_copy("llama", 0, 0.08), vocab_limit=lm.vocab_limit)
+    alone.reset([5, 6, 7, 8, 40])
+    expected = alone.propose(TreeBuilder(40), [0], k=3)
+    assert torch.equal(proposal.ids, expected.ids) and torch.allclose(proposal.probs, expected.probs)
+
+    # next level: a node continuing a seen n-gram goes to the n-gram, the other to the LM
+    seen = tree.add(0, 5, 0.5)   # "40 5": order-1 match only ("5" -> 6) < min_match 2 -> LM
+    other = tree.add(0, 41, 0.3)  # "40 41": no match -> LM
+    hybrid.propose(tree, [seen, other], k=2)
+    assert lm.asked[-1] == [seen, other]
+
+
+def test_a_node_below_an_ngram_drafted_node_never_reaches_the_lm():
+    _, lm, hybrid = _hybrid(min_match=1)
+    hybrid.reset([5, 6, 7, 9, 9, 5])  # root context "... 9 5": order-2 "9 5" unseen, order 1 "5" -> 6: n-gram
+    tree = TreeBuilder(5)
+    hybrid.propose(tree, [0], k=2)
+    assert lm.asked == []
+    child = tree.add(0, 77, 0.1)  # "5 77": no match at all, but the LM never saw the root this iteration
+    proposal = hybrid.propose(tree, [child], k=2)
+    assert lm.asked == [] and proposal.candidates(0) == []
+
+
+def test_the_lm_catches_up_on_tokens_committed_while_the_ngram_drafted():
+    _, lm, hybrid = _hybrid()
+    tokens = [5, 6, 7, 8, 40]
+    hybrid.reset(tokens)
+    tree = TreeBuilder(40)
+    hybrid.propose(tree, [0], k=2)  # no match: the LM is fed the prompt
+    child = tree.add(0, 5, 0.5)
+    hybrid.propose(tree, [child], k=2)
+    tokens = tokens + [5, 6]  # the LM-drafted node accepted, then the target's token
+    hybrid.commit(tokens, [child])
+    hybrid.propose(TreeBuilder(6), [0], k=2)  # "5 6" seen: n-gram only, the LM is not fed
+    tokens = tokens + [7, 8, 41]
+    hybrid.commit(tokens, [])
+    assert len(lm.asked) == 2
+    caught_up = hybrid.propose(TreeBuilder(41), [0], k=4)  # "41" unseen: the LM, fed 7 8 41 at once
+    alone = LMDrafter(noisy_copy("llama", 0, 0.08), vocab_limit=lm.vocab_limit)
+    alone.reset(tokens)
+    expected = alone.propose(TreeBuilder(41), [0], k=4)
+    assert len(lm.asked) == 3 and torch.equal(caught_up.ids, expected.ids)
+    assert torch.allclose(caught_up.probs, expected.probs, atol=1e-9)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("method, options", [
+    ("dynatree", {"d0": 2, "d_max": 5}), ("linear", {"k": 4}), ("fixed-tree", {"depth": 3, "branch": 2}),
+])
+@pytest.mark.parametrize("min_match", [1, 2, 3])
+def test_greedy_decoding_with_the_hybrid_equals_plain_decoding(arch, method, options, min_match):
+    target = tiny(arch, eos_ids=[])
+    lm = CountingLM(noisy_copy(arch, 0, 0.08), vocab_limit=target.vocab_size)
+    lm.asked = []
+    hybrid = HybridDrafter(NgramDrafter(max_n=3), lm, min_match=min_match)
+    policy = METHODS[method].policy_cls(make_config(method, **options))
+    decoder = Decoder(target, policy, hybrid)
+    lm_levels = 0
+    for prompt in ([5, 6, 7, 5, 6, 7, 5], [40, 41, 90, 3], [9] * 6):
+        lm.asked = []
+        run = decoder.generate(prompt, 30, ignore_eos=True)
+        assert run.new_tokens == hf_greedy(target, prompt, 30), (prompt, min_match)
+        assert hybrid.lm_calls == len(lm.asked)
+        lm_levels += len(lm.asked)
+    assert lm_levels > 0  # the LM drafted some levels, the n-gram others (with caches caught up in between)
+
+
+def test_min_match_must_be_an_order_the_ngram_drafter_has():
+    _, lm, _ = _hybrid()
+    with pytest.raises(ValueError, match="min_match"):
+        HybridDrafter(NgramDrafter(max_n=3), lm, min_match=4)
+
+
+def test_api_and_cli_take_ngram_plus_a_model(saved_tiny, capsys):
+    target = api.load_model(str(saved_tiny))
+    prompt = [5, 6, 7, 5, 6, 7, 5, 30]
+    for draft in (f"ngram+{saved_tiny}", api.Hybrid(target), api.load_draft(f"ngram+{saved_tiny}")):
+        rec = api.generate(method="dynatree", target=target, draft=draft, prompt_ids=prompt, max_new_tokens=12,
+                           ignore_eos=True)
+        assert rec["draft"].startswith("ngram+") and rec["new_token_ids"] == hf_greedy(target, prompt, 12)
+        assert rec["run"]["ngram_max"] == 4
+    with pytest.raises(DynaTreeError, match="needs a draft model after"):
+        api.generate(method="dynatree", target=target, draft="ngram+", prompt_ids=prompt, max_new_tokens=2)
+    with pytest.raises(DynaTreeError, match="needs a draft model after"):
+        api.load_draft("ngram+ngram")
+    with pytest.raises(DynaTreeError, match="draft language model alone"):
+        api.generate(method="hf-assisted", target=target, draft=api.Hybrid(target), prompt_ids=prompt, max_new_tokens=2)
+
+    argv = ["generate", "w5 w6 w7 w5 w6", "--target", str(saved_tiny), "--draft", f"ngram+{saved_tiny}",
+            "--max-new-tokens", "6", "--ignore-eos", "--json"]
+    assert main(argv) == 0
+    assert '"draft": "ngram+' in capsys.readouterr().out
+
+
+def test_bench_runs_the_hybrid_beside_its_lm_and_reports_it_with_that_draft(tmp_path, prompt_file):
+    target = tiny("llama", eos_ids=[])
+    drafts = ["ngram", "tiny-draft", "ngram+tiny-draft"]
+    variants = presets.variants("draft", "small", drafts)
+    assert {v.label for v in variants} == {
+        "ar", "linear[ngram]", "linear[tiny-draft]", "linear[ngram+tiny-draft]", "dynatree[ngram]",
+        "dynatree[tiny-draft]", "dynatree[ngram+tiny-draft]", "hf-lookup", "hf-assisted"}
+    assert next(v for v in variants if v.method == "hf-assisted").draft == "tiny-draft"
+    with pytest.raises(DynaTreeError, match="alone"):
+        runner.check_variants([runner.Variant("ar", "ar"), runner.Variant("a", "hf-assisted", {}, "ngram+tiny-draft")])
+
+    lms = {"tiny-draft": target, "ngram+tiny-draft": api.Hybrid(target)}
+    assert runner.draft_lms(lms) == {"tiny-draft": target}
+    proto = runner.Protocol(dataset=str(prompt_file), n=2, warmup=1, max_new_tokens=[8])
+    res = runner.run("draft", variants, proto, target, lms, out_dir=tmp_path, progress=False)
+    assert all(r["matches_ar"] for r in res["records"])
+    assert [q["draft"] for q in res["draft_quality"]] == ["tiny-draft", "tiny-draft"]  # measured once per prompt
+    section = report.draft_section(res, 8, 800)
+    assert "| dynatree[ngram+tiny-draft] |" in section and "| dynatree[tiny-draft] |" in section
