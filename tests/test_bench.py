@@ -405,6 +405,17 @@ def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(t
         presets.variants("draft", "small", ["ngram"])
 
 
+def test_draft_preset_defaults_to_ngram_the_shipped_draft_and_both_together():
+    """`bench --preset draft` on the embedded target, no --draft: each drafter alone and the hybrid."""
+    from dynatree.bench.commands import _drafts
+    from dynatree.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--preset", "draft"])
+    assert _drafts(args) == ["ngram", "smollm2-135m-draft", "ngram+smollm2-135m-draft"]
+    args = build_parser().parse_args(["bench", "--preset", "draft", "--draft", "ngram,x"])
+    assert _drafts(args) == ["ngram", "x"]  # an explicit --draft list is taken as given
+
+
 def test_phase_times_per_iteration_add_up_to_at_most_the_decode_time():
     target = tiny("llama", seed=4)
     out = api.generate(method="dynatree", target=target, draft="ngram", prompt_ids=[5, 9, 14, 9, 5, 9, 14, 30],

@@ -116,7 +116,8 @@ def _drafts(args) -> list[str]:
         if args.target not in DEFAULT_DRAFTS:
             raise DynaTreeError(f"the draft preset needs a draft LM for {args.target!r}: pass --draft ngram,MODEL "
                                 "(train one with `dynatree distill`)")
-        return [NGRAM, DEFAULT_DRAFTS[args.target]]
+        shipped = DEFAULT_DRAFTS[args.target]
+        return [NGRAM, shipped, HYBRID + shipped]  # each drafter alone, and the two together
     return [d.strip() for d in (args.draft or NGRAM).split(",") if d.strip()]
 
 
