@@ -70,10 +70,15 @@ def load_draft(spec, device: str = "cpu", dtype: str = "float32"):
     if spec in (None, "auto", NGRAM) or isinstance(spec, (LoadedModel, Hybrid)):
         return spec
     if spec.startswith(HYBRID):
-        if spec[len(HYBRID):] in ("", NGRAM):
-            raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}")
-        return Hybrid(load_model(spec[len(HYBRID):], device=device, dtype=dtype))
+        return Hybrid(load_model(_hybrid_lm(spec[len(HYBRID):]), device=device, dtype=dtype))
     return load_model(spec, device=device, dtype=dtype)
+
+
+def _hybrid_lm(lm):
+    """The draft LM part of a hybrid drafter, which must name a model."""
+    if lm in ("", NGRAM):
+        raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}")
+    return lm
 
 
 def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: str):
@@ -95,9 +100,7 @@ def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: s
     if isinstance(draft, Hybrid):
         if need == "lm":
             raise DynaTreeError(f"method {method!r} takes a draft language model alone, not {HYBRID}MODEL")
-        if draft.lm in ("", NGRAM):
-            raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}")
-        lm, name = resolve_draft(method, draft.lm, target, device, dtype)
+        lm, name = resolve_draft(method, _hybrid_lm(draft.lm), target, device, dtype)
         return lm, HYBRID + name
     lm = draft if isinstance(draft, LoadedModel) else load_model(draft, device=device, dtype=dtype)
     check_compatible(target, lm)
