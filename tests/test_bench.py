@@ -114,9 +114,9 @@ def test_aggregate_per_setting():
 
 
 # ---------------------------------------------------------------- reports and plots
-def fixed_results(kind: str) -> dict:
+def fixed_results(kind: str, drafts: tuple[str, ...] = ("ngram",)) -> dict:
     """A small results dict shaped like the runner's, for report and plot tests."""
-    variants = presets.variants(kind, "small", ["ngram"])
+    variants = presets.variants(kind, "small", list(drafts))
     t_values = [8, 16] if kind in ("length", "streaming") else [8]
     sets = ["humaneval", "gsm8k"] if kind == "wetap-main" else ["fixture"]
     records = []
@@ -188,6 +188,19 @@ def test_perf_table_ratios_and_bandwidth_limit():
     assert "500 MB of weights per forward / 10.0 GB/s measured read bandwidth = **20.0 tokens/s**" in md
     assert "Our `ar` reaches 13.5 tokens/s, 68% of it (1.48× from the limit)" in md
     assert "Our `ar +compile` reaches 17.5 tokens/s, 88% of it (1.14× from the limit)" in md
+
+
+def test_perf_table_has_a_column_per_hf_speculative_peer_and_names_the_best_by_mean():
+    res = fixed_results("perf", ("ngram", "d"))
+    labels = [v["label"] for v in res["variants"]]
+    assert labels[:4] == ["hf-ar", "hf-lookup", "hf-assisted", "ar"]
+    md = report.render(res)
+    # tokens/s = 10 + variant index + prompt index, measured prompts 1 and 2: hf-ar 11, 12; hf-lookup 12, 13;
+    # hf-assisted 13, 14 (the faster, so "best"); ar 14, 15 -> vs hf-lookup 14/12, 15/13, vs hf-assisted 14/13, 15/14
+    assert "| vs hf-lookup | vs best hf-* speculative (hf-assisted) |" in md
+    assert "| ar | 14.5 ± 0.7 | 1.26× (1.25-1.27; of means 1.26×) | 1.16× (1.15-1.17; of means 1.16×) | " \
+           "1.07× (1.07-1.08; of means 1.07×) |" in md
+    assert "| hf-assisted | 13.5 ± 0.7 | 1.17× (1.17-1.18; of means 1.17×) | - | - |" in md
 
 
 def test_weight_bytes_and_bandwidth():
