@@ -187,6 +187,34 @@ def test_humaneval_text_never_enters_the_training_data(tmp_path):
     assert torch.equal(data["sources"]["corpus"]["tokens"][0, :5], torch.tensor([3, 4, 5, 6, 7], dtype=torch.int32))
 
 
+def test_copy_windows_repeat_earlier_spans_of_the_same_window():
+    pool = list(range(1000, 3000))  # all distinct: a repeat can only come from copying
+    windows = distill.copy_windows(pool, n_windows=6, seq_len=64, seed=3)
+    assert windows.shape == (6, 64) and set(windows.flatten().tolist()) <= set(pool)
+    assert torch.equal(windows, distill.copy_windows(pool, 6, 64, seed=3))  # seeded
+    for row in windows.tolist():
+        grams = [tuple(row[i: i + 8]) for i in range(64 - 7)]
+        assert len(set(grams)) < len(grams), row  # some 8-token span comes back later in the window
+    with pytest.raises(DynaTreeError, match="copy from"):
+        distill.copy_windows(pool[:100], 1, 64, seed=0)
+
+
+def test_copy_windows_come_from_training_text_only(tmp_path):
+    """The copy source is labelled by the target and built from the training windows, never the held-out ones."""
+    (tmp_path / "text.txt").write_text(" ".join(f"w{3 + i % 40}" for i in range(960)) + " "
+                                       + " ".join(f"w{50 + i % 40}" for i in range(240)))
+    target = _target()
+    cfg = distill.DistillConfig(corpus=str(tmp_path), **{**SMALL, "copy_tokens": 320})
+    data = distill.build_data(target, cfg, progress=False)
+    corpus, copied = data["sources"]["corpus"], data["sources"]["copy"]
+    _, held = distill.split(data, cfg.eval_fraction)
+    assert set(held["corpus"]["tokens"].flatten().tolist()) == {50 + i for i in range(40)}  # the last 240 words
+    assert copied["tokens"].shape == (10, 32) and max(copied["tokens"].flatten().tolist()) < 50
+    ids, probs = distill.label(target, copied["tokens"].long(), cfg.top_k, 4)
+    assert torch.equal(ids, copied["top_ids"]) and torch.equal(probs, copied["top_p"])
+    assert data["info"]["copy_tokens"] == 320 and len(corpus["tokens"]) == 37
+
+
 def test_stdlib_corpus_excludes_installed_packages():
     files = distill.corpus_files("stdlib")
     assert len(files) > 100 and not any("site-packages" in f.parts for f in files)
@@ -228,6 +256,7 @@ def test_cli_distill_end_to_end_and_bad_input(tmp_path, corpus, saved_tiny, caps
     for bad, message in [(["--hidden", "15"], "multiple of --heads"), (["--steps", "0"], "--steps must be at least 1"),
                          (["--corpus", str(tmp_path / "nope")], "neither 'stdlib' nor an existing"),
                          (["--eval-fraction", "0.7"], "--eval-fraction must be in"),
-                         (["--corpus-tokens", "0"], "no training data")]:
+                         (["--corpus-tokens", "0"], "no training data"),
+                         (["--copy-tokens", "5"], "--copy-tokens must be 0 or at least --seq-len")]:
         assert main([*argv[:4], str(tmp_path / "x"), *argv[5:], *bad]) == 2
         assert message in capsys.readouterr().err, bad
