@@ -13,7 +13,7 @@ from conftest import tiny, tokenizer
 from dynatree import DynaTreeError, api
 from dynatree.bench import data, plots, presets, report, results, runner
 from dynatree.cli import main
-from dynatree.quality import perplexity
+from dynatree.quality import perplexity, teacher_forced
 
 
 # ---------------------------------------------------------------- data sets
@@ -392,12 +392,21 @@ def test_draft_agreement_and_step_cost():
         t = target.model(ids).logits[0, -6:].argmax(-1)
         o = other.model(ids).logits[0, -6:].argmax(-1)
     assert draftcheck.agreement(target, other, prompt, new) == pytest.approx((t == o).float().mean().item())
+    ppl, picks = teacher_forced(target, prompt, new)  # the bench's ppl pass gives the target's picks too
+    assert picks == t.tolist() and ppl == perplexity(target, prompt, new)
+    assert draftcheck.agreement(target, other, prompt, new, picks) == draftcheck.agreement(target, other, prompt, new)
+    assert draftcheck.agreement(target, other, prompt, new, [o_ for o_ in o.tolist()]) == 1.0  # picks are used as given
     cost = draftcheck.step_costs(target, other, prompt + new, steps=4)
     assert cost["target_ms"] > 0 and cost["draft_ms"] > 0
     assert cost["cost_ratio"] == pytest.approx(cost["draft_ms"] / cost["target_ms"])
 
 
-def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(tmp_path, prompt_file):
+def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(tmp_path, prompt_file, monkeypatch):
+    from dynatree.bench import draftcheck
+
+    given = []  # the target's picks come from the ppl pass: no second teacher-forced target pass
+    measure = draftcheck.measure
+    monkeypatch.setattr(draftcheck, "measure", lambda t, d, p, n, picks=None: given.append(picks) or measure(t, d, p, n, picks))
     target = tiny("llama", eos_ids=[])
     variants = presets.variants("draft", "small", ["ngram", "tiny-draft"])
     assert {v.label for v in variants} == {"ar", "linear[ngram]", "linear[tiny-draft]", "dynatree[ngram]",
@@ -408,6 +417,7 @@ def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(t
     assert [(q["draft"], q["prompt_index"], q["warmup"]) for q in quality] == [
         ("tiny-draft", 0, True), ("tiny-draft", 1, False), ("tiny-draft", 2, False)]
     assert all(q["agreement"] == 1.0 and q["cost_ratio"] > 0 for q in quality)  # the target drafting for itself
+    assert len(given) == 3 and all(len(picks) == 8 for picks in given)
     assert all(r["matches_ar"] for r in res["records"])
     section = report.draft_section(res, 8, 800)
     assert "Draft `tiny-draft` (2 prompts): top-1 agreement with the target 100.0%" in section

@@ -19,12 +19,19 @@ from .models import LoadedModel
 
 
 @torch.no_grad()
-def perplexity(target: LoadedModel, prompt_ids: list[int], new_ids: list[int]) -> float | None:
-    """PPL of `new_ids` after `prompt_ids`; None when nothing was generated."""
+def teacher_forced(target: LoadedModel, prompt_ids: list[int], new_ids: list[int]) -> tuple[float | None, list[int]]:
+    """From one teacher-forced pass: the PPL of `new_ids` after `prompt_ids` (None when nothing was
+    generated) and the target's most likely token at each of their positions (what a draft's
+    top-1 agreement is scored against, bench/draftcheck.py)."""
     if not new_ids:
-        return None
+        return None, []
     ids = torch.tensor([prompt_ids + new_ids], device=target.device)
     logits = target.model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1]  # rows predicting new_ids
     logp = torch.log_softmax(logits.double(), dim=-1)
     nll = -logp.gather(1, torch.tensor(new_ids, device=target.device)[:, None]).mean()
-    return math.exp(float(nll))
+    return math.exp(float(nll)), logits[:, : target.vocab_size].argmax(-1).tolist()
+
+
+def perplexity(target: LoadedModel, prompt_ids: list[int], new_ids: list[int]) -> float | None:
+    """PPL of `new_ids` after `prompt_ids`; None when nothing was generated."""
+    return teacher_forced(target, prompt_ids, new_ids)[0]

@@ -19,12 +19,15 @@ from ..models import LoadedModel
 
 
 @torch.no_grad()
-def agreement(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], new_ids: list[int]) -> float:
-    """Top-1 agreement of draft and target over the positions that predicted `new_ids`."""
+def agreement(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], new_ids: list[int],
+              target_picks: list[int] | None = None) -> float:
+    """Top-1 agreement of draft and target over the positions that predicted `new_ids`;
+    `target_picks`: the target's argmax there, when already known (quality.teacher_forced)."""
     n = len(new_ids)
     vocab = min(target.vocab_size, draft.vocab_size)
-    picks = []
-    for model in (target, draft):
+    known = target_picks is not None and draft.vocab_size >= target.vocab_size
+    picks = [torch.tensor(target_picks)] if known else []
+    for model in (draft,) if known else (target, draft):
         ids = torch.tensor([prompt_ids + new_ids[:-1]], device=model.device)
         logits = model.model(ids, use_cache=False, logits_to_keep=n).logits[0, -n:, :vocab]
         picks.append(logits.argmax(-1).cpu())
@@ -53,6 +56,7 @@ def step_costs(target: LoadedModel, draft: LoadedModel, ids: list[int], steps: i
     return {"target_ms": target_ms, "draft_ms": draft_ms, "cost_ratio": draft_ms / target_ms}
 
 
-def measure(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], new_ids: list[int]) -> dict:
-    return {"agreement": agreement(target, draft, prompt_ids, new_ids),
+def measure(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], new_ids: list[int],
+            target_picks: list[int] | None = None) -> dict:
+    return {"agreement": agreement(target, draft, prompt_ids, new_ids, target_picks),
             **step_costs(target, draft, prompt_ids + new_ids)}

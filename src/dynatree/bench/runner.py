@@ -30,7 +30,7 @@ from ..api import HYBRID, NGRAM, Hybrid, generate, sampling_config
 from ..errors import DynaTreeError
 from ..methods import get_method, make_config
 from ..models import LoadedModel
-from ..quality import perplexity
+from ..quality import teacher_forced
 from ..window import KVWindow
 from . import draftcheck
 from .data import Prompt, load_texts, tokenize
@@ -145,7 +145,7 @@ def run(
     runs = sum(len(texts[d]) for d, _, _ in settings) - (len(settings) - 1) * protocol.warmup
     bar = _Progress(runs * len(variants), enabled=progress)
     sampling = protocol.sampling()
-    scored: dict[str, float | None] = {}  # sha1 of prompt + tokens -> PPL (greedy runs repeat sequences)
+    scored: dict[str, tuple] = {}  # sha1 of prompt + tokens -> (PPL, target argmaxes); greedy runs repeat sequences
     try:
         for number, (dataset, t_new, l_max) in enumerate(settings):
             for index, prompt in enumerate(texts[dataset]):
@@ -168,20 +168,21 @@ def run(
                         reference.setdefault(rec["run"]["kv_window"], rec["new_token_ids"])
                     r = _record(v, prompt, dataset, index, protocol, t_new, l_max, rec)
                     if protocol.ppl:
-                        key = hashlib.sha1(json.dumps([ids, rec["new_token_ids"]]).encode()).hexdigest()
-                        if key not in scored:
-                            scored[key] = perplexity(target, ids, rec["new_token_ids"])
-                        r["ppl"] = scored[key]
+                        key = _key(ids, rec["new_token_ids"])
+                        if key not in scored:  # (ppl, the target's argmax per position)
+                            scored[key] = teacher_forced(target, ids, rec["new_token_ids"])
+                        r["ppl"] = scored[key][0]
                     results["records"].append(r)
                 for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
                     new = r.pop("_ids")  # None below: sampling, or no ar run under this variant's window
                     compare = sampling is None and r["kv_window"] in reference
                     r["matches_ar"] = new == reference[r["kv_window"]] if compare else None
                 if None in reference:  # the draft LMs' agreement and step cost on ar's continuation
+                    picks = scored.get(_key(ids, reference[None]), (None, None))[1]  # known when ppl is on
                     for spec, lm in draft_lms(drafts).items():
                         results.setdefault("draft_quality", []).append({
                             "draft": spec, "dataset": dataset, "prompt_index": index, "warmup": index < protocol.warmup,
-                            "max_new_tokens": t_new, "l_max": l_max, **draftcheck.measure(target, lm, ids, reference[None]),
+                            "max_new_tokens": t_new, "l_max": l_max, **draftcheck.measure(target, lm, ids, reference[None], picks),
                         })
                 if out_dir is not None:
                     save(results, out_dir)
@@ -192,6 +193,10 @@ def run(
     if out_dir is not None:
         save(results, out_dir)
     return results
+
+
+def _key(prompt_ids: list[int], new_ids: list[int]) -> str:
+    return hashlib.sha1(json.dumps([prompt_ids, new_ids]).encode()).hexdigest()
 
 
 def load_all(protocol: Protocol) -> dict[str, list[Prompt]]:
