@@ -395,7 +395,7 @@ def test_draft_agreement_and_step_cost():
     ppl, picks = teacher_forced(target, prompt, new)  # the bench's ppl pass gives the target's picks too
     assert picks == t.tolist() and ppl == perplexity(target, prompt, new)
     assert draftcheck.agreement(target, other, prompt, new, picks) == draftcheck.agreement(target, other, prompt, new)
-    assert draftcheck.agreement(target, other, prompt, new, [o_ for o_ in o.tolist()]) == 1.0  # picks are used as given
+    assert draftcheck.agreement(target, other, prompt, new, o.tolist()) == 1.0  # picks are used as given
     cost = draftcheck.step_costs(target, other, prompt + new, steps=4)
     assert cost["target_ms"] > 0 and cost["draft_ms"] > 0
     assert cost["cost_ratio"] == pytest.approx(cost["draft_ms"] / cost["target_ms"])
