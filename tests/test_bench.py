@@ -410,7 +410,9 @@ def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(t
     target = tiny("llama", eos_ids=[])
     variants = presets.variants("draft", "small", ["ngram", "tiny-draft"])
     assert {v.label for v in variants} == {"ar", "linear[ngram]", "linear[tiny-draft]", "dynatree[ngram]",
-                                           "dynatree[tiny-draft]", "hf-lookup", "hf-assisted"}
+                                           "dynatree[tiny-draft]", "hf-lookup", "hf-assisted",
+                                           "dynatree[ngram] +cost-aware", "dynatree[tiny-draft] +cost-aware"}
+    assert [v.options for v in variants if v.label.endswith("+cost-aware")] == [{"cost_aware": True}] * 2
     proto = runner.Protocol(dataset=str(prompt_file), n=3, warmup=1, max_new_tokens=[8])
     res = runner.run("draft", variants, proto, target, {"tiny-draft": target}, out_dir=tmp_path, progress=False)
     quality = res["draft_quality"]
@@ -423,6 +425,12 @@ def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(t
     assert "Draft `tiny-draft` (2 prompts): top-1 agreement with the target 100.0%" in section
     assert "| dynatree[tiny-draft] |" in section and "| linear[tiny-draft] |" in section
     assert "vs hf-assisted with this draft (hf-assisted)" in section
+    aggs = {a["variant"]: a for a in report.at(res, 8, 800)}
+    spec = {v["label"]: v["draft"] for v in res["variants"]}
+    pairs = {a: report._ngram_twin(aggs[a], list(aggs.values()), spec)
+             for a in ("dynatree[tiny-draft]", "dynatree[tiny-draft] +cost-aware")}
+    assert pairs == {"dynatree[tiny-draft]": "dynatree[ngram]",  # each against its own config
+                     "dynatree[tiny-draft] +cost-aware": "dynatree[ngram] +cost-aware"}
     assert "**Draft models**" in report.render(results.load(tmp_path))
     with pytest.raises(DynaTreeError, match="needs a draft language model"):
         presets.variants("draft", "small", ["ngram"])

@@ -194,6 +194,69 @@ def test_best_size_maximises_expected_tokens_per_second():
     assert best_size([0.5, 0.9, 0.1], curve) == 1
 
 
+def test_best_size_counts_the_drafting_time():
+    from dynatree.costmodel import CostCurve, best_size
+
+    curve = CostCurve((1, 2), (0.1, 0.2))
+    assert best_size([0.6], curve) == 0  # 1/0.1 = 10 beats 1.6/0.2 = 8
+    assert best_size([0.6], curve, draft_s=0.3) == 1  # 1/0.4 = 2.5 loses to 1.6/0.5 = 3.2: drafting is sunk
+
+
+def test_grow_levels_asks_stop_after_each_drafter_call():
+    from dynatree.policies.base import grow_levels
+
+    drafter = ScriptedDrafter(uniform(2, first=0.9))
+    asked = []
+
+    def stop(tree, levels):
+        asked.append((levels, len(tree)))
+        return levels == 2
+
+    tree = grow_levels(drafter, 1, max_depth=6, n_max=64, max_breadth=1, expandable=lambda d, p: True,
+                       breadth=lambda c: 1, stop=stop)
+    assert asked == [(1, 2), (2, 3)] and len(drafter.calls) == 2 and tree.max_depth == 2
+
+
+def test_cost_aware_dynatree_stops_growing_at_the_first_level_not_worth_verifying():
+    from dynatree.costmodel import CostCurve
+
+    # Verifying 2 tokens (root + 1) is nearly free, a third costs a whole pass: only one drafted
+    # node pays, and the look-ahead sees that a second level cannot, so one drafter call, not d_max.
+    drafter = ScriptedDrafter(lambda path: [(100, 0.9)])
+    policy = dynatree(cost_aware=True, d0=7, d_max=8, history=False)
+    policy.curve = CostCurve((1, 2, 3), (1.0, 1.01, 2.0))
+    tree = policy.grow(drafter, 1, max_depth=10)
+    assert tree.parents.tolist() == [-1, 0] and len(drafter.calls) == 1
+    drafter.calls.clear()
+    policy.curve = CostCurve((1, 2, 3, 4), (1.0, 1.01, 1.02, 3.0))  # a third token nearly free too: two levels
+    tree = policy.grow(drafter, 1, max_depth=10)
+    assert tree.parents.tolist() == [-1, 0, 1] and len(drafter.calls) == 2
+    drafter.calls.clear()
+    policy.curve = CostCurve((1, 64), (1.0, 1.0))  # free verification: the whole chain to d_max
+    tree = policy.grow(drafter, 1, max_depth=10)
+    assert tree.n_drafted == 8 and len(drafter.calls) == 8
+
+    drafter.calls.clear()
+    # Not convex: 3 tokens cost as much as 9, so one more level never pays but seven more do.
+    policy.curve = CostCurve((1, 2, 3, 9), (1.0, 1.5, 3.0, 3.0))
+    tree = policy.grow(ScriptedDrafter(lambda path: [(100, 0.99)]), 1, max_depth=10)
+    assert tree.n_drafted == 8
+
+
+def test_calibration_learns_acceptance_per_draft_probability():
+    from dynatree.costmodel import Calibration
+
+    cal = Calibration(bins=10, prior=4.0)
+    assert cal(0.45) == pytest.approx(0.45) and cal(1.0) == pytest.approx(0.95)  # unseen: trust the draft
+    # root 0 -> node 1 (q = 0.5) -> node 2 (q = 0.5); node 3 (q = 0.5) is a child of the rejected node 4.
+    parents = [-1, 0, 1, 4, 0]
+    logp = [0.0, math.log(0.5), 2 * math.log(0.5), math.log(0.1) + math.log(0.5), math.log(0.1)]
+    for _ in range(36):
+        cal.observe(parents, logp, accepted={0, 1, 2})  # q = 0.5 nodes accepted; node 3 never tried
+    assert cal(0.55) == pytest.approx((4 * 0.55 + 72) / (4 + 72))
+    assert cal(0.15) == pytest.approx((4 * 0.15 + 0) / (4 + 36))  # node 4 (q = 0.1) tried and rejected
+
+
 def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
     from conftest import hf_greedy, noisy_copy, tiny
     from dynatree.api import generate

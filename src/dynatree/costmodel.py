@@ -7,7 +7,9 @@ With p(u) the draft's path probability of node u (its estimate of the chance tha
 accepted), the k drafted nodes of largest p (always ancestor-closed, since a child's p never
 exceeds its parent's) commit about 1 + p_1 + ... + p_k tokens per pass, so the best k maximises
 
-    (1 + p_1 + ... + p_k) / t_verify(k + 1)        (k + 1: the root is verified too)
+    (1 + p_1 + ... + p_k) / (t_draft + t_verify(k + 1))     (k + 1: the root is verified too)
+
+t_draft being the time already spent drafting the tree (a draft model's forwards are not free).
 
 The curve is measured once per target model (median of `repeats` timings per size, made
 non-decreasing) and kept for the life of the process.
@@ -15,6 +17,7 @@ non-decreasing) and kept for the life of the process.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import weakref
@@ -26,7 +29,9 @@ from . import cache as kv
 from .models import LoadedModel
 from .tree import additive_mask
 
-SIZES = (1, 2, 4, 8, 16, 32, 64)
+# Every size up to 12, then coarser: small sizes are where trees live and where CPU GEMM kernels
+# change (on the 2-core test machine, eager float32: 3 tokens cost 1.19x one token, 4 tokens 1.6x).
+SIZES = (*range(1, 13), 16, 24, 32, 48, 64)
 _CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> CostCurve
 
 
@@ -47,17 +52,52 @@ class CostCurve:
         return t[-1]
 
 
-def best_size(probs: list[float], curve: CostCurve) -> int:
+def best_rate(probs: list[float], curve: CostCurve, draft_s: float = 0.0) -> tuple[int, float]:
     """How many of the drafted nodes (path probabilities, any order) to verify: the k that
-    maximises expected committed tokens per second of verification."""
+    maximises expected committed tokens per second of the iteration, `draft_s` seconds of
+    drafting included; and that rate."""
     ranked = sorted(probs, reverse=True)
-    best_k, best_rate, expected = 0, 1.0 / curve.at(1), 1.0
+    best_k, best, expected = 0, 1.0 / (draft_s + curve.at(1)), 1.0
     for k, p in enumerate(ranked, start=1):
         expected += p
-        rate = expected / curve.at(k + 1)
-        if rate > best_rate:
-            best_k, best_rate = k, rate
-    return best_k
+        rate = expected / (draft_s + curve.at(k + 1))
+        if rate > best:
+            best_k, best = k, rate
+    return best_k, best
+
+
+def best_size(probs: list[float], curve: CostCurve, draft_s: float = 0.0) -> int:
+    return best_rate(probs, curve, draft_s)[0]
+
+
+class Calibration:
+    """How often a drafted node is accepted, given its parent was, as a function of the draft's
+    conditional probability q of its token: per bin of q, hits / trials, starting from `prior`
+    pseudo-trials at the bin's centre (so an unseen bin trusts the draft). Learnt from every
+    verification, for the drafter actually in use: an n-gram drafter's 1/2 on a loop it has
+    seen once is accepted nearly always, a distilled draft's 0.9 less often."""
+
+    def __init__(self, bins: int = 10, prior: float = 4.0):
+        self.bins = bins
+        centres = [(b + 0.5) / bins for b in range(bins)]
+        self.trials = [prior] * bins
+        self.hits = [prior * c for c in centres]
+
+    def _bin(self, q: float) -> int:
+        return min(int(q * self.bins), self.bins - 1)
+
+    def __call__(self, q: float) -> float:
+        """Estimated acceptance of a node whose parent is accepted and whose draft probability is q."""
+        b = self._bin(q)
+        return self.hits[b] / self.trials[b]
+
+    def observe(self, parents: list[int], logp: list[float], accepted: set[int]) -> None:
+        """One verified tree: every drafted node whose parent was accepted (or is the root) is a trial."""
+        for u in range(1, len(parents)):
+            if parents[u] in accepted:
+                b = self._bin(math.exp(logp[u] - logp[parents[u]]))
+                self.trials[b] += 1
+                self.hits[b] += u in accepted
 
 
 @torch.no_grad()

@@ -195,7 +195,9 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
                     for v in method_variants(["ar", "dynatree"], drafts)]
         return eager + compiled
     if preset == "draft":
-        return method_variants(["ar", "linear", "dynatree", "hf-lookup", "hf-assisted"], drafts)
+        cost_aware = [dataclasses.replace(v, label=f"{v.label} +cost-aware", options={**v.options, "cost_aware": True})
+                      for v in method_variants(["dynatree"], drafts)]
+        return method_variants(["ar", "linear", "dynatree", "hf-lookup", "hf-assisted"], drafts) + cost_aware
     if preset == "wetap-main":
         return [Variant("ar", "ar")] + method_variants(["specinfer", "specexec", "opt-tree"], drafts) + [
             Variant(_labelled("wetap", d, drafts), "wetap", {"verify": "beam"}, d) for d in drafts] + [

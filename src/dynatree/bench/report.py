@@ -121,7 +121,7 @@ def draft_section(results: dict, t_new: int, l_max: int) -> str:
         for a in aggs:
             if spec[a["variant"]] not in (draft, "ngram+" + draft) or a["method"].startswith("hf-"):
                 continue
-            ngram = next((b["variant"] for b in aggs if b["method"] == a["method"] and spec[b["variant"]] == "ngram"), None)
+            ngram = _ngram_twin(a, aggs, spec)
             table.append([a["variant"], _speedup(a),
                           _ratio(ratios_to(records, a["variant"], ngram, setting)) if ngram else "-",
                           _ratio(ratios_to(records, a["variant"], assisted, setting)) if assisted else "-"])
@@ -129,6 +129,14 @@ def draft_section(results: dict, t_new: int, l_max: int) -> str:
             out += ["", _table(["Method", "Speedup vs ar", "vs the same method with the n-gram drafter",
                                 f"vs hf-assisted with this draft ({assisted or 'not run'})"], table), ""]
     return "\n".join(out).strip()
+
+
+def _ngram_twin(a: dict, aggs: list[dict], spec: dict) -> str | None:
+    """The variant that runs a's method and options with the n-gram drafter: the same label with
+    the drafter's name replaced (so "+compile" pairs with "+compile"), else the first such variant."""
+    same = [b["variant"] for b in aggs if b["method"] == a["method"] and spec[b["variant"]] == "ngram"]
+    twin = a["variant"].replace(f"[{spec[a['variant']]}]", "[ngram]")
+    return twin if twin in same else next(iter(same), None)
 
 
 def _speedup(a: dict) -> str:

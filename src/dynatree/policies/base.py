@@ -80,6 +80,7 @@ def grow_levels(
     breadth: Callable[[float], int],
     tau: float = 0.0,
     cut: Callable[[TreeBuilder], list[int] | None] | None = None,
+    stop: Callable[[TreeBuilder, int], bool] | None = None,
 ) -> Tree:
     """Grow a tree breadth-first, one drafter call per level.
 
@@ -87,17 +88,20 @@ def grow_levels(
     and `expandable(d, p)`; it gets `breadth(c)` children, c being the drafter's top-1
     probability at that node. Children whose cumulative probability is below `tau` are
     pruned. At most `n_max` drafted nodes: when a level's children exceed the remaining
-    budget, the most probable (by cumulative probability) are kept. `cut`, when given, picks
-    the nodes to keep from the grown tree (None: all).
+    budget, the most probable (by cumulative probability) are kept. `stop(tree, levels)`, when
+    given, is asked after each drafter call (`levels` calls so far) whether to stop growing;
+    `cut`, when given, picks the nodes to keep from the grown tree (None: all).
     """
     tree = TreeBuilder(root_token)
     frontier = [0]
     log_tau = math.log(tau) if tau > 0 else -math.inf
+    levels = 0
     while frontier and len(tree) - 1 < n_max:
         nodes = [u for u in frontier if tree.depths[u] < max_depth and expandable(tree.depths[u], tree.prob(u))]
         if not nodes:
             break
         proposal = drafter.propose(tree, nodes, max_breadth)
+        levels += 1
         children = []  # (cumulative logp, parent, token, prob)
         for row, parent in enumerate(nodes):
             candidates = proposal.candidates(row)
@@ -112,4 +116,6 @@ def grow_levels(
             best = sorted(range(len(children)), key=lambda i: -children[i][0])[:budget]
             children = [children[i] for i in sorted(best)]  # keep BFS order by parent
         frontier = [node for _, parent, token, prob in children if (node := tree.add(parent, token, prob)) is not None]
+        if stop is not None and stop(tree, levels):
+            break
     return tree.build(keep=cut(tree) if cut is not None else None)

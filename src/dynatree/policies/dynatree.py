@@ -18,16 +18,20 @@ High acceptance makes drafting more aggressive (deeper, narrower), low acceptanc
 conservative. Only D0 and tau_h adapt; every other parameter stays as configured.
 
 With `cost_aware` (ours, issue 5), each grown tree is cut to the nodes of largest p worth
-their verification time under the target's measured cost curve (costmodel.py).
+their verification time under the target's measured cost curve, the drafting time of the
+iteration included (costmodel.py), and growth stops at the first level none of whose nodes
+would be kept: its children are less probable still.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from ..config import in_open_unit, in_unit, option, positive, require
-from ..costmodel import CostCurve, best_size, curve_for
+from ..costmodel import Calibration, CostCurve, best_rate, curve_for
 from ..drafters.base import Drafter
 from ..models import LoadedModel
 from ..sampling import Sampler
@@ -55,8 +59,9 @@ class DynaTreeConfig:
     target_accept: float = option(0.35, "target per-iteration acceptance a* of the proportional controller")
     eta_depth: float = option(4.0, "step size for D0 per unit of acceptance error")
     eta_tau: float = option(0.2, "step size for tau_h per unit of acceptance error")
-    cost_aware: bool = option(False, "cut each tree to the size that maximises expected tokens per second under "
-                                     "the target's measured verification cost (issue 5; costmodel.py)")
+    cost_aware: bool = option(False, "grow and cut each tree to the size that maximises expected tokens per second "
+                                     "under the target's measured verification cost and the time spent drafting "
+                                     "(issue 5; costmodel.py)")
 
     def validate(self) -> None:
         positive(self, "d0", "d_max", "b_min", "b_mid", "b_max", "n_max", "history_window")
@@ -84,19 +89,61 @@ class DynaTreePolicy:
         self.tau_h = config.tau_h
         self.window: deque[float] = deque(maxlen=config.history_window)
         self.curve: CostCurve | None = None  # the target's verification cost, when cost_aware
+        self.grow_start = 0.0  # perf_counter() when the tree being grown was started
+        self.depth_limit = config.d_max  # depth limit of the tree being grown
+        self.calibration = Calibration()  # acceptance vs draft probability, learnt when cost_aware
 
     def calibrate(self, target: LoadedModel, context: list[int]) -> None:
         """Called by the decoder after the prefill: fetch the target's cost curve if needed."""
         if self.config.cost_aware:
             self.curve = curve_for(target, context)
 
+    def _accept_estimates(self, tree: TreeBuilder) -> list[float]:
+        """Per node, the calibrated chance that its whole root-to-node path is accepted."""
+        est = [1.0]
+        for u in range(1, len(tree)):
+            parent = tree.parents[u]
+            est.append(est[parent] * self.calibration(math.exp(tree.logp[u] - tree.logp[parent])))
+        return est
+
+    def _worth(self, tree: TreeBuilder) -> tuple[list[int], float, list[float]]:
+        """The drafted nodes worth verifying now, most likely first (parents before children), the
+        expected tokens per second of verifying them, and the acceptance estimates."""
+        est = self._accept_estimates(tree)
+        ranked = sorted(range(1, len(tree)), key=lambda u: (-est[u], u))
+        drafting = time.perf_counter() - self.grow_start  # spent already: makes bigger trees pay sooner
+        k, rate = best_rate([est[u] for u in ranked], self.curve, drafting)
+        return ranked[:k], rate, est
+
     def _cut(self, tree: TreeBuilder) -> list[int] | None:
-        """The root and the drafted nodes worth verifying (most probable first), or None for all."""
+        """The root and the drafted nodes worth verifying, or None for all."""
         if self.curve is None:
             return None
-        ranked = sorted(range(1, len(tree)), key=lambda u: (-tree.logp[u], u))  # parents before children
-        k = best_size([tree.prob(u) for u in ranked], self.curve)
-        return None if k == len(ranked) else [0, *ranked[:k]]
+        kept = self._worth(tree)[0]
+        return None if len(kept) == len(tree) - 1 else [0, *kept]
+
+    def _stop(self, tree: TreeBuilder, levels: int) -> bool:
+        """Stop growing unless a deeper chain below the likeliest node u of the level just drafted
+        (depth `levels`) would raise the expected rate: j more levels (up to the depth limit), each
+        costing what the average level did so far, each node as likely given its parent as u was
+        given its own. Every j is tried, not just the next level, because the cost curve is not
+        convex (on a CPU 4 tokens can cost 1.6x one, 8 tokens 2x)."""
+        if self.curve is None:
+            return False
+        _, rate, est = self._worth(tree)
+        level = [v for v in range(1, len(tree)) if tree.depths[v] == levels]
+        if not level:
+            return True
+        u = max(level, key=lambda v: est[v])
+        ratio = est[u] / est[tree.parents[u]]
+        drafting = time.perf_counter() - self.grow_start
+        probs, chain = [est[v] for v in range(1, len(tree))], est[u]
+        for more in range(1, self.depth_limit - levels + 1):
+            chain *= ratio
+            probs.append(chain)
+            if best_rate(probs, self.curve, drafting * (levels + more) / levels)[1] > rate:
+                return False
+        return True
 
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         c = self.config
@@ -110,13 +157,17 @@ class DynaTreePolicy:
                 return c.b_min
             return c.b_mid if confidence >= c.tau_l else c.b_max
 
+        self.grow_start = time.perf_counter()
+        self.depth_limit = min(c.d_max, max_depth)
         return grow_levels(
-            drafter, root_token, max_depth=min(c.d_max, max_depth), n_max=c.n_max, max_breadth=c.b_max,
-            expandable=expandable, breadth=breadth, tau=c.tau, cut=self._cut,
+            drafter, root_token, max_depth=self.depth_limit, n_max=c.n_max, max_breadth=c.b_max,
+            expandable=expandable, breadth=breadth, tau=c.tau, cut=self._cut, stop=self._stop,
         )
 
     def observe(self, tree: Tree, path: list[int]) -> None:
         c = self.config
+        if self.curve is not None:
+            self.calibration.observe(tree.parents.tolist(), tree.logp.tolist(), {0, *path})
         if not c.history or tree.n_drafted == 0:
             return
         self.window.append(len(path) / tree.n_drafted)
