@@ -17,8 +17,9 @@
               plain decoding
   draft       a draft LM against the n-gram drafter and against transformers' assisted
               generation with the same draft (issue 6): ar, linear and DynaTree with each
-              drafter, hf-lookup, hf-assisted; plus each draft's top-1 agreement with the
-              target and its step cost relative to a target forward. Default drafters:
+              drafter, DynaTree with `cost_aware` ("+cost-aware"), hf-lookup, hf-assisted;
+              plus each draft's top-1 agreement with the target and its step cost relative
+              to a target forward. Default drafters:
               `ngram` and the embedded target's shipped draft
   wetap-main  paper 004, Table 1: AR, SpecInfer, SpecExec, OPT-Tree, WETAP (its lossy beam
               verification, and our lossless verifier on its tree), DynaTree; M, speed, PPL;
