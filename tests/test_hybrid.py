@@ -149,7 +149,8 @@ def test_bench_runs_the_hybrid_beside_its_lm_and_reports_it_with_that_draft(tmp_
     variants = presets.variants("draft", "small", drafts)
     assert {v.label for v in variants} == {
         "ar", "linear[ngram]", "linear[tiny-draft]", "linear[ngram+tiny-draft]", "dynatree[ngram]",
-        "dynatree[tiny-draft]", "dynatree[ngram+tiny-draft]", "hf-lookup", "hf-assisted"}
+        "dynatree[tiny-draft]", "dynatree[ngram+tiny-draft]", "hf-lookup", "hf-assisted",
+        *(f"dynatree[{d}] +cost-aware" for d in drafts)}
     assert next(v for v in variants if v.method == "hf-assisted").draft == "tiny-draft"
     with pytest.raises(DynaTreeError, match="alone"):
         runner.check_variants([runner.Variant("ar", "ar"), runner.Variant("a", "hf-assisted", {}, "ngram+tiny-draft")])
@@ -162,3 +163,4 @@ def test_bench_runs_the_hybrid_beside_its_lm_and_reports_it_with_that_draft(tmp_
     assert [q["draft"] for q in res["draft_quality"]] == ["tiny-draft", "tiny-draft"]  # measured once per prompt
     section = report.draft_section(res, 8, 800)
     assert "| dynatree[ngram+tiny-draft] |" in section and "| dynatree[tiny-draft] |" in section
+    assert "| dynatree[ngram+tiny-draft] +cost-aware |" in section
