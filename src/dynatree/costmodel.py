@@ -74,8 +74,8 @@ class Calibration:
     """How often a drafted node is accepted, given its parent was, as a function of the draft's
     conditional probability q of its token: per bin of q, hits / trials, starting from `prior`
     pseudo-trials at the bin's centre (so an unseen bin trusts the draft). Learnt from every
-    verification, for the drafter actually in use: an n-gram drafter's 1/2 on a loop it has
-    seen once is accepted nearly always, a distilled draft's 0.9 less often."""
+    verification, for the drafter actually in use, whose probabilities may be under- or
+    overconfident (an n-gram drafter gives at most 1/2 to a continuation it has seen once)."""
 
     def __init__(self, bins: int = 10, prior: float = 4.0):
         self.bins = bins
