@@ -183,23 +183,23 @@ def test_cost_curve_interpolates_and_extrapolates():
 
 
 def test_best_size_maximises_expected_tokens_per_second():
-    from dynatree.costmodel import CostCurve, best_size
+    from dynatree.costmodel import CostCurve, best_rate
 
     flat = CostCurve((1, 64), (0.1, 0.1))  # verification free of size: verify everything
-    assert best_size([0.9, 0.5, 0.01], flat) == 3
+    assert best_rate([0.9, 0.5, 0.01], flat)[0] == 3
     steep = CostCurve((1, 2, 3, 4), (0.1, 0.2, 0.3, 0.4))  # each token costs a full pass: verify nothing
-    assert best_size([0.9, 0.5], steep) == 0
+    assert best_rate([0.9, 0.5], steep)[0] == 0
     curve = CostCurve((1, 2, 3, 4), (0.10, 0.11, 0.15, 0.30))
     # k=0: 1/0.10 = 10; k=1: 1.9/0.11 = 17.3; k=2: 2.4/0.15 = 16; k=3: 2.5/0.30 = 8.3
-    assert best_size([0.5, 0.9, 0.1], curve) == 1
+    assert best_rate([0.5, 0.9, 0.1], curve)[0] == 1
 
 
 def test_best_size_counts_the_drafting_time():
-    from dynatree.costmodel import CostCurve, best_size
+    from dynatree.costmodel import CostCurve, best_rate
 
     curve = CostCurve((1, 2), (0.1, 0.2))
-    assert best_size([0.6], curve) == 0  # 1/0.1 = 10 beats 1.6/0.2 = 8
-    assert best_size([0.6], curve, draft_s=0.3) == 1  # 1/0.4 = 2.5 loses to 1.6/0.5 = 3.2: drafting is sunk
+    assert best_rate([0.6], curve)[0] == 0  # 1/0.1 = 10 beats 1.6/0.2 = 8
+    assert best_rate([0.6], curve, draft_s=0.3)[0] == 1  # 1/0.4 = 2.5 loses to 1.6/0.5 = 3.2: drafting is sunk
 
 
 def test_grow_levels_asks_stop_after_each_drafter_call():

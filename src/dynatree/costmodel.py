@@ -3,8 +3,8 @@ number of tokens it verifies, and the tree size that maximises expected tokens p
 
 On a CPU a verification pass is far from free (on the 2-core test machine ~68 ms for one
 token, ~180 ms for 64), so drafting as many nodes as the tree rules allow can lose time.
-With p(u) the draft's path probability of node u (its estimate of the chance that u is
-accepted), the k drafted nodes of largest p (always ancestor-closed, since a child's p never
+With p(u) the chance that node u's path is accepted (estimated from the draft's probabilities,
+see `Calibration`), the k drafted nodes of largest p (always ancestor-closed, since a child's p never
 exceeds its parent's) commit about 1 + p_1 + ... + p_k tokens per pass, so the best k maximises
 
     (1 + p_1 + ... + p_k) / (t_draft + t_verify(k + 1))     (k + 1: the root is verified too)
@@ -64,10 +64,6 @@ def best_rate(probs: list[float], curve: CostCurve, draft_s: float = 0.0) -> tup
         if rate > best:
             best_k, best = k, rate
     return best_k, best
-
-
-def best_size(probs: list[float], curve: CostCurve, draft_s: float = 0.0) -> int:
-    return best_rate(probs, curve, draft_s)[0]
 
 
 class Calibration:

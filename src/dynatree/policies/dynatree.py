@@ -19,8 +19,9 @@ conservative. Only D0 and tau_h adapt; every other parameter stays as configured
 
 With `cost_aware` (ours, issue 5), each grown tree is cut to the nodes of largest p worth
 their verification time under the target's measured cost curve, the drafting time of the
-iteration included (costmodel.py), and growth stops at the first level none of whose nodes
-would be kept: its children are less probable still.
+iteration included, with acceptance estimated from the draft's probabilities through a
+calibration learnt from past verifications (costmodel.py); growth stops after a level unless
+a deeper chain could raise the expected tokens per second (`_stop`).
 """
 
 from __future__ import annotations
@@ -106,12 +107,12 @@ class DynaTreePolicy:
             est.append(est[parent] * self.calibration(math.exp(tree.logp[u] - tree.logp[parent])))
         return est
 
-    def _worth(self, tree: TreeBuilder) -> tuple[list[int], float, list[float]]:
-        """The drafted nodes worth verifying now, most likely first (parents before children), the
-        expected tokens per second of verifying them, and the acceptance estimates."""
+    def _worth(self, tree: TreeBuilder, drafting: float) -> tuple[list[int], float, list[float]]:
+        """The drafted nodes worth verifying after `drafting` seconds spent on this tree (which make
+        bigger trees pay sooner), most likely first (parents before children), the expected tokens
+        per second of verifying them, and the acceptance estimates."""
         est = self._accept_estimates(tree)
         ranked = sorted(range(1, len(tree)), key=lambda u: (-est[u], u))
-        drafting = time.perf_counter() - self.grow_start  # spent already: makes bigger trees pay sooner
         k, rate = best_rate([est[u] for u in ranked], self.curve, drafting)
         return ranked[:k], rate, est
 
@@ -119,7 +120,7 @@ class DynaTreePolicy:
         """The root and the drafted nodes worth verifying, or None for all."""
         if self.curve is None:
             return None
-        kept = self._worth(tree)[0]
+        kept = self._worth(tree, time.perf_counter() - self.grow_start)[0]
         return None if len(kept) == len(tree) - 1 else [0, *kept]
 
     def _stop(self, tree: TreeBuilder, levels: int) -> bool:
@@ -130,13 +131,13 @@ class DynaTreePolicy:
         convex (on a CPU 4 tokens can cost 1.6x one, 8 tokens 2x)."""
         if self.curve is None:
             return False
-        _, rate, est = self._worth(tree)
+        drafting = time.perf_counter() - self.grow_start
+        _, rate, est = self._worth(tree, drafting)
         level = [v for v in range(1, len(tree)) if tree.depths[v] == levels]
         if not level:
             return True
         u = max(level, key=lambda v: est[v])
         ratio = est[u] / est[tree.parents[u]]
-        drafting = time.perf_counter() - self.grow_start
         probs, chain = [est[v] for v in range(1, len(tree))], est[u]
         for more in range(1, self.depth_limit - levels + 1):
             chain *= ratio
