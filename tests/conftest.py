@@ -16,6 +16,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, LlamaConfig, PreTrainedTokenizerFast
 
+from dynatree.attention import stock_attention, use_gqa_attention
 from dynatree.models import LoadedModel
 
 VOCAB = 96
@@ -49,7 +50,9 @@ def config(arch: str, vocab: int = VOCAB, context: int = 512):
 @functools.cache
 def _model(arch: str, seed: int, dtype: torch.dtype, vocab: int, context: int):
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config(arch, vocab, context)).to(dtype).eval()
+    model = AutoModelForCausalLM.from_config(config(arch, vocab, context)).to(dtype).eval()
+    use_gqa_attention(model)  # as load_model does: the Llama (grouped KV heads) runs attention.GQA_SDPA
+    return model
 
 
 def tiny(arch: str = "llama", seed: int = 0, dtype=torch.float64, vocab: int = VOCAB, context: int = 512,
@@ -72,11 +75,12 @@ def noisy_copy(arch: str, seed: int, noise: float, dtype=torch.float64) -> Loade
 
 @torch.no_grad()
 def hf_greedy(target: LoadedModel, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
-    """Reference: transformers' own greedy generate()."""
-    out = target.model.generate(
-        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
-        max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0,
-    )
+    """Reference: transformers' own greedy generate(), with the attention transformers ships."""
+    with stock_attention(target.model):
+        out = target.model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+            max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0,
+        )
     return out[0, len(prompt):].tolist()
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .attention import use_gqa_attention
 from .errors import DynaTreeError
 
 DTYPES = {
@@ -172,6 +173,7 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float
     directory, gguf_file, local_only = _locate(spec)
     model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only, torch_dtype)
     model.to(torch_device).eval()
+    use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer), compile=compile)
     check_causal(loaded)
     return loaded

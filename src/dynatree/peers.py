@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from .attention import stock_attention
 from .config import in_open_unit, option, positive, require
 from .models import LoadedModel
 from .stats import Clock, PeakMemory, Stats
@@ -121,22 +122,24 @@ def hf_generate(
     else:  # the same temperature -> top-k -> top-p chain as dynatree's; seeded by the caller
         extra.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
     eos = None if ignore_eos else (target.eos_ids or None)
-    hook = target.model.register_forward_pre_hook(count, with_kwargs=True)
-    try:
-        memory, clock = PeakMemory(device), Clock(device)
-        stamps = _Stamps(clock, on_tokens)
-        out = target.model.generate(
-            torch.tensor([prompt_ids], device=device),
-            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=device),
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos,
-            pad_token_id=target.eos_ids[0] if target.eos_ids else 0,
-            streamer=stamps,
-            **extra,
-        )
-        wall = clock.elapsed()
-    finally:
-        hook.remove()
+    # the baselines run the attention transformers ships (see attention.stock_attention)
+    with stock_attention(target.model, draft.model if draft is not None else None):
+        hook = target.model.register_forward_pre_hook(count, with_kwargs=True)
+        try:
+            memory, clock = PeakMemory(device), Clock(device)
+            stamps = _Stamps(clock, on_tokens)
+            out = target.model.generate(
+                torch.tensor([prompt_ids], device=device),
+                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=device),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=target.eos_ids[0] if target.eos_ids else 0,
+                streamer=stamps,
+                **extra,
+            )
+            wall = clock.elapsed()
+        finally:
+            hook.remove()
     new_ids = out[0, len(prompt_ids) :].tolist()
     passes = len(received)
     stats = Stats(

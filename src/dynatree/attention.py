@@ -1,0 +1,90 @@
+"""Grouped-query attention without copying K/V, through transformers' attention registry.
+
+Models with fewer key/value heads than query heads (SmolLM2: 9 query, 3 KV heads) run SDPA
+in transformers by repeating K and V to every query head (`repeat_kv`) whenever an
+attention mask is passed on the CPU - and every tree step passes one. PyTorch's SDPA takes
+the grouped heads directly (`enable_gqa=True`) with the same result, bit for bit, without
+the copies. Measured on the embedded SmolLM2 (float32, 2 cores, context 400): a tree step
+of 2-16 tokens 2.5-5.6 ms faster (36.8 -> 34.3 ms at 2 tokens, 52.3 -> 48.6 ms at 4,
+66.1 -> 61.9 ms at 8); a 1-token step without a mask is unchanged.
+
+`use_gqa_attention(model)` switches a loaded model to the registered implementation
+`GQA_SDPA` when that pays (grouped KV heads, stock SDPA, CPU). It uses transformers' public
+extension points (`AttentionInterface`, `AttentionMaskInterface`): no modeling code is
+copied or patched. `stock_attention(...)` switches back for a block, so the hf-* baselines
+run the attention transformers ships.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+GQA_SDPA = "dynatree_gqa_sdpa"
+STOCK = "sdpa"
+
+
+def gqa_sdpa_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                     is_causal=None, **kwargs):
+    """SDPA over grouped KV heads. query [B, H, q, D]; key, value [B, H_kv, k, D] with H % H_kv == 0.
+
+    Returns ([B, q, H, D], None) as every transformers attention function does. Causality
+    follows transformers' SDPA: with no mask (the mask builder dropped it because plain
+    causal attention is exact), several queries attend causally, one query attends to all.
+    """
+    if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
+        raise ValueError(f"{GQA_SDPA} supports neither position biases nor soft-capping")
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
+    if causal and key.shape[2] > query.shape[2]:
+        # only a prefill into an empty preallocated cache has no mask with more keys than
+        # queries (as in transformers' SDPA); its first q keys are the real ones
+        key, value = key[:, :, : query.shape[2]], value[:, :, : query.shape[2]]
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                         scale=scaling, is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(GQA_SDPA, gqa_sdpa_forward)
+    AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # masks are built exactly as for SDPA
+
+
+def grouped_kv(config) -> bool:
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    return bool(heads and kv_heads and kv_heads < heads)
+
+
+def use_gqa_attention(model: torch.nn.Module) -> bool:
+    """Switch `model` to GQA_SDPA if it has grouped KV heads, runs stock SDPA and sits on the CPU.
+
+    (On CUDA, a masked SDPA with grouped heads falls back to the slow math kernel, so CUDA
+    models keep transformers' choice.) Returns whether the model was switched."""
+    config = model.config
+    device = next(model.parameters()).device
+    if config._attn_implementation != STOCK or not grouped_kv(config) or device.type != "cpu":
+        return False
+    _register()
+    model.set_attn_implementation(GQA_SDPA)
+    return True
+
+
+@contextlib.contextmanager
+def stock_attention(*models):
+    """Run a block with transformers' own SDPA on every model switched by `use_gqa_attention`."""
+    switched = [m for m in models if m is not None and m.config._attn_implementation == GQA_SDPA]
+    for m in switched:
+        m.set_attn_implementation(STOCK)
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.set_attn_implementation(GQA_SDPA)
