@@ -176,8 +176,11 @@ def test_wetap_report_has_m_speed_ppl_per_data_set_and_marks_the_lossy_rule():
 def test_perf_table_ratios_and_bandwidth_limit():
     res = fixed_results("perf")
     assert [v["label"] for v in res["variants"]] == ["hf-ar", "hf-lookup", "ar", "linear", "fixed-tree", "dynatree",
-                                                     "ar +compile", "dynatree +compile"]
-    assert [v.compile for v in presets.variants("perf", "small", ["ngram"])] == [False] * 6 + [True] * 2
+                                                     "dynatree +cost-aware", "ar +compile",
+                                                     "dynatree +cost-aware +compile"]
+    perf = presets.variants("perf", "small", ["ngram"])
+    assert [v.compile for v in perf] == [False] * 7 + [True] * 2
+    assert [v.options.get("cost_aware", False) for v in perf] == [False] * 6 + [True, False, True]
     res["hardware"] = {"weight_bytes": 500e6, "bandwidth_bytes_per_s": 10e9, "limit_tokens_per_s": 20.0}
     md = report.render(res)
     # tokens/s = 10 + variant index + prompt index; measured prompts 1 and 2
@@ -187,7 +190,7 @@ def test_perf_table_ratios_and_bandwidth_limit():
     assert "vs best hf-* speculative (hf-lookup)" in md
     assert "500 MB of weights per forward / 10.0 GB/s measured read bandwidth = **20.0 tokens/s**" in md
     assert "Our `ar` reaches 13.5 tokens/s, 68% of it (1.48× from the limit)" in md
-    assert "Our `ar +compile` reaches 17.5 tokens/s, 88% of it (1.14× from the limit)" in md
+    assert "Our `ar +compile` reaches 18.5 tokens/s, 92% of it (1.08× from the limit)" in md
 
 
 def test_perf_table_has_a_column_per_hf_speculative_peer_and_names_the_best_by_mean():
@@ -436,15 +439,21 @@ def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(t
         presets.variants("draft", "small", ["ngram"])
 
 
-def test_draft_preset_defaults_to_ngram_the_shipped_draft_and_both_together():
-    """`bench --preset draft` on the embedded target, no --draft: each drafter alone and the hybrid."""
+@pytest.mark.parametrize("preset", ["draft", "perf"])
+def test_draft_and_perf_presets_default_to_ngram_the_shipped_draft_and_both_together(preset, saved_tiny):
+    """`bench --preset draft|perf` on the embedded target, no --draft: each drafter alone and the hybrid."""
     from dynatree.bench.commands import _drafts
     from dynatree.cli import build_parser
 
-    args = build_parser().parse_args(["bench", "--preset", "draft"])
+    args = build_parser().parse_args(["bench", "--preset", preset])
     assert _drafts(args) == ["ngram", "smollm2-135m-draft", "ngram+smollm2-135m-draft"]
-    args = build_parser().parse_args(["bench", "--preset", "draft", "--draft", "ngram,x"])
+    args = build_parser().parse_args(["bench", "--preset", preset, "--draft", "ngram,x"])
     assert _drafts(args) == ["ngram", "x"]  # an explicit --draft list is taken as given
+    args = build_parser().parse_args(["bench", "--preset", "main"])
+    assert _drafts(args) == ["ngram"]
+    if preset == "perf":  # a target without a shipped draft: the n-gram drafter alone (draft: an error, below)
+        args = build_parser().parse_args(["bench", "--preset", preset, "--target", str(saved_tiny)])
+        assert _drafts(args) == ["ngram"]
 
 
 def test_phase_times_per_iteration_add_up_to_at_most_the_decode_time():

@@ -110,14 +110,16 @@ def _protocol(args, preset: str) -> Protocol:
 
 
 def _drafts(args) -> list[str]:
-    if args.draft is None and getattr(args, "preset", None) == "draft" and not getattr(args, "methods", None):
+    preset = getattr(args, "preset", None)
+    if args.draft is None and preset in ("draft", "perf") and not getattr(args, "methods", None):
         from ..models import DEFAULT_DRAFTS
 
-        if args.target not in DEFAULT_DRAFTS:
+        if args.target in DEFAULT_DRAFTS:
+            shipped = DEFAULT_DRAFTS[args.target]
+            return [NGRAM, shipped, HYBRID + shipped]  # each drafter alone, and the two together
+        if preset == "draft":
             raise DynaTreeError(f"the draft preset needs a draft LM for {args.target!r}: pass --draft ngram,MODEL "
                                 "(train one with `dynatree distill`)")
-        shipped = DEFAULT_DRAFTS[args.target]
-        return [NGRAM, shipped, HYBRID + shipped]  # each drafter alone, and the two together
     return [d.strip() for d in (args.draft or NGRAM).split(",") if d.strip()]
 
 

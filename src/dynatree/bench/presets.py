@@ -12,15 +12,16 @@
               StreamingLLM + speculative baseline): peak memory and throughput over T
   perf        issue 5's speed table: transformers' greedy generate (hf-ar), hf-lookup,
               hf-assisted (with a draft LM), and our ar, linear, fixed tree, DynaTree with every
-              drafter, plus ar and DynaTree with torch.compile ("+compile"); ratios to hf-ar
-              and to the best hf-* speculative method, and the memory-bandwidth limit of
-              plain decoding
+              drafter, DynaTree with `cost_aware` ("+cost-aware"), plus ar and cost-aware
+              DynaTree with torch.compile ("+compile"); ratios to hf-ar and to the best hf-*
+              speculative method, and the memory-bandwidth limit of plain decoding. Default
+              drafters as for `draft`
   draft       a draft LM against the n-gram drafter and against transformers' assisted
               generation with the same draft (issue 6): ar, linear and DynaTree with each
               drafter, DynaTree with `cost_aware` ("+cost-aware"), hf-lookup, hf-assisted;
               plus each draft's top-1 agreement with the target and its step cost relative
-              to a target forward. Default drafters:
-              `ngram` and the embedded target's shipped draft
+              to a target forward. Default drafters: `ngram`, the embedded target's shipped
+              draft, and the two together (`ngram+DRAFT`)
   wetap-main  paper 004, Table 1: AR, SpecInfer, SpecExec, OPT-Tree, WETAP (its lossy beam
               verification, and our lossless verifier on its tree), DynaTree; M, speed, PPL;
               sampling at temperature 1, top-k 10, top-p 0.9; MT-Bench, HumanEval, GSM8K
@@ -155,6 +156,12 @@ def method_variants(methods: list[str], drafts: list[str], options: dict[str, di
     return out
 
 
+def _cost_aware(variants: list[Variant]) -> list[Variant]:
+    """The same variants with `cost_aware` on, labelled "+cost-aware"."""
+    return [dataclasses.replace(v, label=f"{v.label} +cost-aware", options={**v.options, "cost_aware": True})
+            for v in variants]
+
+
 def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
     preset = ALIASES.get(preset, preset)
     first = drafts[0]
@@ -192,13 +199,13 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
     if preset == "perf":
         eager = method_variants(["hf-ar", "hf-lookup", "hf-assisted", "ar", "linear", "fixed-tree", "dynatree"], drafts,
                                 strict=False)
+        cost_aware = _cost_aware(method_variants(["dynatree"], drafts))
         compiled = [dataclasses.replace(v, label=f"{v.label} +compile", compile=True)
-                    for v in method_variants(["ar", "dynatree"], drafts)]
-        return eager + compiled
+                    for v in method_variants(["ar"], drafts) + cost_aware]
+        return eager + cost_aware + compiled
     if preset == "draft":
-        cost_aware = [dataclasses.replace(v, label=f"{v.label} +cost-aware", options={**v.options, "cost_aware": True})
-                      for v in method_variants(["dynatree"], drafts)]
-        return method_variants(["ar", "linear", "dynatree", "hf-lookup", "hf-assisted"], drafts) + cost_aware
+        return method_variants(["ar", "linear", "dynatree", "hf-lookup", "hf-assisted"], drafts) + \
+            _cost_aware(method_variants(["dynatree"], drafts))
     if preset == "wetap-main":
         return [Variant("ar", "ar")] + method_variants(["specinfer", "specexec", "opt-tree"], drafts) + [
             Variant(_labelled("wetap", d, drafts), "wetap", {"verify": "beam"}, d) for d in drafts] + [
