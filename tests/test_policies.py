@@ -285,3 +285,26 @@ def test_measured_cost_curve_is_non_decreasing():
     curve = measure(tiny("gpt2"), [5, 6, 7], sizes=(1, 4, 16), repeats=2)
     assert curve.sizes == (1, 4, 16) and all(a <= b for a, b in zip(curve.seconds, curve.seconds[1:]))
     assert curve.seconds[0] > 0
+
+
+def test_cost_curve_is_measured_before_the_clock_starts(monkeypatch):
+    """The one-time curve measurement (seconds on a real target) is set-up, not decoding time."""
+    import time
+
+    from conftest import tiny
+    from dynatree import Decoder
+    from dynatree.drafters import NgramDrafter
+    from dynatree.policies import dynatree as module
+
+    seen = []
+
+    def slow_curve(target, context):
+        seen.append(list(context))
+        time.sleep(1.0)
+        return module.CostCurve((1, 2), (0.01, 0.011))
+
+    monkeypatch.setattr(module, "curve_for", slow_curve)
+    policy = DynaTreePolicy(make_config("dynatree", cost_aware=True, history=False))
+    run = Decoder(tiny("gpt2"), policy, NgramDrafter(max_n=3)).generate([5, 6, 7, 5, 6], 4, ignore_eos=True)
+    assert seen == [[5, 6, 7, 5, 6]] and run.stats.new_tokens == 4
+    assert run.stats.ttft_s < 1.0 and run.stats.wall_s < 1.0

