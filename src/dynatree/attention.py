@@ -72,9 +72,12 @@ def use_gqa_attention(model: torch.nn.Module) -> bool:
     device = next(model.parameters()).device
     if config._attn_implementation != STOCK or not grouped_kv(config) or device.type != "cpu":
         return False
+    can_switch = getattr(model, "_can_set_attn_implementation", None)  # False: attention outside the registry
+    if can_switch is not None and not can_switch():
+        return False
     _register()
     model.set_attn_implementation(GQA_SDPA)
-    return True
+    return config._attn_implementation == GQA_SDPA
 
 
 @contextlib.contextmanager
