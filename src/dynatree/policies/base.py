@@ -30,8 +30,9 @@ class TreePolicy(Protocol):
     def observe(self, tree: Tree, path: list[int]) -> None:
         """Called after every verification with the accepted path (root excluded)."""
 
-    # Optional, besides `verifier` (above): `calibrate(target, context)`, called once after
-    # the prefill, lets a policy measure the target (DynaTree's verification cost curve).
+    # Optional, besides `verifier` (above): `calibrate(target, context)`, called once per run
+    # before the prefill and outside the run's timings, lets a policy measure the target
+    # (DynaTree's verification cost curve, measured once per model).
 
 
 class Stateless:
