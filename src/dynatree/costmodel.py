@@ -66,6 +66,11 @@ def best_rate(probs: list[float], curve: CostCurve, draft_s: float = 0.0) -> tup
     return best_k, best
 
 
+def step_prob(parents, logp, u: int) -> float:
+    """q: the draft's probability of node u's token given its parent (logp: cumulative log-probabilities)."""
+    return math.exp(logp[u] - logp[parents[u]])
+
+
 class Calibration:
     """How often a drafted node is accepted, given its parent was, as a function of the draft's
     conditional probability q of its token: per bin of q, hits / trials, starting from `prior`
@@ -91,7 +96,7 @@ class Calibration:
         """One verified tree: every drafted node whose parent was accepted (or is the root) is a trial."""
         for u in range(1, len(parents)):
             if parents[u] in accepted:
-                b = self._bin(math.exp(logp[u] - logp[parents[u]]))
+                b = self._bin(step_prob(parents, logp, u))
                 self.trials[b] += 1
                 self.hits[b] += u in accepted
 

@@ -26,13 +26,12 @@ a deeper chain could raise the expected tokens per second (`_stop`).
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import dataclass
 
 from ..config import in_open_unit, in_unit, option, positive, require
-from ..costmodel import Calibration, CostCurve, best_rate, curve_for
+from ..costmodel import Calibration, CostCurve, best_rate, curve_for, step_prob
 from ..drafters.base import Drafter
 from ..models import LoadedModel
 from ..sampling import Sampler
@@ -90,8 +89,6 @@ class DynaTreePolicy:
         self.tau_h = config.tau_h
         self.window: deque[float] = deque(maxlen=config.history_window)
         self.curve: CostCurve | None = None  # the target's verification cost, when cost_aware
-        self.grow_start = 0.0  # perf_counter() when the tree being grown was started
-        self.depth_limit = config.d_max  # depth limit of the tree being grown
         self.calibration = Calibration()  # acceptance vs draft probability, learnt when cost_aware
 
     def calibrate(self, target: LoadedModel, context: list[int]) -> None:
@@ -104,7 +101,7 @@ class DynaTreePolicy:
         est = [1.0]
         for u in range(1, len(tree)):
             parent = tree.parents[u]
-            est.append(est[parent] * self.calibration(math.exp(tree.logp[u] - tree.logp[parent])))
+            est.append(est[parent] * self.calibration(step_prob(tree.parents, tree.logp, u)))
         return est
 
     def _worth(self, tree: TreeBuilder, drafting: float) -> tuple[list[int], float, list[float]]:
@@ -116,22 +113,23 @@ class DynaTreePolicy:
         k, rate = best_rate([est[u] for u in ranked], self.curve, drafting)
         return ranked[:k], rate, est
 
-    def _cut(self, tree: TreeBuilder) -> list[int] | None:
-        """The root and the drafted nodes worth verifying, or None for all."""
+    def _cut(self, tree: TreeBuilder, start: float) -> list[int] | None:
+        """The root and the drafted nodes worth verifying (tree started at perf_counter() `start`),
+        or None for all."""
         if self.curve is None:
             return None
-        kept = self._worth(tree, time.perf_counter() - self.grow_start)[0]
+        kept = self._worth(tree, time.perf_counter() - start)[0]
         return None if len(kept) == len(tree) - 1 else [0, *kept]
 
-    def _stop(self, tree: TreeBuilder, levels: int) -> bool:
+    def _stop(self, tree: TreeBuilder, levels: int, start: float, depth_limit: int) -> bool:
         """Stop growing unless a deeper chain below the likeliest node u of the level just drafted
-        (depth `levels`) would raise the expected rate: j more levels (up to the depth limit), each
-        costing what the average level did so far, each node as likely given its parent as u was
-        given its own. Every j is tried, not just the next level, because the cost curve is not
+        (depth `levels`; tree started at perf_counter() `start`) would raise the expected rate:
+        j more levels (up to `depth_limit`), each costing what the average level did so far, each
+        node as likely given its parent as u was given its own. Every j is tried, not just the next level, because the cost curve is not
         convex (on a CPU 4 tokens can cost 1.6x one, 8 tokens 2x)."""
         if self.curve is None:
             return False
-        drafting = time.perf_counter() - self.grow_start
+        drafting = time.perf_counter() - start
         _, rate, est = self._worth(tree, drafting)
         level = [v for v in range(1, len(tree)) if tree.depths[v] == levels]
         if not level:
@@ -139,7 +137,7 @@ class DynaTreePolicy:
         u = max(level, key=lambda v: est[v])
         ratio = est[u] / est[tree.parents[u]]
         probs, chain = [est[v] for v in range(1, len(tree))], est[u]
-        for more in range(1, self.depth_limit - levels + 1):
+        for more in range(1, depth_limit - levels + 1):
             chain *= ratio
             probs.append(chain)
             if best_rate(probs, self.curve, drafting * (levels + more) / levels)[1] > rate:
@@ -158,11 +156,11 @@ class DynaTreePolicy:
                 return c.b_min
             return c.b_mid if confidence >= c.tau_l else c.b_max
 
-        self.grow_start = time.perf_counter()
-        self.depth_limit = min(c.d_max, max_depth)
+        start, depth_limit = time.perf_counter(), min(c.d_max, max_depth)
         return grow_levels(
-            drafter, root_token, max_depth=self.depth_limit, n_max=c.n_max, max_breadth=c.b_max,
-            expandable=expandable, breadth=breadth, tau=c.tau, cut=self._cut, stop=self._stop,
+            drafter, root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max,
+            expandable=expandable, breadth=breadth, tau=c.tau, cut=lambda tree: self._cut(tree, start),
+            stop=lambda tree, levels: self._stop(tree, levels, start, depth_limit),
         )
 
     def observe(self, tree: Tree, path: list[int]) -> None:
