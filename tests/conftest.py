@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, LlamaConfig, PreTrainedTokenizerFast
 
 from dynatree.attention import stock_attention, use_gqa_attention
+from dynatree.kernels import linear_kernel, repack_linears, stock_linears, use_packed_linears
 from dynatree.models import LoadedModel
 
 VOCAB = 96
@@ -52,14 +53,16 @@ def _model(arch: str, seed: int, dtype: torch.dtype, vocab: int, context: int):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config(arch, vocab, context)).to(dtype).eval()
     use_gqa_attention(model)  # as load_model does: the Llama (grouped KV heads) runs attention.GQA_SDPA
+    use_packed_linears(model)  # as load_model does: float32 linears run oneDNN on packed weights
     return model
 
 
 def tiny(arch: str = "llama", seed: int = 0, dtype=torch.float64, vocab: int = VOCAB, context: int = 512,
          name: str | None = None, eos_ids=(EOS,)) -> LoadedModel:
     """A tiny random causal LM wrapped like a loaded model (shared per arguments; do not mutate)."""
-    return LoadedModel(model=_model(arch, seed, dtype, vocab, context), tokenizer=tokenizer(vocab),
-                       name=name or f"tiny-{arch}-{seed}", eos_ids=list(eos_ids))
+    model = _model(arch, seed, dtype, vocab, context)
+    return LoadedModel(model=model, tokenizer=tokenizer(vocab),
+                       name=name or f"tiny-{arch}-{seed}", eos_ids=list(eos_ids), linear=linear_kernel(model))
 
 
 @functools.cache
@@ -70,13 +73,14 @@ def noisy_copy(arch: str, seed: int, noise: float, dtype=torch.float64) -> Loade
     with torch.no_grad():
         for p in model.parameters():
             p.add_(noise * p.std() * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    repack_linears(model)
     return LoadedModel(model=model, tokenizer=tokenizer(), name=f"noisy-{arch}-{seed}-{noise}", eos_ids=[EOS])
 
 
 @torch.no_grad()
 def hf_greedy(target: LoadedModel, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
     """Reference: transformers' own greedy generate(), with the attention transformers ships."""
-    with stock_attention(target.model):
+    with stock_attention(target.model), stock_linears(target.model):
         out = target.model.generate(
             torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0,

@@ -64,14 +64,14 @@ def sampling_config(sample: bool, temperature=None, top_k=None, top_p=None) -> S
     return config
 
 
-def load_draft(spec, device: str = "cpu", dtype: str = "float32"):
+def load_draft(spec, device: str = "cpu", dtype: str = "float32", linear: str = "auto"):
     """A --draft value with its model loaded once: None/'auto'/'ngram' as they are, 'ngram+SPEC' as
     Hybrid(loaded model), any other spec as the loaded model (no compatibility check here)."""
     if spec in (None, "auto", NGRAM) or isinstance(spec, (LoadedModel, Hybrid)):
         return spec
     if spec.startswith(HYBRID):
-        return Hybrid(load_model(_hybrid_lm(spec[len(HYBRID):]), device=device, dtype=dtype))
-    return load_model(spec, device=device, dtype=dtype)
+        return Hybrid(load_model(_hybrid_lm(spec[len(HYBRID):]), device=device, dtype=dtype, linear=linear))
+    return load_model(spec, device=device, dtype=dtype, linear=linear)
 
 
 def _hybrid_lm(lm):
@@ -81,7 +81,7 @@ def _hybrid_lm(lm):
     return lm
 
 
-def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: str):
+def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: str, linear: str = "auto"):
     """(draft LM or None, draft name or None) for a method: 'ngram', a spec, a LoadedModel,
     or 'ngram+SPEC' / Hybrid(...) (the name then starts with 'ngram+')."""
     need = get_method(method).draft
@@ -100,9 +100,9 @@ def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: s
     if isinstance(draft, Hybrid):
         if need == "lm":
             raise DynaTreeError(f"method {method!r} takes a draft language model alone, not {HYBRID}MODEL")
-        lm, name = resolve_draft(method, _hybrid_lm(draft.lm), target, device, dtype)
+        lm, name = resolve_draft(method, _hybrid_lm(draft.lm), target, device, dtype, linear)
         return lm, HYBRID + name
-    lm = draft if isinstance(draft, LoadedModel) else load_model(draft, device=device, dtype=dtype)
+    lm = draft if isinstance(draft, LoadedModel) else load_model(draft, device=device, dtype=dtype, linear=linear)
     check_compatible(target, lm)
     return lm, lm.name
 
@@ -127,6 +127,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     compile: bool | None = None,
+    linear: str = "auto",
     on_tokens: Callable[[list[int]], None] | None = None,
     **options,
 ) -> dict:
@@ -141,7 +142,8 @@ def generate(
     `sample=True` samples (temperature, then top-k, then top-p; seeded by `seed`) with lossless
     verification instead of greedy decoding (see `sampling.py`). `compile=True` runs the
     target's decode steps through torch.compile (minutes to compile on first use, cached on
-    disk; see `LoadedModel.forward`); None keeps the loaded target's own setting.
+    disk; see `LoadedModel.forward`); None keeps the loaded target's own setting. `linear`
+    ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
     """
     spec = get_method(method)
     config = make_config(method, **options)
@@ -155,9 +157,9 @@ def generate(
         raise DynaTreeError(f"--kv-window is not available for {method!r} (transformers' own generate())")
     if compile and spec.policy_cls is None:
         raise DynaTreeError(f"--compile applies to dynatree's own methods; {method!r} runs transformers' generate() as is")
-    tgt = target if isinstance(target, LoadedModel) else load_model(target, device=device, dtype=dtype)
+    tgt = target if isinstance(target, LoadedModel) else load_model(target, device=device, dtype=dtype, linear=linear)
     compile = tgt.compile if compile is None else compile
-    draft_lm, draft_name = resolve_draft(method, draft, tgt, device, dtype)
+    draft_lm, draft_name = resolve_draft(method, draft, tgt, device, dtype, linear)
     if prompt_ids is None:
         prompt_ids = encode_prompt(tgt.tokenizer, prompt, chat)
     elif not prompt_ids:
@@ -212,6 +214,7 @@ def generate(
             "device": str(tgt.device),
             "dtype": str(tgt.dtype).removeprefix("torch."),
             "compile": bool(compile) and spec.policy_cls is not None,
+            "linear": tgt.linear if spec.policy_cls is not None else "stock",  # hf-* run stock_linears
             "seed": seed,
             "ngram_max": ngram_max if draft_name == NGRAM or (draft_name or "").startswith(HYBRID) else None,
             "kv_window": str(window) if window is not None else None,

@@ -79,6 +79,10 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
     parser.add_argument("--draft", default=None, help=draft_help)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64 [float32]")
+    parser.add_argument("--linear", default="auto", choices=("auto", "onednn", "stock"),
+                        help="linear layers of our methods' models: oneDNN on weights packed once, or PyTorch's "
+                             "stock kernels; auto = onednn on the CPU unless the second copy of the weights takes "
+                             "over a quarter of the RAM (hf-* always run stock) [auto]")
     parser.add_argument("--compile", action="store_true",
                         help="run the target's decode steps through torch.compile (our methods only; the first "
                              "steps compile for minutes, later runs reuse the on-disk cache) [off]")
@@ -220,10 +224,10 @@ def cmd_generate(args) -> int:
     ours = [m for m in methods if METHODS[m].policy_cls is not None]
     if args.compile and not ours:
         raise DynaTreeError("--compile applies to dynatree's own methods, not to transformers' generate() (hf-*)")
-    target = load_model(args.target, device=args.device, dtype=args.dtype)
+    target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
     draft = args.draft
     if any(METHODS[m].draft != "none" for m in methods):
-        draft = api.load_draft(draft, device=args.device, dtype=args.dtype)
+        draft = api.load_draft(draft, device=args.device, dtype=args.dtype, linear=args.linear)
     prompt_ids = api.encode_prompt(target.tokenizer, prompt, args.chat)
 
     if len(methods) > 1:  # a short discarded run, so the first measured method does not pay the cold start

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from .attention import use_gqa_attention
+from .kernels import check_linear_kernel, use_packed_linears
 from .errors import DynaTreeError
 
 DTYPES = {
@@ -72,6 +73,7 @@ class LoadedModel:
     name: str  # the spec the user gave (alias, path or hub id)
     eos_ids: list[int] = field(default_factory=list)  # tokens that end generation
     compile: bool = False  # run decode steps (not prefills) through torch.compile; may be switched per run
+    linear: str = "stock"  # what the linear layers run: "onednn" (packed weights, kernels.py) or "stock"
     _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
 
     @property
@@ -164,17 +166,22 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float32", compile: bool = False) -> LoadedModel:
+def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float32", compile: bool = False,
+               linear: str = "auto") -> LoadedModel:
     """Load a causal LM and its tokenizer from an alias, a directory, a .gguf file or a hub id.
 
-    `compile` runs the decode steps through torch.compile (see `LoadedModel.forward`)."""
+    `compile` runs the decode steps through torch.compile (see `LoadedModel.forward`).
+    `linear` picks the linear layers' kernels: "auto", "onednn" or "stock" (kernels.py)."""
     torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
+    check_linear_kernel(linear)  # before the (slow) load
     directory, gguf_file, local_only = _locate(spec)
     model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only, torch_dtype)
     model.to(torch_device).eval()
     use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)
-    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer), compile=compile)
+    kernel = use_packed_linears(model, linear)  # oneDNN on weights packed once (kernels.py)
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer),
+                         compile=compile, linear=kernel)
     check_causal(loaded)
     return loaded
 

@@ -23,6 +23,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from .attention import stock_attention
 from .config import in_open_unit, option, positive, require
+from .kernels import stock_linears
 from .models import LoadedModel
 from .stats import Clock, PeakMemory, Stats
 
@@ -122,8 +123,10 @@ def hf_generate(
     else:  # the same temperature -> top-k -> top-p chain as dynatree's; seeded by the caller
         extra.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
     eos = None if ignore_eos else (target.eos_ids or None)
-    # the baselines run the attention transformers ships (see attention.stock_attention)
-    with stock_attention(target.model, draft.model if draft is not None else None):
+    # the baselines run the attention and the linear kernels transformers gets by default
+    # (see attention.stock_attention, kernels.stock_linears)
+    models = (target.model, draft.model if draft is not None else None)
+    with stock_attention(*models), stock_linears(*models):
         hook = target.model.register_forward_pre_hook(count, with_kwargs=True)
         try:
             memory, clock = PeakMemory(device), Clock(device)

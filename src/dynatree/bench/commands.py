@@ -135,7 +135,7 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     protocol.validate()
     texts = runner.load_all(protocol)  # fail fast, before loading models
     out = args.out or Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
-    target = load_model(args.target, device=args.device, dtype=args.dtype)
+    target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
     lms, loaded = {}, {}
     for spec in drafts:
         if spec == NGRAM:
@@ -144,7 +144,7 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
         if inner in ("", NGRAM):
             raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}, got {spec!r}")
         if inner not in loaded:  # one copy of a draft LM used alone and in ngram+
-            loaded[inner] = load_model(inner, device=args.device, dtype=args.dtype)
+            loaded[inner] = load_model(inner, device=args.device, dtype=args.dtype, linear=args.linear)
             check_compatible(target, loaded[inner])
         lms[spec] = Hybrid(loaded[inner]) if inner != spec else loaded[inner]
     runner.run(experiment, variant_list, protocol, target, lms, out_dir=out, progress=not args.no_progress,

@@ -130,6 +130,7 @@ def run(
         "protocol": dataclasses.asdict(protocol),
         "target": target.name,
         "dtype": str(target.dtype).removeprefix("torch."),
+        "linear": target.linear,  # our methods' linear kernels; the hf-* baselines run stock (peers.py)
         "env": env.describe(target.device),
         "variants": [
             {**dataclasses.asdict(v), "config": dataclasses.asdict(make_config(v.method, **v.options))}

@@ -1,0 +1,201 @@
+"""Linear layers on oneDNN-packed weights (kernels.py): same numbers, same tokens, stock when asked."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import hf_greedy, tiny
+from dynatree import api
+from dynatree.errors import DynaTreeError
+from dynatree.kernels import (PackedLinear, linear_kernel, repack_linears, stock_linears, use_packed_linears)
+from dynatree.models import load_model
+
+
+def _plain(arch: str, dtype=torch.float32, seed: int = 0):
+    """A tiny model exactly as transformers builds it (no kernel or attention switch)."""
+    from conftest import config
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config(arch, 64, 128)).to(dtype).eval()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 24), (3, 24), (1, 5, 24)])
+def test_packed_linear_matches_f_linear(bias, shape):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(24, 40, bias=bias)
+    packed = PackedLinear(lin)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        got = packed(x)
+        assert got.shape == shape[:-1] + (40,)
+        torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_is_packed_and_close():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 16).to(torch.bfloat16)
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        torch.testing.assert_close(PackedLinear(lin)(x).float(), F.linear(x, lin.weight, lin.bias).float(),
+                                   rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "gpt2"])
+def test_swap_keeps_parameters_and_ties(arch):
+    model = _plain(arch)
+    before = [id(p) for p in model.parameters()]
+    keys = set(model.state_dict())
+    assert use_packed_linears(model, "onednn") == "onednn"
+    assert [id(p) for p in model.parameters()] == before  # the same Parameters, nothing copied into them
+    assert set(model.state_dict()) == keys
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    if model.config.tie_word_embeddings:
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert linear_kernel(model) == "onednn"
+
+
+def _tree_step(model, n_ctx=10, n_tree=5):
+    """Prefill n_ctx tokens, then one tree step with a hand-made mask and explicit positions."""
+    from transformers import DynamicCache
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 64, (1, n_ctx), generator=gen)
+    tree = torch.randint(1, 64, (1, n_tree), generator=gen)
+    parents = [-1, 0, 0, 1, 2]  # two branches of depth 3
+    depth = [0, 1, 1, 2, 2]
+    mask = torch.full((1, 1, n_tree, n_ctx + n_tree), float("-inf"))
+    mask[..., :n_ctx] = 0
+    for i in range(n_tree):
+        j = i
+        while j >= 0:
+            mask[0, 0, i, n_ctx + j] = 0
+            j = parents[j]
+    with torch.no_grad():
+        cache = DynamicCache()
+        first = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+        step = model(input_ids=tree, position_ids=torch.tensor([[n_ctx + d for d in depth]]), attention_mask=mask,
+                     past_key_values=cache, use_cache=True).logits
+    return first, step
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "gpt2"])
+def test_packed_model_logits_close_and_stock_block_exact(arch):
+    plain = _plain(arch)
+    packed = copy.deepcopy(plain)
+    use_packed_linears(packed, "onednn")
+    ref = _tree_step(plain)
+    got = _tree_step(packed)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    with stock_linears(packed):
+        assert linear_kernel(packed) == "stock"
+        for r, g in zip(ref, _tree_step(packed)):
+            assert torch.equal(g, r)  # F.linear on the same weights: bit for bit
+    assert linear_kernel(packed) == "onednn"
+
+
+def test_stock_block_switches_back_on_error():
+    model = _plain("llama")
+    use_packed_linears(model)
+    with pytest.raises(RuntimeError):
+        with stock_linears(model, None):
+            raise RuntimeError("boom")
+    assert linear_kernel(model) == "onednn"
+
+
+@pytest.mark.parametrize("method,draft", [("ar", None), ("dynatree", "ngram"), ("fixed-tree", "ngram")])
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_greedy_tokens_equal_transformers_stock(arch, method, draft):
+    target = tiny(arch, seed=1, dtype=torch.float32)
+    assert target.linear == "onednn"
+    prompt = [5, 9, 2, 7, 5, 9, 2, 11, 3, 5, 9]
+    ref = hf_greedy(target, prompt, 40)  # transformers' generate on its stock kernels
+    out = api.generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=40,
+                       ignore_eos=True)
+    assert out["new_token_ids"] == ref
+    assert out["run"]["linear"] == "onednn"
+
+
+def test_gradients_flow_through_the_original_weight():
+    model = _plain("llama")
+    use_packed_linears(model)
+    model.train()
+    with torch.enable_grad():
+        loss = model(input_ids=torch.tensor([[1, 2, 3, 4]]), labels=torch.tensor([[1, 2, 3, 4]])).loss
+        loss.backward()
+    layer = model.model.layers[0].mlp.down_proj
+    assert isinstance(layer, PackedLinear) and layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+def test_repack_follows_in_place_weight_changes():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 8)
+    packed = PackedLinear(lin)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+        stale = packed(x)
+        assert not torch.allclose(stale, F.linear(x, lin.weight, lin.bias), atol=1e-3)
+        parent = torch.nn.Sequential(packed)
+        repack_linears(parent)
+        torch.testing.assert_close(packed(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_choices_and_errors(monkeypatch):
+    model = _plain("llama", dtype=torch.float64)
+    assert use_packed_linears(model, "auto") == "stock"  # oneDNN packs float32 and bfloat16 only
+    assert any(type(m) is torch.nn.Linear for m in model.modules())
+    with pytest.raises(DynaTreeError, match="float64"):
+        use_packed_linears(model, "onednn")
+    with pytest.raises(DynaTreeError, match="unknown linear kernel 'mkl'"):
+        use_packed_linears(model, "mkl")
+    fp32 = _plain("llama")
+    assert use_packed_linears(fp32, "stock") == "stock"
+    assert any(type(m) is torch.nn.Linear for m in fp32.modules())
+    import dynatree.kernels as kernels
+    monkeypatch.setattr(kernels, "MAX_RAM_SHARE", 0.0)  # "the second copy would not fit"
+    assert use_packed_linears(fp32, "auto") == "stock"
+    assert use_packed_linears(fp32, "onednn") == "onednn"  # asked for explicitly: packed anyway
+
+
+def test_load_model_linear_option(saved_tiny):
+    assert load_model(str(saved_tiny)).linear == "onednn"
+    stock = load_model(str(saved_tiny), linear="stock")
+    assert stock.linear == "stock" and linear_kernel(stock.model) == "stock"
+    with pytest.raises(DynaTreeError, match="unknown linear kernel"):
+        load_model(str(saved_tiny), linear="fast")
+
+
+def test_hf_baseline_runs_stock_kernels(saved_tiny):
+    target = load_model(str(saved_tiny))
+    seen = []
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda m, a: seen.append(m.enabled) if isinstance(m, PackedLinear) else None)
+    try:
+        out = api.generate(method="hf-ar", target=target, prompt_ids=[3, 4, 5], max_new_tokens=3, ignore_eos=True)
+    finally:
+        hook.remove()
+    assert seen and not any(seen)
+    assert out["run"]["linear"] == "stock"
+    assert linear_kernel(target.model) == "onednn"
+
+
+def test_deepcopy_packs_its_own_copy():
+    model = _plain("llama")
+    use_packed_linears(model)
+    twin = copy.deepcopy(model)
+    assert linear_kernel(twin) == "onednn"
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(1.5)
+        repack_linears(twin)
+        ids = torch.tensor([[1, 2, 3]])
+        with stock_linears(twin):
+            ref = twin(input_ids=ids).logits
+        torch.testing.assert_close(twin(input_ids=ids).logits, ref, rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(model(input_ids=ids).logits, ref, atol=1e-3)  # the original kept its weights
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)  # packed float32 copy no longer matches: F.linear
+    with torch.no_grad():
+        assert bf16(input_ids=ids).logits.dtype == torch.bfloat16
