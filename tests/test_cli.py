@@ -50,6 +50,16 @@ def test_json_config_is_the_resolved_method_config(capsys, saved_tiny):
     assert rec["policy_state"]["d0"] == 3
 
 
+def test_linear_kernel_option_is_recorded(capsys, saved_tiny):
+    args = ("--method", "dynatree", "--max-new-tokens", "8", "--ignore-eos")
+    packed = generate_json(capsys, saved_tiny, *args)
+    stock = generate_json(capsys, saved_tiny, *args, "--linear", "stock")
+    assert packed["run"]["linear"] == "onednn" and stock["run"]["linear"] == "stock"
+    assert packed["new_token_ids"] == stock["new_token_ids"]
+    hf = generate_json(capsys, saved_tiny, "--method", "hf-ar", "--max-new-tokens", "8", "--ignore-eos")
+    assert hf["run"]["linear"] == "stock" and hf["new_token_ids"] == stock["new_token_ids"]
+
+
 def test_lossy_method_is_labelled_when_sampling(capsys, saved_tiny):
     argv = ["generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "6", "--json", "--sample",
             "--top-k", "10", "--method", "wetap"]
@@ -132,6 +142,8 @@ BAD_INPUTS = {
     "assisted without draft": (["w5", "--method", "hf-assisted"], "needs a draft language model"),
     "assisted with ngram": (["w5", "--method", "hf-assisted", "--draft", "ngram"], "not the n-gram drafter"),
     "bad dtype": (["w5", "--dtype", "float8"], "unknown dtype"),
+    "unknown linear kernel": (["w5", "--linear", "mkl"], "invalid choice: 'mkl'"),
+    "onednn in float64": (["w5", "--linear", "onednn", "--dtype", "float64"], "cannot pack this model's linear layers"),
     "missing prompt file": (["--prompt-file", "/nonexistent/p.txt"], "cannot read prompt file"),
     "prompt twice": (["w5", "--prompt-file", "x"], "not both"),
 }

@@ -14,6 +14,7 @@ import sys
 
 from .config import field_type
 from .errors import DynaTreeError
+from .kernels import LINEAR_KERNELS
 from .methods import METHODS, is_lossy
 from .models import DEFAULT_TARGET, EMBEDDED
 from .window import KVWindow
@@ -79,7 +80,7 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
     parser.add_argument("--draft", default=None, help=draft_help)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64 [float32]")
-    parser.add_argument("--linear", default="auto", choices=("auto", "onednn", "stock"),
+    parser.add_argument("--linear", default="auto", choices=LINEAR_KERNELS,
                         help="linear layers of our methods' models: oneDNN on weights packed once, or PyTorch's "
                              "stock kernels; auto = onednn on the CPU unless the second copy of the weights takes "
                              "over a quarter of the RAM (hf-* always run stock) [auto]")
