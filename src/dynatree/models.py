@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from .attention import use_gqa_attention
-from .kernels import check_linear_kernel, use_packed_linears
 from .errors import DynaTreeError
+from .kernels import check_linear_kernel, use_packed_linears
 
 DTYPES = {
     "float32": torch.float32,
