@@ -16,9 +16,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, LlamaConfig, PreTrainedTokenizerFast
 
+from dynatree import cache as kv
 from dynatree.attention import stock_attention, use_gqa_attention
-from dynatree.kernels import linear_kernel, repack_linears, stock_linears, use_packed_linears
+from dynatree.kernels import repack_linears, stock_linears, use_packed_linears
 from dynatree.models import LoadedModel
+from dynatree.tree import additive_mask
 
 VOCAB = 96
 EOS = 2
@@ -60,9 +62,8 @@ def _model(arch: str, seed: int, dtype: torch.dtype, vocab: int, context: int):
 def tiny(arch: str = "llama", seed: int = 0, dtype=torch.float64, vocab: int = VOCAB, context: int = 512,
          name: str | None = None, eos_ids=(EOS,)) -> LoadedModel:
     """A tiny random causal LM wrapped like a loaded model (shared per arguments; do not mutate)."""
-    model = _model(arch, seed, dtype, vocab, context)
-    return LoadedModel(model=model, tokenizer=tokenizer(vocab),
-                       name=name or f"tiny-{arch}-{seed}", eos_ids=list(eos_ids), linear=linear_kernel(model))
+    return LoadedModel(model=_model(arch, seed, dtype, vocab, context), tokenizer=tokenizer(vocab),
+                       name=name or f"tiny-{arch}-{seed}", eos_ids=list(eos_ids))
 
 
 @functools.cache
@@ -86,6 +87,34 @@ def hf_greedy(target: LoadedModel, prompt: list[int], max_new_tokens: int, eos: 
             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0,
         )
     return out[0, len(prompt):].tolist()
+
+
+def fresh(arch: str, dtype=torch.float32):
+    """A tiny model exactly as transformers builds it: no attention or kernel switch."""
+    torch.manual_seed(11)
+    return AutoModelForCausalLM.from_config(config(arch)).to(dtype).eval()
+
+
+@torch.no_grad()
+def steps(model) -> list[torch.Tensor]:
+    """Logits of a prefill (no mask: causal), a one-token step and a masked 5-token tree step."""
+    loaded = LoadedModel(model=model, tokenizer=tokenizer(), name="x")  # for its forward()
+    cache = kv.new_cache(model)
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 31, 7]
+    out = [loaded.forward(cache, prompt, list(range(10)), None)]
+    out.append(loaded.forward(cache, [8], [10], None))
+    # a hand-drawn tree below the 11 cached tokens: root 0 -> 1, 2; 1 -> 3; 2 -> 4
+    parents = [-1, 0, 0, 1, 2]
+    allowed = torch.zeros(5, 16, dtype=torch.bool)
+    allowed[:, :11] = True
+    for i, p in enumerate(parents):
+        allowed[i, 11 + i] = True
+        while p >= 0:
+            allowed[i, 11 + p] = True
+            p = parents[p]
+    depth = [0, 1, 1, 2, 2]
+    out.append(loaded.forward(cache, [3, 4, 5, 6, 7], [11 + d for d in depth], additive_mask(allowed, model.dtype, "cpu")))
+    return out
 
 
 @pytest.fixture(scope="session")

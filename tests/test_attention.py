@@ -5,40 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import config, tiny
-from dynatree import cache as kv
+from conftest import fresh, steps, tiny
 from dynatree.attention import GQA_SDPA, STOCK, stock_attention, use_gqa_attention
 from dynatree.models import load_model
-from dynatree.tree import additive_mask
-from transformers import AutoModelForCausalLM
-
-
-def fresh(arch: str, dtype=torch.float32):
-    torch.manual_seed(11)
-    return AutoModelForCausalLM.from_config(config(arch)).to(dtype).eval()
-
-
-@torch.no_grad()
-def steps(model) -> list[torch.Tensor]:
-    """Logits of a prefill (no mask: causal), a one-token step and a masked 5-token tree step."""
-    loaded = tiny()  # only for its forward(); the model is swapped in below
-    loaded = type(loaded)(model=model, tokenizer=loaded.tokenizer, name="x")
-    cache = kv.new_cache(model)
-    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 31, 7]
-    out = [loaded.forward(cache, prompt, list(range(10)), None)]
-    out.append(loaded.forward(cache, [8], [10], None))
-    # a hand-drawn tree below the 11 cached tokens: root 0 -> 1, 2; 1 -> 3; 2 -> 4
-    parents = [-1, 0, 0, 1, 2]
-    allowed = torch.zeros(5, 16, dtype=torch.bool)
-    allowed[:, :11] = True
-    for i, p in enumerate(parents):
-        allowed[i, 11 + i] = True
-        while p >= 0:
-            allowed[i, 11 + p] = True
-            p = parents[p]
-    depth = [0, 1, 1, 2, 2]
-    out.append(loaded.forward(cache, [3, 4, 5, 6, 7], [11 + d for d in depth], additive_mask(allowed, model.dtype, "cpu")))
-    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

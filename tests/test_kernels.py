@@ -6,19 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import hf_greedy, tiny
+from conftest import fresh, hf_greedy, steps, tiny
 from dynatree import api
 from dynatree.errors import DynaTreeError
 from dynatree.kernels import (PackedLinear, linear_kernel, repack_linears, stock_linears, use_packed_linears)
 from dynatree.models import load_model
-
-
-def _plain(arch: str, dtype=torch.float32, seed: int = 0):
-    """A tiny model exactly as transformers builds it (no kernel or attention switch)."""
-    from conftest import config
-    from transformers import AutoModelForCausalLM
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config(arch, 64, 128)).to(dtype).eval()
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -45,7 +37,7 @@ def test_bfloat16_is_packed_and_close():
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox", "gpt2"])
 def test_swap_keeps_parameters_and_ties(arch):
-    model = _plain(arch)
+    model = fresh(arch)
     before = [id(p) for p in model.parameters()]
     keys = set(model.state_dict())
     assert use_packed_linears(model, "onednn") == "onednn"
@@ -57,47 +49,24 @@ def test_swap_keeps_parameters_and_ties(arch):
     assert linear_kernel(model) == "onednn"
 
 
-def _tree_step(model, n_ctx=10, n_tree=5):
-    """Prefill n_ctx tokens, then one tree step with a hand-made mask and explicit positions."""
-    from transformers import DynamicCache
-    gen = torch.Generator().manual_seed(3)
-    ids = torch.randint(1, 64, (1, n_ctx), generator=gen)
-    tree = torch.randint(1, 64, (1, n_tree), generator=gen)
-    parents = [-1, 0, 0, 1, 2]  # two branches of depth 3
-    depth = [0, 1, 1, 2, 2]
-    mask = torch.full((1, 1, n_tree, n_ctx + n_tree), float("-inf"))
-    mask[..., :n_ctx] = 0
-    for i in range(n_tree):
-        j = i
-        while j >= 0:
-            mask[0, 0, i, n_ctx + j] = 0
-            j = parents[j]
-    with torch.no_grad():
-        cache = DynamicCache()
-        first = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
-        step = model(input_ids=tree, position_ids=torch.tensor([[n_ctx + d for d in depth]]), attention_mask=mask,
-                     past_key_values=cache, use_cache=True).logits
-    return first, step
-
-
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox", "gpt2"])
 def test_packed_model_logits_close_and_stock_block_exact(arch):
-    plain = _plain(arch)
+    plain = fresh(arch)
     packed = copy.deepcopy(plain)
     use_packed_linears(packed, "onednn")
-    ref = _tree_step(plain)
-    got = _tree_step(packed)
+    ref = steps(plain)
+    got = steps(packed)
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
     with stock_linears(packed):
         assert linear_kernel(packed) == "stock"
-        for r, g in zip(ref, _tree_step(packed)):
+        for r, g in zip(ref, steps(packed)):
             assert torch.equal(g, r)  # F.linear on the same weights: bit for bit
     assert linear_kernel(packed) == "onednn"
 
 
 def test_stock_block_switches_back_on_error():
-    model = _plain("llama")
+    model = fresh("llama")
     use_packed_linears(model)
     with pytest.raises(RuntimeError):
         with stock_linears(model, None):
@@ -119,7 +88,7 @@ def test_greedy_tokens_equal_transformers_stock(arch, method, draft):
 
 
 def test_gradients_flow_through_the_original_weight():
-    model = _plain("llama")
+    model = fresh("llama")
     use_packed_linears(model)
     model.train()
     with torch.enable_grad():
@@ -144,14 +113,14 @@ def test_repack_follows_in_place_weight_changes():
 
 
 def test_kernel_choices_and_errors(monkeypatch):
-    model = _plain("llama", dtype=torch.float64)
+    model = fresh("llama", torch.float64)
     assert use_packed_linears(model, "auto") == "stock"  # oneDNN packs float32 and bfloat16 only
     assert any(type(m) is torch.nn.Linear for m in model.modules())
     with pytest.raises(DynaTreeError, match="float64"):
         use_packed_linears(model, "onednn")
     with pytest.raises(DynaTreeError, match="unknown linear kernel 'mkl'"):
         use_packed_linears(model, "mkl")
-    fp32 = _plain("llama")
+    fp32 = fresh("llama")
     assert use_packed_linears(fp32, "stock") == "stock"
     assert any(type(m) is torch.nn.Linear for m in fp32.modules())
     import dynatree.kernels as kernels
@@ -183,7 +152,7 @@ def test_hf_baseline_runs_stock_kernels(saved_tiny):
 
 
 def test_deepcopy_packs_its_own_copy():
-    model = _plain("llama")
+    model = fresh("llama")
     use_packed_linears(model)
     twin = copy.deepcopy(model)
     assert linear_kernel(twin) == "onednn"

@@ -28,7 +28,7 @@ import torch
 
 from .attention import use_gqa_attention
 from .errors import DynaTreeError
-from .kernels import check_linear_kernel, use_packed_linears
+from .kernels import check_linear_kernel, linear_kernel, use_packed_linears
 
 DTYPES = {
     "float32": torch.float32,
@@ -73,12 +73,16 @@ class LoadedModel:
     name: str  # the spec the user gave (alias, path or hub id)
     eos_ids: list[int] = field(default_factory=list)  # tokens that end generation
     compile: bool = False  # run decode steps (not prefills) through torch.compile; may be switched per run
-    linear: str = "stock"  # what the linear layers run: "onednn" (packed weights, kernels.py) or "stock"
     _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def linear(self) -> str:
+        """What the linear layers run now: "onednn" (packed weights, kernels.py) or "stock"."""
+        return linear_kernel(self.model)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -179,9 +183,8 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float
     model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only, torch_dtype)
     model.to(torch_device).eval()
     use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)
-    kernel = use_packed_linears(model, linear)  # oneDNN on weights packed once (kernels.py)
-    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer),
-                         compile=compile, linear=kernel)
+    use_packed_linears(model, linear)  # oneDNN on weights packed once (kernels.py)
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer), compile=compile)
     check_causal(loaded)
     return loaded
 

@@ -125,8 +125,9 @@ class DynaTreePolicy:
         """Stop growing unless a deeper chain below the likeliest node u of the level just drafted
         (depth `levels`; tree started at perf_counter() `start`) would raise the expected rate:
         j more levels (up to `depth_limit`), each costing what the average level did so far, each
-        node as likely given its parent as u was given its own. Every j is tried, not just the next level, because the cost curve is not
-        convex (on a CPU 4 tokens can cost 1.6x one, 8 tokens 2x)."""
+        node as likely given its parent as u was given its own. Every j is tried, not just the
+        next level, because the cost curve is not convex (on a CPU 4 tokens can cost 1.6x one,
+        8 tokens 2x)."""
         if self.curve is None:
             return False
         drafting = time.perf_counter() - start
