@@ -13,9 +13,13 @@ from dynatree.errors import DynaTreeError
 from dynatree.models import RECOMPILE_LIMIT, LoadedModel
 
 
+# float64: stock linears; float32: packed ones (kernels.py: oneDNN op for several rows, a
+# multiply-sum for one), on layers without (llama) and with (gpt_neox) bias
+@pytest.mark.parametrize("arch,dtype", [("llama", torch.float64), ("llama", torch.float32), ("gpt_neox", torch.float32)])
 @pytest.mark.parametrize("method", ["ar", "dynatree"])
-def test_compiled_decoding_equals_plain_greedy(method):
-    base = tiny("llama", seed=4)
+def test_compiled_decoding_equals_plain_greedy(method, arch, dtype):
+    base = tiny(arch, seed=4, dtype=dtype)
+    assert base.linear == ("onednn" if dtype == torch.float32 else "stock")
     target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-compiled", eos_ids=[])
     prompt = [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]
     expected = hf_greedy(target, prompt, 40)

@@ -168,3 +168,47 @@ def test_deepcopy_packs_its_own_copy():
     bf16 = copy.deepcopy(model).to(torch.bfloat16)  # packed float32 copy no longer matches: F.linear
     with torch.no_grad():
         assert bf16(input_ids=ids).logits.dtype == torch.bfloat16
+
+
+def _compiled_graph_ops(module, x):
+    """The operators dynamo records for `module(x)` (a capturing backend; nothing is compiled)."""
+    ops = []
+
+    def capture(gm, example_inputs):
+        ops.extend(str(node.target) for node in gm.graph.nodes if node.op in ("call_function", "call_method"))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(module, backend=capture, dynamic=False)(x)
+    return ops
+
+
+def test_compiled_graphs_use_the_packed_op_for_several_rows_and_a_multiply_sum_for_one():
+    torch.manual_seed(0)
+    layer = PackedLinear(torch.nn.Linear(24, 40))
+    with torch.no_grad():
+        several = _compiled_graph_ops(layer, torch.randn(1, 3, 24))
+        one = _compiled_graph_ops(layer, torch.randn(1, 1, 24))
+    packed, linear = "dynatree.packed_linear", "<built-in function linear>"
+    assert packed in several and linear not in several
+    assert packed not in one and linear not in one and any("sum" in op for op in one)  # a multiply-sum for inductor
+
+
+def test_compiled_packed_layers_match_f_linear_with_frozen_weights():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 8, bias=False)).eval()
+    use_packed_linears(model, "onednn")
+    first = model[0]
+    x = torch.randn(1, 5, 24)
+    with torch.no_grad():
+        expected = F.linear(F.gelu(F.linear(x, first.weight, first.bias)), model[2].weight)
+        direct = torch.ops.dynatree.packed_linear(x, first.weight, first.bias, first.slot)
+        torch.testing.assert_close(direct, F.linear(x, first.weight, first.bias), rtol=1e-5, atol=1e-5)
+        # a weight that is not the slot's (never expected) is still multiplied correctly
+        other = torch.randn(40, 24)
+        torch.testing.assert_close(torch.ops.dynatree.packed_linear(x, other, None, first.slot), F.linear(x, other))
+        torch._dynamo.reset()
+        compiled = torch.compile(model, options={"freezing": True})
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
+        row = x[:, :1]  # one row: the multiply-sum path
+        torch.testing.assert_close(compiled(row), expected[:, :1], rtol=1e-5, atol=1e-5)

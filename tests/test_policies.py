@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -267,7 +268,7 @@ def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
     prompt = [5, 6, 7, 8, 9]
     full = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=20,
                     ignore_eos=True, history=False)
-    _CURVES[target.model] = CostCurve((1, 2, 3), (0.1, 0.105, 0.3))  # two tokens nearly free, then expensive
+    _CURVES[target.model] = {False: CostCurve((1, 2, 3), (0.1, 0.105, 0.3))}  # two tokens nearly free, then expensive
     try:
         cut = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=20,
                        ignore_eos=True, history=False, cost_aware=True)
@@ -276,6 +277,50 @@ def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
     assert cut["new_token_ids"] == full["new_token_ids"] == hf_greedy(target, prompt, 20)
     assert full["stats"]["drafted_tokens"] > cut["stats"]["drafted_tokens"]
     assert cut["stats"]["drafted_tokens"] <= cut["stats"]["iterations"] - 1  # at most one node per verification
+
+
+def test_cost_curve_is_measured_once_per_compile_setting(monkeypatch):
+    from conftest import tiny
+    from dynatree import costmodel
+
+    target = tiny("llama", seed=1)
+    timed = []
+
+    def fake_measure(lm, context):
+        timed.append(lm.compile)
+        return costmodel.CostCurve((1,), (0.05 if lm.compile else 0.1,))
+
+    monkeypatch.setattr(costmodel, "measure", fake_measure)
+    try:
+        assert costmodel.curve_for(target, [5]).seconds == (0.1,)
+        assert costmodel.curve_for(target, [5]).seconds == (0.1,)  # reused
+        target.compile = True
+        assert costmodel.curve_for(target, [5]).seconds == (0.05,)  # compiled steps timed on their own
+        assert costmodel.curve_for(target, [5]).seconds == (0.05,)
+    finally:
+        target.compile = False
+        costmodel._CURVES.pop(target.model, None)
+    assert timed == [False, True]
+
+
+def test_cost_curve_times_each_size_after_an_untimed_run(monkeypatch):
+    from conftest import tiny
+    from dynatree import costmodel
+
+    target = tiny("llama", seed=1)
+    calls = []
+    real = type(target).forward
+
+    def forward(self, cache, ids, positions, mask, last_only=False):
+        calls.append(len(ids))
+        if len(calls) == 2:  # the first call of the first size: as slow as building a compiled graph
+            time.sleep(0.5)
+        return real(self, cache, ids, positions, mask, last_only)
+
+    monkeypatch.setattr(type(target), "forward", forward)
+    curve = costmodel.measure(target, [5, 6, 7], sizes=(1, 2), repeats=3)
+    assert calls == [3] + [1] * 4 + [2] * 4  # prefill, then 1 untimed + 3 timed per size
+    assert max(curve.seconds) < 0.5
 
 
 def test_measured_cost_curve_is_non_decreasing():

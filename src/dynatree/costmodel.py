@@ -32,7 +32,7 @@ from .tree import additive_mask
 # Every size up to 12, then coarser: small sizes are where trees live and where CPU GEMM kernels
 # change (on the 2-core test machine, eager float32: 3 tokens cost 1.19x one token, 4 tokens 1.6x).
 SIZES = (*range(1, 13), 16, 24, 32, 48, 64)
-_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> CostCurve
+_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compiled?: CostCurve}
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,9 @@ class Calibration:
 
 @torch.no_grad()
 def measure(target: LoadedModel, context: list[int], sizes=SIZES, repeats: int = 3) -> CostCurve:
-    """Time forwards of n chained tokens on top of a cache holding `context` (at least 1 token)."""
+    """Time forwards of n chained tokens on top of a cache holding `context` (at least 1 token).
+
+    Each size runs once untimed first: compiled, that is where its graph is built."""
     cache = kv.new_cache(target.model)
     target.forward(cache, context, list(range(len(context))), None, last_only=True)
     base = len(context)
@@ -113,22 +115,23 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, repeats: int =
         allowed = torch.cat([torch.ones(n, base, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
         mask = additive_mask(allowed, target.dtype, target.device)
         times = []
-        for _ in range(repeats):
+        for _ in range(repeats + 1):
             t0 = time.perf_counter()
             target.forward(cache, ids, pos, mask)
             if target.device.type == "cuda":
                 torch.cuda.synchronize(target.device)
             times.append(time.perf_counter() - t0)
             kv.crop(cache, base)  # back to the context
-        seconds.append(statistics.median(times))
+        seconds.append(statistics.median(times[1:]))
     for i in range(1, len(seconds)):  # more tokens never cost less; what looks cheaper is noise
         seconds[i] = max(seconds[i], seconds[i - 1])
     return CostCurve(tuple(sizes), tuple(seconds))
 
 
 def curve_for(target: LoadedModel, context: list[int]) -> CostCurve:
-    """The target's cost curve, measured on first use (on `context`) and then reused."""
-    curve = _CURVES.get(target.model)
-    if curve is None:
-        curve = _CURVES[target.model] = measure(target, context)
-    return curve
+    """The target's cost curve, measured on first use (on `context`) and then reused; one per
+    setting of `target.compile` (compiled steps cost differently, see `LoadedModel.compiled`)."""
+    curves = _CURVES.setdefault(target.model, {})
+    if target.compile not in curves:
+        curves[target.compile] = measure(target, context)
+    return curves[target.compile]
