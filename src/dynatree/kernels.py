@@ -25,8 +25,9 @@ slower than eager: compiled 4-8 token steps 100-125 ms). So a compiled layer emi
 the layer's packed copy by number) or, for one row (every `ar` step), `(x * W).sum(-1)`,
 which inductor fuses into one loop that streams the weight near the memory bandwidth
 (SmolLM2's 49152x576 output layer 4.4 ms vs 6.9 oneDNN, 13.9 MKL). Measured on SmolLM2
-(2 cores, AMD EPYC): a compiled one-token step 21-28 ms (eager 53-64), 4 tokens 46-55 ms. No modeling code is copied or
-patched: only module instances are replaced, as quantization libraries do.
+(2 cores, AMD EPYC): a compiled one-token step 21-28 ms (eager 53-64), 4 tokens 46-55 ms.
+No modeling code is copied or patched: only module instances are replaced, as quantization
+libraries do.
 """
 
 from __future__ import annotations

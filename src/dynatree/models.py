@@ -132,9 +132,10 @@ class LoadedModel:
         `freezing`: the weights become constants of the graph, so inductor lays them out once
         for its matrix kernels instead of on every call (Intel Xeon, SmolLM2-135M float32, 2
         cores, stock linears: a 4-token tree step 52 -> 40 ms, 8 tokens 63 -> 46 ms, 1 token 35 ->
-        32 ms). Packed linears (kernels.py) emit their own operators when compiled, so the
-        frozen weights of those layers go unused. The weights must not change while the model
-        is used compiled (inference only).
+        32 ms). Packed linears (kernels.py) emit their own operations when compiled (a
+        multiply-sum on the frozen weight for one row, the oneDNN copy for several), so
+        inductor does not lay out those weights for MKL. The weights must not change while the
+        model is used compiled (inference only).
         Dynamic dimensions are left to dynamo: each kind of step compiles once with static
         shapes, then once more with the varying sizes (cache length, tree size) made symbolic;
         that beat `dynamic=True` from the start (faster steps, 205 vs 282 s of compiling).
