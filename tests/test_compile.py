@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from conftest import hf_greedy, tiny
-from dynatree import api
+from dynatree import api, models
 from dynatree.bench import runner
 from dynatree.cli import main
 from dynatree.errors import DynaTreeError
+from dynatree.kernels import stock_linears
 from dynatree.models import RECOMPILE_LIMIT, LoadedModel
 
 
@@ -41,3 +42,31 @@ def test_compile_is_rejected_for_transformers_methods(saved_tiny, capsys):
         runner.check_variants([runner.Variant("ar", "ar"), runner.Variant("hf-ar", "hf-ar", compile=True)])
     assert main(["generate", "--target", str(saved_tiny), "--method", "hf-ar", "--compile", "w5 w6"]) == 2
     assert "--compile applies to dynatree's own methods" in capsys.readouterr().err
+
+
+def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_recompiles(monkeypatch):
+    kept_types, dropped_types = set(), set()
+    module_guards = models.module_guards
+
+    def spy(entries):
+        keep = module_guards(entries)
+        for e, k in zip(entries, keep):
+            if e.orig_guard.source.is_unspecialized_nn_module():
+                (kept_types if k else dropped_types).add(e.guard_type)
+        return keep
+
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-guards", eos_ids=[])
+    torch._dynamo.reset()  # graphs an earlier test compiled for this model would be reused without guarding anew
+    monkeypatch.setattr(models, "module_guards", spy)
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30]
+    run = lambda: api.generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=6,  # noqa: E731
+                               ignore_eos=True, compile=True)["new_token_ids"]
+    expected = hf_greedy(target, prompt, 6)
+    assert run() == expected
+    assert dropped_types == models.SKIPPED_MODULE_GUARDS  # all four kinds occur on a transformers model
+    assert "CONSTANT_MATCH" in kept_types  # attribute values such as PackedLinear.enabled stay guarded
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with stock_linears(target.model):  # enabled=False must fail a kept guard: a new graph on F.linear
+        assert run() == expected
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
