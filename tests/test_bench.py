@@ -191,6 +191,13 @@ def test_perf_table_ratios_and_bandwidth_limit():
     assert "500 MB of weights per forward / 10.0 GB/s measured read bandwidth = **20.0 tokens/s**" in md
     assert "Our `ar` reaches 13.5 tokens/s, 68% of it (1.48× from the limit)" in md
     assert "Our `ar +compile` reaches 18.5 tokens/s, 92% of it (1.08× from the limit)" in md
+    assert "Measured again beside" not in md  # no run had a paired measurement
+    for r in res["records"]:  # bandwidth measured beside each ar run: 1e12 on the warm-up prompt 0 (ignored)
+        if r["variant"] == "ar":
+            r["bandwidth_bytes_per_s"] = 1e12 if r["warmup"] else (20 + r["prompt_index"]) * 1e9
+    md = report.render(res)
+    # limits 21e9 / 500e6 = 42, 44 tokens/s; ar 13, 14 tokens/s -> 3.23x, 3.14x
+    assert ("per-prompt median (range): `ar` limit 43.0 tokens/s (42.0-44.0), 3.19× from it (3.14-3.23).") in md
 
 
 def test_perf_table_has_a_column_per_hf_speculative_peer_and_names_the_best_by_mean():
@@ -277,6 +284,22 @@ def test_runner_end_to_end_on_tiny_models(tmp_path, prompt_file):
     on_disk = results.load(tmp_path)
     assert on_disk["complete"] and on_disk["env"]["versions"]["torch"] and len(on_disk["variants"]) == len(variants)
     assert on_disk["variants"][1]["config"]["k"] == 5  # resolved config of every variant
+
+
+def test_runner_measures_bandwidth_beside_each_ar_run(monkeypatch, prompt_file):
+    reads = iter([5e9, 7e9, 3e9, 2e9])  # before/after ar on prompt 0, then on prompt 1
+    monkeypatch.setattr(runner, "read_bandwidth", lambda device: next(reads))
+    monkeypatch.setattr(runner, "decode_limit", lambda model, device: {
+        "weight_bytes": 1e8, "bandwidth_bytes_per_s": 9e9, "limit_tokens_per_s": 90.0})
+    variants = presets.method_variants(["ar", "linear"], ["ngram"])
+    proto = runner.Protocol(dataset=str(prompt_file), n=2, warmup=0, max_new_tokens=[4], bandwidth_limit=True)
+    res = runner.run("perf", variants, proto, tiny("llama", eos_ids=[]), {}, progress=False)
+    assert res["hardware"]["limit_tokens_per_s"] == 90.0
+    assert [r.get("bandwidth_bytes_per_s") for r in res["records"]] == [7e9, None, 3e9, None]  # the higher of the two
+    gaps = results.limit_gaps(res["records"], "ar", (str(prompt_file), 4, 800), 1e8)
+    assert gaps["limit"] == {"median": 50.0, "min": 30.0, "max": 70.0} and gaps["n"] == 2
+    speeds = [r["stats"]["tokens_per_s"] for r in res["records"] if r["variant"] == "ar"]
+    assert gaps["gap"]["max"] == pytest.approx(max(70 / speeds[0], 30 / speeds[1]))
 
 
 def test_sampling_runner_scores_ppl_per_data_set_reproducibly(tmp_path, prompt_file):

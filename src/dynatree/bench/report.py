@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from .results import load, ratios_to
+from .results import limit_gaps, load, ratios_to
 
 
 def _pm(mean, std, scale=1.0, digits=1) -> str:
@@ -95,6 +95,15 @@ def perf_section(results: dict, t_new: int, l_max: int) -> str:
             speed = ar["mean"]["tokens_per_s"]
             line += f" Our `{ar['variant']}` reaches {speed:.1f} tokens/s, {100 * speed / limit:.0f}% of it ({limit / speed:.2f}× from the limit)."
         out += ["", line]
+        paired = [(ar["variant"], limit_gaps(records, ar["variant"], setting, hw["weight_bytes"]))
+                  for ar in aggs if ar["method"] == "ar"]
+        paired = [(name, g) for name, g in paired if g]
+        if paired:
+            out += ["", "Measured again beside each `ar` run (best of 5 reads just before and after it, the higher "
+                        "kept; the machine's bandwidth drifts), per-prompt median (range): " + "; ".join(
+                            f"`{name}` limit {g['limit']['median']:.1f} tokens/s ({g['limit']['min']:.1f}-"
+                            f"{g['limit']['max']:.1f}), {g['gap']['median']:.2f}× from it "
+                            f"({g['gap']['min']:.2f}-{g['gap']['max']:.2f})" for name, g in paired) + "."]
     return "\n".join(out)
 
 

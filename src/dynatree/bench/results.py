@@ -77,6 +77,20 @@ def ratios_to(records: list[dict], variant: str, reference: str, setting: tuple)
             "n": len(common)}
 
 
+def limit_gaps(records: list[dict], variant: str, setting: tuple, weight_bytes: float) -> dict | None:
+    """The bandwidth limit measured beside each measured run of `variant` (records with
+    `bandwidth_bytes_per_s`) and how far the run's throughput is from it (limit / tokens/s):
+    per-prompt median, min and max of both. None if no run has a paired measurement."""
+    rows = [r for r in records if r["variant"] == variant and not r["warmup"] and _setting(r) == tuple(setting)
+            and r.get("bandwidth_bytes_per_s") and r["stats"]["tokens_per_s"]]
+    if not rows:
+        return None
+    limits = [r["bandwidth_bytes_per_s"] / weight_bytes for r in rows]
+    gaps = [lim / r["stats"]["tokens_per_s"] for lim, r in zip(limits, rows)]
+    spread = lambda xs: {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}  # noqa: E731
+    return {"limit": spread(limits), "gap": spread(gaps), "n": len(rows)}
+
+
 def save(results: dict, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

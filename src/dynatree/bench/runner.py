@@ -28,6 +28,7 @@ from pathlib import Path
 from .. import env
 from ..api import HYBRID, NGRAM, Hybrid, generate, sampling_config
 from ..errors import DynaTreeError
+from ..hardware import decode_limit, read_bandwidth
 from ..methods import get_method, make_config
 from ..models import LoadedModel
 from ..quality import teacher_forced
@@ -67,7 +68,7 @@ class Protocol:
     top_p: float | None = None
     seed: int = 0  # prompt i is sampled with seed + i by every variant
     ppl: bool = True  # score every continuation's perplexity under the target (one extra pass, untimed)
-    bandwidth_limit: bool = False  # measure the memory-bandwidth limit of plain decoding (hardware.py)
+    bandwidth_limit: bool = False  # measure the memory-bandwidth limit of plain decoding (hardware.py), at the start and beside every ar run
 
     @property
     def datasets(self) -> list[str]:
@@ -139,8 +140,6 @@ def run(
         "records": [],
     }
     if protocol.bandwidth_limit:
-        from ..hardware import decode_limit
-
         results["hardware"] = decode_limit(target.model, target.device)
     settings = [(d, t, l) for d in protocol.datasets for l in protocol.l_max for t in protocol.max_new_tokens]
     runs = sum(len(texts[d]) for d, _, _ in settings) - (len(settings) - 1) * protocol.warmup
@@ -157,6 +156,8 @@ def run(
                 reference = {}  # KV window -> tokens of plain decoding (ar) under that window
                 for v in variants:
                     bar.start(f"{dataset} {index + 1}/{len(texts[dataset])}", v.label, t_new)
+                    paired = protocol.bandwidth_limit and v.method == "ar"
+                    bandwidth = read_bandwidth(target.device) if paired else None
                     rec = generate(
                         method=v.method, target=target, draft=drafts.get(v.draft, v.draft), prompt_ids=ids,
                         max_new_tokens=t_new, ignore_eos=protocol.ignore_eos, on_tokens=bar.tokens,
@@ -168,6 +169,8 @@ def run(
                     if v.method == "ar":
                         reference.setdefault(rec["run"]["kv_window"], rec["new_token_ids"])
                     r = _record(v, prompt, dataset, index, protocol, t_new, l_max, rec)
+                    if paired:  # the machine's bandwidth drifts: measure it beside each ar run, keep the higher
+                        r["bandwidth_bytes_per_s"] = max(bandwidth, read_bandwidth(target.device))
                     if protocol.ppl:
                         key = _key(ids, rec["new_token_ids"])
                         if key not in scored:  # (ppl, the target's argmax per position)
