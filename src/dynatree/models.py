@@ -74,7 +74,7 @@ def module_guards(entries) -> list[bool]:
     that no instance attribute shadows a class one, and the weights' shapes and strides (the
     weights are frozen into the graph anyway): ~3,900 of SmolLM2's ~6,200 guards, 2.3 -> 1.0
     ms per call. Kept: attribute values (PackedLinear.enabled, the config's attention
-    implementation, training), module types and identities, and every guard on the inputs
+    implementation, training), module types, and every guard on the inputs
     (ids, positions, mask, KV cache), so switching kernels or attention still recompiles.
     """
     return [not (e.guard_type in SKIPPED_MODULE_GUARDS and e.orig_guard.source.is_unspecialized_nn_module())

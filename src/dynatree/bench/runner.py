@@ -68,7 +68,8 @@ class Protocol:
     top_p: float | None = None
     seed: int = 0  # prompt i is sampled with seed + i by every variant
     ppl: bool = True  # score every continuation's perplexity under the target (one extra pass, untimed)
-    bandwidth_limit: bool = False  # measure the memory-bandwidth limit of plain decoding (hardware.py), at the start and beside every ar run
+    # measure the memory-bandwidth limit of plain decoding (hardware.py): at the start and beside every ar run
+    bandwidth_limit: bool = False
 
     @property
     def datasets(self) -> list[str]:
