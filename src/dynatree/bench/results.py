@@ -72,7 +72,7 @@ def ratios_to(records: list[dict], variant: str, reference: str, setting: tuple)
     if not common:
         return None
     per_prompt = [mine[i] / ref[i] for i in common]
-    return {"median": statistics.median(per_prompt), "min": min(per_prompt), "max": max(per_prompt),
+    return {**_spread(per_prompt),
             "of_means": statistics.fmean(mine[i] for i in common) / statistics.fmean(ref[i] for i in common),
             "n": len(common)}
 
@@ -87,8 +87,11 @@ def limit_gaps(records: list[dict], variant: str, setting: tuple, weight_bytes: 
         return None
     limits = [r["bandwidth_bytes_per_s"] / weight_bytes for r in rows]
     gaps = [lim / r["stats"]["tokens_per_s"] for lim, r in zip(limits, rows)]
-    spread = lambda xs: {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}  # noqa: E731
-    return {"limit": spread(limits), "gap": spread(gaps), "n": len(rows)}
+    return {"limit": _spread(limits), "gap": _spread(gaps), "n": len(rows)}
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def save(results: dict, out_dir: Path) -> Path:
