@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache, MistralConfig, MistralForCausalLM
 
 from conftest import ARCHS, noisy_copy, tiny
 from dynatree import Decoder, make_config
 from dynatree import cache as kv
 from dynatree.drafters import LMDrafter
+from dynatree.errors import DynaTreeError
 from dynatree.methods import METHODS
 
 
@@ -84,3 +86,31 @@ def test_draft_cache_survives_iterations():
     run = decoder.generate([5, 6, 7, 8, 9, 10], max_new_tokens=60, ignore_eos=True)
     assert 0 < drafter.reused <= sum(run.stats.accepted_lens)
     assert drafter.fed_committed + drafter.reused == drafter.n_cached <= len(run.seq) - 1  # nothing fed twice
+
+
+def test_slot_cache_grows_and_otherwise_writes_in_place(monkeypatch):
+    """Entries are written by index into buffers that double when full; the values equal
+    what transformers' own DynamicCache holds for the same forwards."""
+    monkeypatch.setattr(kv, "MIN_CAPACITY", 4)
+    target = tiny("llama")
+    tokens = list(range(3, 23))
+    ours = plain_cache(target.model, tokens)  # 20 one-token forwards: capacity 4 -> 8 -> 16 -> 32
+    theirs = DynamicCache(config=target.model.config)
+    for pos, token in enumerate(tokens):
+        target.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]),
+                     past_key_values=theirs, use_cache=True)
+    assert all(type(layer) is kv.SlotLayer and layer.key_buf.shape[-2] == 32 for layer in ours.layers)
+    assert_same_cache(ours, theirs)
+    buffers = [layer.key_buf.data_ptr() for layer in ours.layers]
+    target.forward(ours, [5, 6], [20, 21], None)  # room left: written into the same buffers
+    assert [layer.key_buf.data_ptr() for layer in ours.layers] == buffers
+    assert kv.length(ours) == 22
+    kv.crop(ours, 10)
+    assert_same_cache(ours, plain_cache(target.model, tokens[:10]))
+
+
+def test_sliding_window_models_are_rejected():
+    config = MistralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, sliding_window=8)
+    with pytest.raises(DynaTreeError, match="sliding window or recurrent state"):
+        kv.new_cache(MistralForCausalLM(config))

@@ -7,6 +7,7 @@ import torch
 
 from conftest import hf_greedy, tiny
 from dynatree import api, models
+from dynatree import cache as kv
 from dynatree.bench import runner
 from dynatree.cli import main
 from dynatree.errors import DynaTreeError
@@ -70,3 +71,17 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
     with stock_linears(target.model):  # enabled=False must fail a kept guard: a new graph on F.linear
         assert run() == expected
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+
+
+def test_growing_kv_buffers_do_not_recompile(monkeypatch):
+    """The KV buffers double several times during this run (cache.MIN_CAPACITY = 4): ar still
+    needs only its two graphs (the first step's static one, then one with the cache length symbolic)."""
+    monkeypatch.setattr(kv, "MIN_CAPACITY", 4)
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-growing", eos_ids=[])
+    torch._dynamo.reset()
+    prompt = [5, 9, 14, 9, 5]
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    rec = api.generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=40, ignore_eos=True, compile=True)
+    assert rec["new_token_ids"] == hf_greedy(target, prompt, 40)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2  # capacity 8 -> 16 -> 32 -> 64 inside

@@ -1,24 +1,109 @@
 """KV-cache operations the engine needs; the only module that touches transformers' cache API.
 
-The engine uses a `transformers.DynamicCache` (transformers 5.x: `cache.layers[i].keys`
-and `.values`, shaped [batch, heads, seq, head_dim]). After a tree verification the
-cache holds `prefix + tree` entries; `keep` moves the entries of the accepted path
-into place right after the prefix and drops the rest, so no second target pass is
-needed to rebuild the cache.
+The engine's caches hold one `SlotLayer` per model layer: keys and values live in buffers
+allocated ahead ([batch, heads, capacity, head_dim]); a forward writes its new entries
+by index after the held ones, and the model attends to the view of the first `length`
+slots. (transformers' `DynamicLayer` instead concatenates, copying the whole cache on
+every forward.) After a tree verification the cache holds `prefix + tree` entries;
+`keep` moves the entries of the accepted path into place right after the prefix and
+drops the rest, so no second target pass is needed to rebuild the cache.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import Cache, DynamicCache
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from .errors import DynaTreeError
 
+MIN_CAPACITY = 256  # slots a layer allocates at first; it doubles when a forward needs more
 
-def new_cache(model) -> DynamicCache:
-    cache = DynamicCache(config=model.config)
-    for layer in cache.layers:
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's keys and values in preallocated buffers, written by index.
+
+    `keys`/`values` are views of the first `length` slots of the buffers, shaped like a
+    `DynamicLayer`'s, so the model and the tests read them the same way.
+    """
+
+    is_sliding = False
+    is_croppable = True
+
+    def __init__(self):
+        super().__init__()
+        self.length = 0  # slots in use
+        self.key_buf: torch.Tensor | None = None  # [batch, heads, capacity, head_dim]
+        self.value_buf: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.key_buf, self.value_buf = key_states[..., :0, :], value_states[..., :0, :]
+        self.is_initialized = True
+
+    def reserve(self, n: int) -> None:
+        """Make room for `n` more entries (eager; never inside a compiled forward if reserved ahead)."""
+        # One slot always stays free: a view of the whole buffer would differ in contiguity from
+        # the usual partial view, and torch.compile would build another graph for that case.
+        need = self.length + n
+        if need < self.key_buf.shape[-2]:
+            return
+        capacity = max(MIN_CAPACITY, self.key_buf.shape[-2])
+        while capacity <= need:
+            capacity *= 2
+        self.key_buf, self.value_buf = (_grown(buf, capacity, self.length) for buf in (self.key_buf, self.value_buf))
+        self._expose()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        self.reserve(n)
+        start = self.length
+        self.key_buf[..., start : start + n, :] = key_states
+        self.value_buf[..., start : start + n, :] = value_states
+        self.length = start + n
+        self._expose()
+        return self.keys, self.values
+
+    def _expose(self) -> None:
+        self.keys = self.key_buf[..., : self.length, :]
+        self.values = self.value_buf[..., : self.length, :]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0  # (kv length, kv offset) after this forward's entries
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1  # no maximum: the buffers grow
+
+    def reset(self) -> None:
+        self.length = 0
+        if self.is_initialized:
+            self._expose()
+
+    def crop(self, tokens_to_remove: int) -> None:  # transformers' convention: a negative count
+        self.truncate(max(0, self.length - abs(tokens_to_remove)))
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` entries."""
+        self.length = length
+        self._expose()
+
+
+def _grown(buf: torch.Tensor, capacity: int, length: int) -> torch.Tensor:
+    new = buf.new_empty(*buf.shape[:-2], capacity, buf.shape[-1])
+    new[..., :length, :] = buf[..., :length, :]
+    # One compiled graph for every capacity instead of a new graph when the buffers grow.
+    torch._dynamo.maybe_mark_dynamic(new, 2)
+    return new
+
+
+def new_cache(model) -> Cache:
+    layer_types = DynamicCache(config=model.config).layers
+    for layer in layer_types:
         # Sliding-window and linear-attention layers keep a rolling state that cannot be
         # compacted by index; reject them instead of silently decoding wrong tokens.
         if type(layer) is not DynamicLayer:
@@ -26,19 +111,28 @@ def new_cache(model) -> DynamicCache:
                 f"{model.config.model_type} uses {type(layer).__name__} cache layers "
                 "(sliding window or recurrent state), which dynatree does not support yet"
             )
-    return cache
+    if not layer_types:  # the config does not say how many layers: add them as the model asks
+        return Cache(layer_class_to_replicate=SlotLayer)
+    return Cache(layers=[SlotLayer() for _ in layer_types])
 
 
-def length(cache: DynamicCache) -> int:
+def reserve(cache: Cache, n: int) -> None:
+    """Make room for `n` more entries in every layer before a forward (a no-op for other caches)."""
+    for layer in cache.layers:
+        if isinstance(layer, SlotLayer) and layer.is_initialized:
+            layer.reserve(n)
+
+
+def length(cache: Cache) -> int:
     """Number of token positions held in the cache."""
     return cache.get_seq_length()
 
 
-def keep(cache: DynamicCache, start: int, keep_idx: torch.Tensor) -> None:
+def keep(cache: Cache, start: int, keep_idx: torch.Tensor) -> None:
     """Keep entries [0, start) plus entries `start + keep_idx` (in that order); drop everything else.
 
     `keep_idx` must be increasing, which holds for a root-to-node path in BFS order, so
-    each kept entry moves to a slot at or before its old one and the copy is safe.
+    each kept entry moves to a slot at or before its old one.
     """
     m = int(keep_idx.numel())
     in_place = m == 0 or int(keep_idx[-1]) == m - 1  # increasing and ending at m - 1: already 0..m-1
@@ -47,12 +141,11 @@ def keep(cache: DynamicCache, start: int, keep_idx: torch.Tensor) -> None:
             continue
         if not in_place:
             src = start + keep_idx.to(layer.keys.device)
-            layer.keys[..., start : start + m, :] = layer.keys[..., src, :]
-            layer.values[..., start : start + m, :] = layer.values[..., src, :]
-        layer.keys = layer.keys[..., : start + m, :]
-        layer.values = layer.values[..., : start + m, :]
+            for buf in (layer.key_buf, layer.value_buf):
+                buf[..., start : start + m, :] = buf[..., src, :]  # the gather copies before the write
+        layer.truncate(start + m)
 
 
-def crop(cache: DynamicCache, new_length: int) -> None:
+def crop(cache: Cache, new_length: int) -> None:
     """Drop every entry from position `new_length` on."""
     keep(cache, new_length, torch.empty(0, dtype=torch.long))

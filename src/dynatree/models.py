@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from . import cache as kv
 from .attention import use_gqa_attention
 from .errors import DynaTreeError
 from .kernels import check_linear_kernel, linear_kernel, use_packed_linears
@@ -131,6 +132,7 @@ class LoadedModel:
         """
         device = self.device
         model = self.model
+        kv.reserve(cache, len(ids))  # room for the new entries, so a compiled forward never reallocates
         if self.compile and not last_only:
             model = self.compiled()
         out = model(
