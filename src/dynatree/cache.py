@@ -111,8 +111,6 @@ def new_cache(model) -> Cache:
                 f"{model.config.model_type} uses {type(layer).__name__} cache layers "
                 "(sliding window or recurrent state), which dynatree does not support yet"
             )
-    if not layer_types:  # the config does not say how many layers: add them as the model asks
-        return Cache(layer_class_to_replicate=SlotLayer)
     return Cache(layers=[SlotLayer() for _ in layer_types])
 
 
