@@ -176,5 +176,8 @@ class DynaTreePolicy:
         self.tau_h = min(max(self.tau_h - c.eta_tau * error, c.tau_l), 1.0)
 
     def state(self) -> dict:
-        """The adapted parameters as they are now."""
-        return {"d0": round(self.d0), "d0_continuous": self.d0, "tau_h": self.tau_h}
+        """The adapted parameters as they are now, and the cost curve the tree sizes were chosen on."""
+        state = {"d0": round(self.d0), "d0_continuous": self.d0, "tau_h": self.tau_h}
+        if self.curve is not None:  # so a run's tree sizes can be checked against what it measured
+            state["cost_curve_ms"] = {n: round(s * 1e3, 3) for n, s in zip(self.curve.sizes, self.curve.seconds)}
+        return state
