@@ -11,7 +11,7 @@ exceeds its parent's) commit about 1 + p_1 + ... + p_k tokens per pass, so the b
 
 t_draft being the time already spent drafting the tree (a draft model's forwards are not free).
 
-The curve is measured once per target model (median of `repeats` timings per size, made
+The curve is measured once per target model (median over timed sweeps of every size, made
 non-decreasing) and kept for the life of the process.
 """
 
@@ -92,37 +92,58 @@ class Calibration:
         b = self._bin(q)
         return self.hits[b] / self.trials[b]
 
+    def _count(self, q: float, hit: bool) -> None:
+        b = self._bin(q)
+        self.trials[b] += 1
+        self.hits[b] += hit
+
     def observe(self, parents: list[int], logp: list[float], accepted: set[int]) -> None:
         """One verified tree: every drafted node whose parent was accepted (or is the root) is a trial."""
         for u in range(1, len(parents)):
             if parents[u] in accepted:
-                b = self._bin(step_prob(parents, logp, u))
-                self.trials[b] += 1
-                self.hits[b] += u in accepted
+                self._count(step_prob(parents, logp, u), u in accepted)
+
+    def observe_choices(self, parents: list[int], logp: list[float], tokens: list[int], choices: dict[int, int]) -> None:
+        """Greedy decoding, where the target's next token at each accepted node is known (`choices`:
+        node -> token; at the last accepted node it is the committed bonus token): every drafted
+        child of such a node is a trial, verified or cut from the tree before verification - a
+        hit iff its token is the target's choice. Trials from cut nodes are what lets a policy
+        that cuts everything (verification looks dear, the draft looks unsure) still learn that
+        its draft is better than it looks."""
+        for u in range(1, len(parents)):
+            choice = choices.get(parents[u])
+            if choice is not None:
+                self._count(step_prob(parents, logp, u), tokens[u] == choice)
 
 
 @torch.no_grad()
-def measure(target: LoadedModel, context: list[int], sizes=SIZES, repeats: int = 3) -> CostCurve:
+def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 5) -> CostCurve:
     """Time forwards of n chained tokens on top of a cache holding `context` (at least 1 token).
 
-    Each size runs once untimed first: compiled, that is where its graph is built."""
+    Sizes are timed in whole sweeps: one untimed sweep first (compiled, that is where the graphs
+    are built, and steps right after compiling run slower: on the 2-core test machine a first
+    sweep made one token look 27-34 ms instead of 19-20), then `rounds` timed sweeps, each size's
+    time being its median over the sweeps. Sweeping, rather than timing one size's repeats in a
+    row, spreads a slow spell of the machine (its memory bandwidth varies 2x within minutes)
+    over every size instead of inflating a few, which would bend the curve's shape."""
     cache = kv.new_cache(target.model)
     target.forward(cache, context, list(range(len(context))), None, last_only=True)
     base = len(context)
-    seconds = []
+    steps = []  # per size: ids, positions, mask of n chained tokens after the context
     for n in sizes:
-        ids, pos = [context[-1]] * n, list(range(base, base + n))
         allowed = torch.cat([torch.ones(n, base, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
-        mask = additive_mask(allowed, target.dtype, target.device)
-        times = []
-        for _ in range(repeats + 1):
+        steps.append(([context[-1]] * n, list(range(base, base + n)), additive_mask(allowed, target.dtype, target.device)))
+    times: list[list[float]] = [[] for _ in sizes]
+    for sweep in range(rounds + 1):
+        for i, (ids, pos, mask) in enumerate(steps):
             t0 = time.perf_counter()
             target.forward(cache, ids, pos, mask)
             if target.device.type == "cuda":
                 torch.cuda.synchronize(target.device)
-            times.append(time.perf_counter() - t0)
+            if sweep:
+                times[i].append(time.perf_counter() - t0)
             kv.crop(cache, base)  # back to the context
-        seconds.append(statistics.median(times[1:]))
+    seconds = [statistics.median(t) for t in times]
     for i in range(1, len(seconds)):  # more tokens never cost less; what looks cheaper is noise
         seconds[i] = max(seconds[i], seconds[i - 1])
     return CostCurve(tuple(sizes), tuple(seconds))

@@ -20,8 +20,10 @@ conservative. Only D0 and tau_h adapt; every other parameter stays as configured
 With `cost_aware` (ours, issue 5), each grown tree is cut to the nodes of largest p worth
 their verification time under the target's measured cost curve, the drafting time of the
 iteration included, with acceptance estimated from the draft's probabilities through a
-calibration learnt from past verifications (costmodel.py); growth stops after a level unless
-a deeper chain could raise the expected tokens per second (`_stop`).
+calibration learnt from past verifications (costmodel.py; greedy, nodes cut before
+verification are learnt from too, the target's choice after every accepted node being known);
+growth stops after a level unless a deeper chain could raise the expected tokens per second
+(`_stop`).
 """
 
 from __future__ import annotations
@@ -90,9 +92,13 @@ class DynaTreePolicy:
         self.window: deque[float] = deque(maxlen=config.history_window)
         self.curve: CostCurve | None = None  # the target's verification cost, when cost_aware
         self.calibration = Calibration()  # acceptance vs draft probability, learnt when cost_aware
+        self._greedy = True  # the last tree was grown for greedy decoding (no sampler)
+        self._grown: TreeBuilder | None = None  # the last tree as drafted, before the cut (cost_aware)
+        self._pending: tuple[TreeBuilder, int] | None = None  # that tree and its last accepted node (greedy)
 
     def calibrate(self, target: LoadedModel, context: list[int]) -> None:
         """Called by the decoder before the prefill, outside its timings: the target's cost curve if needed."""
+        self._pending = None  # a new run: the next root says nothing about the last tree
         if self.config.cost_aware:
             self.curve = curve_for(target, context)
 
@@ -118,6 +124,7 @@ class DynaTreePolicy:
         or None for all."""
         if self.curve is None:
             return None
+        self._grown = tree
         kept = self._worth(tree, time.perf_counter() - start)[0]
         return None if len(kept) == len(tree) - 1 else [0, *kept]
 
@@ -157,6 +164,11 @@ class DynaTreePolicy:
                 return c.b_min
             return c.b_mid if confidence >= c.tau_l else c.b_max
 
+        if self._pending is not None:  # greedy: the root is the target's choice after the last accepted node
+            grown, node = self._pending
+            self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: root_token})
+            self._pending = None
+        self._greedy = sampler is None
         start, depth_limit = time.perf_counter(), min(c.d_max, max_depth)
         return grow_levels(
             drafter, root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max,
@@ -167,13 +179,26 @@ class DynaTreePolicy:
     def observe(self, tree: Tree, path: list[int]) -> None:
         c = self.config
         if self.curve is not None:
-            self.calibration.observe(tree.parents.tolist(), tree.logp.tolist(), {0, *path})
+            self._learn(tree, path)
         if not c.history or tree.n_drafted == 0:
             return
         self.window.append(len(path) / tree.n_drafted)
         error = sum(self.window) / len(self.window) - c.target_accept
         self.d0 = min(max(self.d0 + c.eta_depth * error, 1.0), c.d_max - 1.0)
         self.tau_h = min(max(self.tau_h - c.eta_tau * error, c.tau_l), 1.0)
+
+    def _learn(self, tree: Tree, path: list[int]) -> None:
+        """Calibrate acceptance on a verified tree. Greedy, from the tree as drafted: the target's
+        choice at each accepted node is the next accepted token, and the next root at the last one
+        (learnt when the next tree is grown), so nodes cut before verification count too."""
+        grown, self._grown = self._grown, None
+        if not self._greedy or grown is None:
+            self.calibration.observe(tree.parents.tolist(), tree.logp.tolist(), {0, *path})
+            return
+        chain = [0, *tree.drafted_nodes(path)]  # the accepted nodes as drafted
+        choices = {a: grown.tokens[b] for a, b in zip(chain, chain[1:])}
+        self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, choices)
+        self._pending = (grown, chain[-1])
 
     def state(self) -> dict:
         """The adapted parameters as they are now, and the cost curve the tree sizes were chosen on."""
