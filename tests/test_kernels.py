@@ -204,11 +204,14 @@ def test_compiled_packed_layers_match_f_linear_with_frozen_weights():
         expected = F.linear(F.gelu(F.linear(x, first.weight, first.bias)), model[2].weight)
         direct = torch.ops.dynatree.packed_linear(x, first.weight, first.bias, first.slot)
         torch.testing.assert_close(direct, F.linear(x, first.weight, first.bias), rtol=1e-5, atol=1e-5)
-        # a weight that is not the slot's (never expected) is still multiplied correctly
+        # a weight that is not the slot's (never expected) is still multiplied correctly, and said so
         other = torch.randn(40, 24)
-        torch.testing.assert_close(torch.ops.dynatree.packed_linear(x, other, None, first.slot), F.linear(x, other))
+        with pytest.warns(RuntimeWarning, match="computing F.linear instead"):
+            fallback = torch.ops.dynatree.packed_linear(x, other, None, first.slot)
+        torch.testing.assert_close(fallback, F.linear(x, other))
         torch._dynamo.reset()
         compiled = torch.compile(model, options={"freezing": True})
         torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
         row = x[:, :1]  # one row: the multiply-sum path
         torch.testing.assert_close(compiled(row), expected[:, :1], rtol=1e-5, atol=1e-5)
+

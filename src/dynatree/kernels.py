@@ -36,6 +36,7 @@ import contextlib
 import copy
 import itertools
 import os
+import warnings
 import weakref
 
 import torch
@@ -53,6 +54,7 @@ MAX_RAM_SHARE = 0.25
 # (oneDNN's opaque packed tensor cannot be traced); see `packed_linear`.
 _LAYERS: "weakref.WeakValueDictionary[int, PackedLinear]" = weakref.WeakValueDictionary()
 _SLOTS = itertools.count()
+_FELL_BACK: set[int] = set()  # slots that `packed_linear` computed with F.linear (warned once each)
 
 
 # `dynatree::packed_linear`, declared with the low-level torch.library API: a call costs ~3 us
@@ -62,9 +64,16 @@ _LIBRARY.define("packed_linear(Tensor x, Tensor weight, Tensor? bias, int slot) 
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, slot: int) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` by layer `slot`'s packed copy; opaque to torch.compile."""
+    """`F.linear(x, weight, bias)` by layer `slot`'s packed copy; opaque to torch.compile. A graph
+    whose layer is gone or holds another weight than the one traced gets F.linear (same numbers,
+    slower), with a warning once per layer."""
     layer = _LAYERS.get(slot)
-    if layer is None or layer.weight.data_ptr() != weight.data_ptr():  # not expected; stay correct
+    if layer is None or layer.weight.data_ptr() != weight.data_ptr():
+        if slot not in _FELL_BACK:
+            _FELL_BACK.add(slot)
+            warnings.warn(f"dynatree::packed_linear: linear layer {slot} is gone or holds another weight than the "
+                          "compiled graph traced; computing F.linear instead (same result, slower)", RuntimeWarning,
+                          stacklevel=2)
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, layer.packed, bias, "none", [], "")
 
