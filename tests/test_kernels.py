@@ -214,4 +214,3 @@ def test_compiled_packed_layers_match_f_linear_with_frozen_weights():
         torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
         row = x[:, :1]  # one row: the multiply-sum path
         torch.testing.assert_close(compiled(row), expected[:, :1], rtol=1e-5, atol=1e-5)
-

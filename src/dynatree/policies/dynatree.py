@@ -92,8 +92,7 @@ class DynaTreePolicy:
         self.window: deque[float] = deque(maxlen=config.history_window)
         self.curve: CostCurve | None = None  # the target's verification cost, when cost_aware
         self.calibration = Calibration()  # acceptance vs draft probability, learnt when cost_aware
-        self._greedy = True  # the last tree was grown for greedy decoding (no sampler)
-        self._grown: TreeBuilder | None = None  # the last tree as drafted, before the cut (cost_aware)
+        self._grown: TreeBuilder | None = None  # the last tree as drafted, before the cut (cost_aware, greedy)
         self._pending: tuple[TreeBuilder, int] | None = None  # that tree and its last accepted node (greedy)
 
     def calibrate(self, target: LoadedModel, context: list[int]) -> None:
@@ -119,12 +118,12 @@ class DynaTreePolicy:
         k, rate = best_rate([est[u] for u in ranked], self.curve, drafting)
         return ranked[:k], rate, est
 
-    def _cut(self, tree: TreeBuilder, start: float) -> list[int] | None:
+    def _cut(self, tree: TreeBuilder, start: float, greedy: bool) -> list[int] | None:
         """The root and the drafted nodes worth verifying (tree started at perf_counter() `start`),
         or None for all."""
         if self.curve is None:
             return None
-        self._grown = tree
+        self._grown = tree if greedy else None  # greedy: learn from the nodes cut here too (`_learn`)
         kept = self._worth(tree, time.perf_counter() - start)[0]
         return None if len(kept) == len(tree) - 1 else [0, *kept]
 
@@ -168,11 +167,10 @@ class DynaTreePolicy:
             grown, node = self._pending
             self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: root_token})
             self._pending = None
-        self._greedy = sampler is None
         start, depth_limit = time.perf_counter(), min(c.d_max, max_depth)
         return grow_levels(
             drafter, root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max,
-            expandable=expandable, breadth=breadth, tau=c.tau, cut=lambda tree: self._cut(tree, start),
+            expandable=expandable, breadth=breadth, tau=c.tau, cut=lambda tree: self._cut(tree, start, sampler is None),
             stop=lambda tree, levels: self._stop(tree, levels, start, depth_limit),
         )
 
@@ -192,7 +190,7 @@ class DynaTreePolicy:
         choice at each accepted node is the next accepted token, and the next root at the last one
         (learnt when the next tree is grown), so nodes cut before verification count too."""
         grown, self._grown = self._grown, None
-        if not self._greedy or grown is None:
+        if grown is None:  # sampling (the next root is a draw): the verified nodes only
             self.calibration.observe(tree.parents.tolist(), tree.logp.tolist(), {0, *path})
             return
         chain = [0, *tree.drafted_nodes(path)]  # the accepted nodes as drafted
