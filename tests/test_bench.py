@@ -283,6 +283,8 @@ def test_runner_end_to_end_on_tiny_models(tmp_path, prompt_file):
     assert {a["n"] for a in res["aggregates"]} == {2}
     on_disk = results.load(tmp_path)
     assert on_disk["complete"] and on_disk["env"]["versions"]["torch"] and len(on_disk["variants"]) == len(variants)
+    assert on_disk["env"]["cpu_support"]["capability"] == torch.backends.cpu.get_cpu_capability()
+    assert f"- CPU support: {on_disk['env']['cpu_support']['capability']}, oneDNN linear in float32" in report.header(on_disk)
     assert on_disk["variants"][1]["config"]["k"] == 5  # resolved config of every variant
 
 

@@ -38,6 +38,8 @@ def test_json_record(capsys, saved_tiny, method):
     assert rec["method"] == method and rec["prompt_tokens"] == 5  # the word-level tokenizer adds no BOS
     assert rec["stats"]["new_tokens"] == len(rec["new_token_ids"]) == 12
     assert rec["env"]["versions"]["torch"] and rec["run"]["max_new_tokens"] == 12
+    assert rec["env"]["cpu_support"]["capability"] == torch.backends.cpu.get_cpu_capability()  # never mix CPUs
+    assert rec["stats"]["compile_s"] is None and rec["run"]["linear_note"] is None  # float32 packs on every CPU
     ar = generate_json(capsys, saved_tiny, "--method", "ar", "--max-new-tokens", "12", "--ignore-eos")
     assert rec["new_token_ids"] == ar["new_token_ids"]
 

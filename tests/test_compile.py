@@ -75,7 +75,7 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
 
 def test_growing_kv_buffers_do_not_recompile(monkeypatch):
     """The KV buffers double several times during this run (cache.MIN_CAPACITY = 4): ar still
-    needs only its two graphs (the first step's static one, then one with the cache length symbolic)."""
+    needs only its one graph (the cache length and capacity symbolic from the start)."""
     monkeypatch.setattr(kv, "MIN_CAPACITY", 4)
     base = tiny("llama", seed=4, dtype=torch.float32)
     target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-growing", eos_ids=[])
@@ -84,4 +84,45 @@ def test_growing_kv_buffers_do_not_recompile(monkeypatch):
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     rec = api.generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=40, ignore_eos=True, compile=True)
     assert rec["new_token_ids"] == hf_greedy(target, prompt, 40)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2  # capacity 8 -> 16 -> 32 -> 64 inside
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1  # capacity 8 -> 16 -> 32 -> 64 inside
+    assert rec["stats"]["graphs_compiled_while_timed"] == 0
+
+
+@pytest.mark.parametrize("method,options,kv_window,graphs", [
+    ("ar", {}, None, 1),  # one-token steps
+    ("dynatree", {}, None, 2),  # one-token steps and trees (any size)
+    ("dynatree", {"cost_aware": True}, None, 2),  # its cost sweep runs the same two graphs
+    ("fixed-tree", {}, "4,24", 2),  # under a KV window every step is masked: one-token and tree
+])
+def test_compiled_graphs_are_bounded_and_built_before_the_clock(method, options, kv_window, graphs):
+    """Each kind of step compiles once, before timing starts (compile_s); none inside the timings,
+    and a second run compiles nothing. Left to dynamo, each kind compiled twice (static sizes first)."""
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-bounded", eos_ids=[])
+    torch._dynamo.reset()
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]
+    before = models.compiled_graphs()
+    run = lambda: api.generate(method=method, target=target, draft=None if method == "ar" else "ngram",  # noqa: E731
+                               prompt_ids=prompt, max_new_tokens=30, ignore_eos=True, compile=True,
+                               kv_window=kv_window, **options)
+    first = run()
+    assert models.compiled_graphs() - before == graphs
+    assert first["stats"]["compile_s"] > 0 and first["stats"]["graphs_compiled_while_timed"] == 0
+    assert first["stats"]["ttft_s"] < first["stats"]["compile_s"]  # compiling is not in the time to first token
+    second = run()
+    assert models.compiled_graphs() - before == graphs
+    assert second["stats"]["compile_s"] == 0.0 and second["stats"]["graphs_compiled_while_timed"] == 0
+    assert second["new_token_ids"] == first["new_token_ids"]
+    if kv_window is None:
+        assert first["new_token_ids"] == hf_greedy(target, prompt, 30)
+    uncompiled = api.generate(method=method, target=target, draft=None if method == "ar" else "ngram",
+                              prompt_ids=prompt, max_new_tokens=30, ignore_eos=True, kv_window=kv_window, **options)
+    assert uncompiled["stats"]["compile_s"] is None and uncompiled["new_token_ids"] == first["new_token_ids"]
+
+
+def test_stats_line_reports_compiling_apart():
+    from dynatree.cli import compile_note
+
+    assert compile_note({"compile_s": None}) == ""
+    assert compile_note({"compile_s": 95.24, "graphs_compiled_while_timed": 0}) == " | compiled 95.2 s before timing"
+    assert "2 graph(s) compiled while timed" in compile_note({"compile_s": 0.0, "graphs_compiled_while_timed": 2})

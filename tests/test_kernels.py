@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import fresh, hf_greedy, steps, tiny
-from dynatree import api
+from dynatree import api, cpu
 from dynatree.errors import DynaTreeError
-from dynatree.kernels import (PackedLinear, linear_kernel, repack_linears, stock_linears, use_packed_linears)
+from dynatree.kernels import (PackedLinear, linear_kernel, packing_problem, repack_linears, stock_linears,
+                              use_packed_linears)
 from dynatree.models import load_model
 
 
@@ -26,13 +27,83 @@ def test_packed_linear_matches_f_linear(bias, shape):
         torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_is_packed_and_close():
+def _linear(dtype):
     torch.manual_seed(0)
-    lin = torch.nn.Linear(32, 16).to(torch.bfloat16)
-    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    return torch.nn.Sequential(torch.nn.Linear(32, 16)).to(dtype).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_linears_follow_what_this_cpu_can_run(dtype):
+    """Whichever branch this machine takes: packed where oneDNN runs the dtype, stock with the
+    reason (and a one-line error for --linear onednn) where it does not (e.g. AVX2-only CPUs)."""
+    model = _linear(dtype)
+    x = torch.randn(4, 32, dtype=dtype)
     with torch.no_grad():
-        torch.testing.assert_close(PackedLinear(lin)(x).float(), F.linear(x, lin.weight, lin.bias).float(),
-                                   rtol=2e-2, atol=2e-2)
+        expected = F.linear(x, model[0].weight, model[0].bias).float()
+    problem = cpu.onednn_linear_problem(dtype)
+    if problem is None:
+        assert packing_problem(model) is None
+        assert use_packed_linears(model, "auto") == "onednn"
+    else:
+        assert packing_problem(model) == f"this CPU ({cpu.capability()}) cannot run oneDNN's {dtype_name(dtype)} linear: {problem}"
+        with pytest.raises(DynaTreeError, match="use --linear stock or --dtype float32$"):
+            use_packed_linears(model, "onednn")
+        assert use_packed_linears(model, "auto") == "stock"
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def test_a_cpu_without_the_dtype_path_gets_stock_kernels_and_the_reason(monkeypatch):
+    """The unsupported branch on every machine: the probe is faked to fail as on an AVX2-only CPU."""
+    missing = "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+    monkeypatch.setattr(cpu, "onednn_linear_problem", lambda dtype: missing if dtype == torch.bfloat16 else None)
+    model = _linear(torch.bfloat16)
+    assert use_packed_linears(model, "auto") == "stock" and linear_kernel(model) == "stock"
+    assert missing in packing_problem(model)
+    with pytest.raises(DynaTreeError) as err:
+        use_packed_linears(model, "onednn")
+    assert str(err.value) == ("--linear onednn: cannot pack this model's linear layers: this CPU "
+                              f"({cpu.capability()}) cannot run oneDNN's bfloat16 linear: {missing}; "
+                              "use --linear stock or --dtype float32")
+    assert use_packed_linears(_linear(torch.float32), "auto") == "onednn"  # float32 is another question
+
+
+def test_a_cpu_with_the_dtype_path_packs_it(monkeypatch):
+    """The supported branch on every machine: probe and oneDNN ops faked (weights kept as they are,
+    F.linear for the product), so the choice and the plumbing of packed bf16 layers run everywhere."""
+    monkeypatch.setattr(cpu, "onednn_linear_problem", lambda dtype: None)
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", lambda w, b: w.clone())
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, w, b, *rest: F.linear(x, w, b))
+    model = fresh("llama", torch.bfloat16)
+    prompt = torch.tensor([[5, 9, 14, 9, 5]])
+    with torch.no_grad():
+        ref = model(prompt).logits
+        assert packing_problem(model) is None
+        assert use_packed_linears(model, "auto") == "onednn"
+        assert all(type(m) is not torch.nn.Linear for m in model.modules())
+        assert torch.equal(model(prompt).logits, ref)
+
+
+def test_probe_reports_onednn_s_own_words(monkeypatch):
+    def refuse(w, b):
+        raise RuntimeError("mkldnn_reorder_linear_weight: fp16 path needs the cpu support avx_ne_convert or avx512_fp16")
+
+    cpu.onednn_linear_problem.cache_clear()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+            assert cpu.onednn_linear_problem(torch.float16) == "fp16 path needs the cpu support avx_ne_convert or avx512_fp16"
+    finally:
+        cpu.onednn_linear_problem.cache_clear()  # the real answers again for later tests
+    assert cpu.onednn_linear_problem(torch.float32) is None  # float32 runs on every x86 CPU oneDNN supports
+    info = cpu.describe()
+    assert info["capability"] == torch.backends.cpu.get_cpu_capability()
+    assert "float32" in info["onednn_linear_dtypes"]
+    assert cpu.summary(info).startswith(f"{info['capability']}, oneDNN linear in float32")
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox", "gpt2"])

@@ -327,6 +327,47 @@ def test_cost_curve_times_whole_sweeps_after_an_untimed_one(monkeypatch):
     assert max(curve.seconds) < 0.3
 
 
+def test_cost_curve_throws_away_a_timed_sweep_that_compiled(monkeypatch):
+    """A graph built during a timed sweep (the cost of compiling, not of the step) is not learnt
+    from: that sweep is swept again (issue 36: a compiled run ended with L 1.00, no drafting)."""
+    from conftest import tiny
+    from dynatree import costmodel
+
+    target = tiny("llama", seed=1)
+    calls, graphs = [], [0]
+    real = type(target).forward
+
+    def forward(self, cache, ids, positions, mask, last_only=False):
+        calls.append(len(ids))
+        if len(calls) == 7:  # the second timed sweep's size-2 step "compiles": slow, and a new graph
+            graphs[0] += 1
+            time.sleep(0.3)
+        return real(self, cache, ids, positions, mask, last_only)
+
+    monkeypatch.setattr(type(target), "forward", forward)
+    monkeypatch.setattr(costmodel, "compiled_graphs", lambda: graphs[0])
+    curve = costmodel.measure(target, [5, 6, 7], sizes=(1, 2), rounds=3)
+    assert calls == [3] + [1, 2] * 5  # the prefill, 1 untimed sweep, 3 timed ones and the one swept again
+    assert max(curve.seconds) < 0.3
+
+
+def test_cost_curve_runs_one_token_without_a_mask_as_the_decoder_does(monkeypatch):
+    from conftest import tiny
+    from dynatree import costmodel
+
+    target = tiny("llama", seed=1)
+    masks = {}
+    real = type(target).forward
+
+    def forward(self, cache, ids, positions, mask, last_only=False):
+        masks.setdefault(len(ids), mask is None)
+        return real(self, cache, ids, positions, mask, last_only)
+
+    monkeypatch.setattr(type(target), "forward", forward)
+    costmodel.measure(target, [5, 6, 7, 8], sizes=(1, 2, 3), rounds=1)
+    assert masks == {4: True, 1: True, 2: False, 3: False}  # the prefill and one token plain; trees masked
+
+
 def test_measured_cost_curve_is_non_decreasing():
     from conftest import tiny
     from dynatree.costmodel import measure

@@ -215,6 +215,7 @@ def generate(
             "dtype": str(tgt.dtype).removeprefix("torch."),
             "compile": bool(compile) and spec.policy_cls is not None,
             "linear": tgt.linear if spec.policy_cls is not None else "stock",  # hf-* run stock_linears
+            "linear_note": tgt.linear_note if spec.policy_cls is not None else None,  # why not oneDNN, if so
             "seed": seed,
             "ngram_max": ngram_max if draft_name == NGRAM or (draft_name or "").startswith(HYBRID) else None,
             "kv_window": str(window) if window is not None else None,

@@ -174,11 +174,22 @@ def stats_line(record: dict) -> str:
     s = record["stats"]
     acc = "-" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.1f}%"
     tpot = "-" if s["tpot_s"] is None else f"{1000 * s['tpot_s']:.1f} ms"
-    return (
+    line = (
         f"[{record['method']}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s) | "
         f"iterations {s['iterations']}, L {s['tokens_per_iter']:.2f}, l {s['accepted_len']:.2f}, acceptance {acc} | "
         f"TTFT {1000 * s['ttft_s']:.0f} ms, TPOT {tpot} | peak {s['peak_mem_mb']:.0f} MB"
     )
+    return line + compile_note(s)
+
+
+def compile_note(stats: dict) -> str:
+    """How long --compile compiled (before the clock started), and any graph compiled inside the timings."""
+    if stats.get("compile_s") is None:
+        return ""
+    note = f" | compiled {stats['compile_s']:.1f} s before timing"
+    if stats.get("graphs_compiled_while_timed"):
+        note += f" | {stats['graphs_compiled_while_timed']} graph(s) compiled while timed: the figures include compiling"
+    return note
 
 
 def comparison_table(records: list[dict]) -> str:
@@ -226,6 +237,8 @@ def cmd_generate(args) -> int:
     if args.compile and not ours:
         raise DynaTreeError("--compile applies to dynatree's own methods, not to transformers' generate() (hf-*)")
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
+    if target.linear_note:
+        print(f"note: linear layers on stock kernels: {target.linear_note}", file=sys.stderr)
     draft = args.draft
     if any(METHODS[m].draft != "none" for m in methods):
         draft = api.load_draft(draft, device=args.device, dtype=args.dtype, linear=args.linear)

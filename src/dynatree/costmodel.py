@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from . import cache as kv
-from .models import LoadedModel
+from .models import LoadedModel, compiled_graphs
 from .tree import additive_mask
 
 # Every size up to 12, then coarser: small sizes are where trees live and where CPU GEMM kernels
@@ -120,29 +120,41 @@ class Calibration:
 def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 5) -> CostCurve:
     """Time forwards of n chained tokens on top of a cache holding `context` (at least 1 token).
 
-    Sizes are timed in whole sweeps: one untimed sweep first (compiled, that is where the graphs
-    are built, and steps right after compiling run slower: on the 2-core test machine a first
-    sweep made one token look 27-34 ms instead of 19-20), then `rounds` timed sweeps, each size's
-    time being its median over the sweeps. Sweeping, rather than timing one size's repeats in a
-    row, spreads a slow spell of the machine (its memory bandwidth varies 2x within minutes)
-    over every size instead of inflating a few, which would bend the curve's shape."""
+    Sizes are timed in whole sweeps: one untimed sweep first (compiled, that is where graphs not
+    built yet are built, and steps right after compiling run slower: on the 2-core test machine a
+    first sweep made one token look 27-34 ms instead of 19-20), then `rounds` timed sweeps, each
+    size's time being its median over the sweeps. A timed sweep during which torch.compile built a
+    graph is thrown away and swept again (at most `rounds` times), so no curve is learnt from a
+    pass that compiled. Sweeping, rather than timing one size's repeats in a row, spreads a slow
+    spell of the machine (its memory bandwidth varies 2x within minutes) over every size instead
+    of inflating a few, which would bend the curve's shape. One token runs without a mask, as the
+    decoder runs it (the same compiled graph)."""
     cache = kv.new_cache(target.model)
     target.forward(cache, context, list(range(len(context))), None, last_only=True)
     base = len(context)
     steps = []  # per size: ids, positions, mask of n chained tokens after the context
     for n in sizes:
         allowed = torch.cat([torch.ones(n, base, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
-        steps.append(([context[-1]] * n, list(range(base, base + n)), additive_mask(allowed, target.dtype, target.device)))
+        mask = None if n == 1 else additive_mask(allowed, target.dtype, target.device)
+        steps.append(([context[-1]] * n, list(range(base, base + n)), mask))
     times: list[list[float]] = [[] for _ in sizes]
-    for sweep in range(rounds + 1):
-        for i, (ids, pos, mask) in enumerate(steps):
+    sweeps, redone = 0, 0
+    while sweeps <= rounds:
+        graphs, sweep = compiled_graphs(), []
+        for ids, pos, mask in steps:
             t0 = time.perf_counter()
             target.forward(cache, ids, pos, mask)
             if target.device.type == "cuda":
                 torch.cuda.synchronize(target.device)
-            if sweep:
-                times[i].append(time.perf_counter() - t0)
+            sweep.append(time.perf_counter() - t0)
             kv.crop(cache, base)  # back to the context
+        if sweeps and compiled_graphs() != graphs and redone < rounds:
+            redone += 1
+            continue  # this sweep compiled: its times are not the steps' cost
+        if sweeps:
+            for i, t in enumerate(sweep):
+                times[i].append(t)
+        sweeps += 1
     seconds = [statistics.median(t) for t in times]
     for i in range(1, len(seconds)):  # more tokens never cost less; what looks cheaper is noise
         seconds[i] = max(seconds[i], seconds[i - 1])

@@ -8,6 +8,8 @@ from importlib import metadata
 
 import torch
 
+from . import cpu
+
 
 def _version(package: str) -> str | None:
     try:
@@ -37,6 +39,7 @@ def describe(device: torch.device | str = "cpu") -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
+        "cpu_support": cpu.describe(),  # ATen capability, oneDNN dtypes, bf16/AMX flags: never mix machines
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)

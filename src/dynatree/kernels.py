@@ -42,10 +42,12 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from . import cpu
 from .errors import DynaTreeError
 
 LINEAR_KERNELS = ("auto", "onednn", "stock")
-PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+# dtypes oneDNN can pack, where the CPU has the instructions (cpu.onednn_linear_problem)
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # auto packs only when the second copy of the weights takes at most this share of the RAM
 MAX_RAM_SHARE = 0.25
 
@@ -134,14 +136,16 @@ class PackedLinear(torch.nn.Module):
 
 
 def packing_available(model: torch.nn.Module) -> str | None:
-    """Why `model`'s linears cannot be packed, or None when they can."""
+    """Why `model`'s linears cannot be packed on this machine, or None when they can."""
     param = next(model.parameters())
     if param.device.type != "cpu":
         return f"on {param.device.type}, not the CPU"
+    dtype = str(param.dtype).removeprefix("torch.")
     if param.dtype not in PACKABLE_DTYPES:
-        return f"dtype {str(param.dtype).removeprefix('torch.')} (oneDNN packs float32 and bfloat16)"
-    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        return "this PyTorch build has no oneDNN linear"
+        return f"dtype {dtype} (oneDNN packs float32, bfloat16 and float16)"
+    problem = cpu.onednn_linear_problem(param.dtype)
+    if problem is not None:
+        return f"this CPU ({cpu.capability()}) cannot run oneDNN's {dtype} linear: {problem}"
     return None
 
 
@@ -161,22 +165,34 @@ def check_linear_kernel(kernel: str) -> None:
         raise DynaTreeError(f"unknown linear kernel {kernel!r}; choose one of {', '.join(LINEAR_KERNELS)}")
 
 
-def use_packed_linears(model: torch.nn.Module, kernel: str = "auto") -> str:
-    """Apply the linear `kernel` choice to `model`; returns what its linears now run ("onednn" or "stock").
-
-    "stock" leaves the model alone; "onednn" packs every nn.Linear or raises when it cannot;
-    "auto" packs when it can and the packed copy takes at most MAX_RAM_SHARE of the RAM."""
+def packing_problem(model: torch.nn.Module, kernel: str = "auto") -> str | None:
+    """Why the linear `kernel` choice leaves `model` on stock kernels (None: packed, or "stock" asked for)."""
     check_linear_kernel(kernel)
     if kernel == "stock":
-        return "stock"
+        return None
     reason = packing_available(model)
     if reason is None and kernel == "auto":
         ram = _ram_bytes()
         if ram is not None and _linear_bytes(model) > MAX_RAM_SHARE * ram:
             reason = "the packed copy of the weights would take over a quarter of the RAM"
+    return reason
+
+
+def use_packed_linears(model: torch.nn.Module, kernel: str = "auto") -> str:
+    """Apply the linear `kernel` choice to `model`; returns what its linears now run ("onednn" or "stock").
+
+    "stock" leaves the model alone; "onednn" packs every nn.Linear or raises a one-line error
+    saying why it cannot (the CPU lacks the dtype's oneDNN path, a dtype oneDNN does not pack,
+    not on the CPU); "auto" packs when it can and the packed copy takes at most MAX_RAM_SHARE of
+    the RAM, else stays stock (`packing_problem` says why, for the run's record)."""
+    reason = packing_problem(model, kernel)
+    if kernel == "stock":
+        return "stock"
     if reason is not None:
         if kernel == "onednn":
-            raise DynaTreeError(f"--linear onednn: cannot pack this model's linear layers: {reason}")
+            dtype = next(model.parameters()).dtype
+            instead = "--linear stock" + (" or --dtype float32" if dtype in PACKABLE_DTYPES[1:] else "")
+            raise DynaTreeError(f"--linear onednn: cannot pack this model's linear layers: {reason}; use {instead}")
         return "stock"
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

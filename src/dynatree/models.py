@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,8 @@ import torch
 from . import cache as kv
 from .attention import use_gqa_attention
 from .errors import DynaTreeError
-from .kernels import check_linear_kernel, linear_kernel, use_packed_linears
+from .kernels import check_linear_kernel, linear_kernel, packing_problem, use_packed_linears
+from .tree import additive_mask
 
 DTYPES = {
     "float32": torch.float32,
@@ -63,6 +65,20 @@ EMBEDDED_DRAFTS = {"smollm2-135m-draft": Path(__file__).parent / "drafts" / "smo
 DEFAULT_DRAFTS = {"smollm2-135m": "smollm2-135m-draft"}
 # Graphs torch.compile may build per function before it falls back to eager (see `LoadedModel.compiled`).
 RECOMPILE_LIMIT = 64
+# What dynamo makes symbolic from the first compile (torch.compiler.config.dynamic_sources): every
+# cache layer's length and a step's token count. Left to dynamo, each kind of step compiled twice:
+# once with static sizes, then again at the next step with these sizes symbolic.
+DYNAMIC_SOURCES = (
+    r"L\['kwargs'\]\['past_key_values'\]\.layers\[\d+\]\.length",
+    "L['kwargs']['input_ids']:1",
+    "L['kwargs']['position_ids']:1",
+    "L['kwargs']['attention_mask']:2",
+    "L['kwargs']['attention_mask']:3",
+)
+# The kinds of decode step a compiled target builds one graph each for (see `LoadedModel.warm_up`):
+# one token without a mask (plain steps), a masked tree of 2+ tokens (sizes are symbolic, but
+# dynamo specialises a size of 1), and one token with a mask (steps under a KV window).
+STEP_KINDS = ("token", "tree", "masked-token")
 # Guards dynamo need not check on the model's modules before every compiled call (see `module_guards`).
 SKIPPED_MODULE_GUARDS = frozenset({"EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT", "TENSOR_MATCH",
                                    "DICT_NOT_CONTAINS"})
@@ -91,7 +107,9 @@ class LoadedModel:
     name: str  # the spec the user gave (alias, path or hub id)
     eos_ids: list[int] = field(default_factory=list)  # tokens that end generation
     compile: bool = False  # run decode steps (not prefills) through torch.compile; may be switched per run
+    linear_note: str | None = None  # why the linears were left on stock kernels although not asked to (recorded)
     _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
+    _warm: set = field(default_factory=set, repr=False)  # STEP_KINDS whose compiled graph is built
 
     @property
     def device(self) -> torch.device:
@@ -155,20 +173,51 @@ class LoadedModel:
         multiply-sum on the frozen weight for one row, the oneDNN copy for several), so
         inductor does not lay out those weights for MKL. The weights must not change while the
         model is used compiled (inference only).
-        Dynamic dimensions are left to dynamo: each kind of step compiles once with static
-        shapes, then once more with the varying sizes (cache length, tree size) made symbolic;
-        that beat `dynamic=True` from the start (faster steps, 205 vs 282 s of compiling).
-        ar and DynaTree together made 6 graphs on SmolLM2 (static and symbolic, with and without
-        a mask); dynamo's default limit of 8 per function would silently fall back to eager
-        beyond that, so the limit is raised to RECOMPILE_LIMIT.
+        Sizes that vary from step to step (cache length, tree size: `DYNAMIC_SOURCES`) are symbolic
+        from the first compile, so each kind of step (`STEP_KINDS`) builds one graph: at most 2 for
+        a run (1 for `ar`; 3 only for cost-aware trees under a KV window), `warm_up` builds them
+        before any timing. (Left to dynamo, each kind compiled twice, first with static sizes:
+        4 graphs of ~100 s each for DynaTree on an AVX2-only 2-core machine.) The recompile limit
+        is raised to RECOMPILE_LIMIT anyway, so switching kernels or attention never silently
+        falls back to eager.
         Before every call dynamo checks its guards; `module_guards` leaves out those on the
         modules' hooks, instance dicts and weight metadata (a compiled one-token step 21-28 ms
         spent 2.3 ms there).
         """
         if self._compiled is None:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            given = [s for s in torch.compiler.config.dynamic_sources.split(",") if s]
+            torch.compiler.config.dynamic_sources = ",".join(dict.fromkeys(given + list(DYNAMIC_SOURCES)))
             self._compiled = torch.compile(self.model, options={"freezing": True, "guard_filter_fn": module_guards})
         return self._compiled
+
+    @torch.no_grad()
+    def warm_up(self, kinds) -> float:
+        """Build the compiled graph of every kind of decode step in `kinds` (STEP_KINDS) not built
+        yet, by running it once on a scratch cache; returns the seconds that took (0.0 when all
+        were built). The decoder calls it before its clock starts, so compiling (minutes on a CPU)
+        never counts as decoding: it is reported apart, as `compile_s`."""
+        todo = [k for k in STEP_KINDS if k in kinds and k not in self._warm]
+        if not self.compile or not todo:
+            return 0.0
+        start = time.perf_counter()
+        cache, context = kv.new_cache(self.model), 4
+        self.forward(cache, [0] * context, list(range(context)), None, last_only=True)  # eager prefill
+        for kind in todo:
+            n = 2 if kind == "tree" else 1
+            allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
+            mask = None if kind == "token" else additive_mask(allowed, self.dtype, self.device)
+            self.forward(cache, [0] * n, list(range(context, context + n)), mask)
+            kv.crop(cache, context)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._warm.update(todo)
+        return time.perf_counter() - start
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process (to tell whether a timed span compiled)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 def cache_root() -> Path:
@@ -208,8 +257,10 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float
     model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only, torch_dtype)
     model.to(torch_device).eval()
     use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)
-    use_packed_linears(model, linear)  # oneDNN on weights packed once (kernels.py)
-    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer), compile=compile)
+    note = packing_problem(model, linear)  # e.g. no bfloat16 oneDNN path on an AVX2-only CPU
+    use_packed_linears(model, linear)  # oneDNN on weights packed once (kernels.py); --linear onednn raises the note
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer),
+                         compile=compile, linear_note=note)
     check_causal(loaded)
     return loaded
 

@@ -11,6 +11,9 @@
                 (drafter + policy), in the target's verification pass (+ acceptance, whose host
                 sync waits for the device), and committing caches and drafter state; our
                 methods only (None for transformers' generate())
+  compile_s = seconds spent compiling the target's decode steps before the clock started
+                (--compile; 0.0 when this process had built them already, None without --compile);
+                graphs_compiled_while_timed = graphs compiled inside the timed span (0 expected)
   peak_mem_mb = peak resident memory of the process during the run (CPU; the kernel's
                 high-water mark is reset at the start) or peak allocated device memory (CUDA)
 """
@@ -40,6 +43,8 @@ class Stats:
     draft_s: float | None = None  # total time of the decode loop's phases (None: not measured, e.g. hf-*)
     verify_s: float | None = None
     commit_s: float | None = None
+    compile_s: float | None = None  # compiling the target's decode steps before the clock started (--compile)
+    graphs_compiled_while_timed: int | None = None  # graphs compiled inside the timings (--compile; 0 expected)
 
     def record(self) -> dict:
         """The `stats` object of a result record."""
@@ -58,6 +63,8 @@ class Stats:
             "peak_mem_mb": self.peak_mem_mb,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "compile_s": self.compile_s,
+            "graphs_compiled_while_timed": self.graphs_compiled_while_timed,
             **{f"{phase}_ms": None if total is None or it < 2 else 1e3 * total / (it - 1)
                for phase, total in (("draft", self.draft_s), ("verify", self.verify_s), ("commit", self.commit_s))},
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from .. import cpu
 from .results import limit_gaps, load, ratios_to
 
 
@@ -243,6 +244,7 @@ def header(results: dict) -> str:
              f"- date: {results['created']}{'' if results.get('complete') else ' (INCOMPLETE run)'}",
              f"- target: `{results['target']}` ({results['dtype']}) on {e['device']}: {e['cpu']}"
              f"{', ' + e['gpu'] if e.get('gpu') else ''}, {e['cpu_count']} CPUs, {e['torch_threads']} torch threads",
+             f"- CPU support: {cpu.summary(e['cpu_support']) if e.get('cpu_support') else 'not recorded'}",
              f"- versions: {versions}; Python {e['python']}",
              f"- protocol: data set `{p['dataset']}`, {p['n']} prompts of which the first {p['warmup']} are warm-up "
              f"(excluded), T = {', '.join(map(str, p['max_new_tokens']))} new tokens"
