@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import warnings
 
 from .config import field_type
 from .errors import DynaTreeError
@@ -274,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
+        # recent transformers releases rename the forward's `past_key_values` argument; the old name
+        # still works, so the deprecation notice printed on every run is noise to a CLI user
+        warnings.filterwarnings("ignore", message=".*past_key_values.* is deprecated", category=FutureWarning)
         transformers.utils.logging.disable_progress_bar()
         args = build_parser().parse_args(argv)
         args.argv = list(argv) if argv is not None else sys.argv[1:]  # recorded in result files
