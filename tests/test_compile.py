@@ -93,6 +93,8 @@ def test_growing_kv_buffers_do_not_recompile(monkeypatch):
     ("dynatree", {}, None, 2),  # one-token steps and trees (any size)
     ("dynatree", {"cost_aware": True}, None, 2),  # its cost sweep runs the same two graphs
     ("fixed-tree", {}, "4,24", 2),  # under a KV window every step is masked: one-token and tree
+    ("dynatree", {}, "4,24", 2),
+    ("dynatree", {"cost_aware": True}, "4,24", 2),  # the cost sweep masks its one-token step too
 ])
 def test_compiled_graphs_are_bounded_and_built_before_the_clock(method, options, kv_window, graphs):
     """Each kind of step compiles once, before timing starts (compile_s); none inside the timings,

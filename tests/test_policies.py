@@ -268,7 +268,7 @@ def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
     prompt = [5, 6, 7, 8, 9]
     full = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=20,
                     ignore_eos=True, history=False)
-    _CURVES[target.model] = {False: CostCurve((1, 2, 3), (0.1, 0.105, 0.3))}  # two tokens nearly free, then expensive
+    _CURVES[target.model] = {(False, False): CostCurve((1, 2, 3), (0.1, 0.105, 0.3))}  # two tokens nearly free, then expensive
     try:
         cut = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=20,
                        ignore_eos=True, history=False, cost_aware=True)
@@ -288,7 +288,7 @@ def test_cost_curve_is_measured_once_per_compile_setting(monkeypatch):
     target = tiny("llama", seed=1)
     timed = []
 
-    def fake_measure(lm, context):
+    def fake_measure(lm, context, masked_token=False):
         timed.append(lm.compile)
         return costmodel.CostCurve((1,), (0.05 if lm.compile else 0.1,))
 
@@ -339,15 +339,15 @@ def test_cost_curve_throws_away_a_timed_sweep_that_compiled(monkeypatch):
 
     def forward(self, cache, ids, positions, mask, last_only=False):
         calls.append(len(ids))
-        if len(calls) == 7:  # the second timed sweep's size-2 step "compiles": slow, and a new graph
+        if len(calls) == 5:  # the timed sweep's size-2 step "compiles": slow, and a new graph
             graphs[0] += 1
             time.sleep(0.3)
         return real(self, cache, ids, positions, mask, last_only)
 
     monkeypatch.setattr(type(target), "forward", forward)
     monkeypatch.setattr(costmodel, "compiled_graphs", lambda: graphs[0])
-    curve = costmodel.measure(target, [5, 6, 7], sizes=(1, 2), rounds=3)
-    assert calls == [3] + [1, 2] * 5  # the prefill, 1 untimed sweep, 3 timed ones and the one swept again
+    curve = costmodel.measure(target, [5, 6, 7], sizes=(1, 2), rounds=1)  # one timed sweep: no median to hide in
+    assert calls == [3] + [1, 2] * 3  # the prefill, 1 untimed sweep, the timed one and the one swept again
     assert max(curve.seconds) < 0.3
 
 
@@ -366,6 +366,9 @@ def test_cost_curve_runs_one_token_without_a_mask_as_the_decoder_does(monkeypatc
     monkeypatch.setattr(type(target), "forward", forward)
     costmodel.measure(target, [5, 6, 7, 8], sizes=(1, 2, 3), rounds=1)
     assert masks == {4: True, 1: True, 2: False, 3: False}  # the prefill and one token plain; trees masked
+    masks.clear()
+    costmodel.measure(target, [5, 6, 7, 8], sizes=(1, 2, 3), rounds=1, masked_token=True)  # as under a KV window
+    assert masks == {4: True, 1: False, 2: False, 3: False}
 
 
 def test_measured_cost_curve_is_non_decreasing():
@@ -388,7 +391,7 @@ def test_cost_curve_is_measured_before_the_clock_starts(monkeypatch):
 
     seen = []
 
-    def slow_curve(target, context):
+    def slow_curve(target, context, masked_token=False):
         seen.append(list(context))
         time.sleep(1.0)
         return module.CostCurve((1, 2), (0.01, 0.011))

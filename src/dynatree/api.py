@@ -216,6 +216,8 @@ def generate(
             "compile": bool(compile) and spec.policy_cls is not None,
             "linear": tgt.linear if spec.policy_cls is not None else "stock",  # hf-* run stock_linears
             "linear_note": tgt.linear_note if spec.policy_cls is not None else None,  # why not oneDNN, if so
+            "draft_linear": draft_lm.linear if draft_lm is not None and spec.policy_cls is not None else None,
+            "draft_linear_note": draft_lm.linear_note if draft_lm is not None else None,
             "seed": seed,
             "ngram_max": ngram_max if draft_name == NGRAM or (draft_name or "").startswith(HYBRID) else None,
             "kv_window": str(window) if window is not None else None,

@@ -32,7 +32,7 @@ from .tree import additive_mask
 # Every size up to 12, then coarser: small sizes are where trees live and where CPU GEMM kernels
 # change (on the 2-core test machine, eager float32: 3 tokens cost 1.19x one token, 4 tokens 1.6x).
 SIZES = (*range(1, 13), 16, 24, 32, 48, 64)
-_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compiled?: CostCurve}
+_CURVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(compiled?, masked_token?): CostCurve}
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,8 @@ class Calibration:
 
 
 @torch.no_grad()
-def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 5) -> CostCurve:
+def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 5,
+            masked_token: bool = False) -> CostCurve:
     """Time forwards of n chained tokens on top of a cache holding `context` (at least 1 token).
 
     Sizes are timed in whole sweeps: one untimed sweep first (compiled, that is where graphs not
@@ -127,15 +128,15 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 
     graph is thrown away and swept again (at most `rounds` times), so no curve is learnt from a
     pass that compiled. Sweeping, rather than timing one size's repeats in a row, spreads a slow
     spell of the machine (its memory bandwidth varies 2x within minutes) over every size instead
-    of inflating a few, which would bend the curve's shape. One token runs without a mask, as the
-    decoder runs it (the same compiled graph)."""
+    of inflating a few, which would bend the curve's shape. One token runs as the decoder runs it
+    (the same compiled graph): without a mask, or with one under a KV window (`masked_token`)."""
     cache = kv.new_cache(target.model)
     target.forward(cache, context, list(range(len(context))), None, last_only=True)
     base = len(context)
     steps = []  # per size: ids, positions, mask of n chained tokens after the context
     for n in sizes:
         allowed = torch.cat([torch.ones(n, base, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
-        mask = None if n == 1 else additive_mask(allowed, target.dtype, target.device)
+        mask = None if n == 1 and not masked_token else additive_mask(allowed, target.dtype, target.device)
         steps.append(([context[-1]] * n, list(range(base, base + n)), mask))
     times: list[list[float]] = [[] for _ in sizes]
     sweeps, redone = 0, 0
@@ -161,10 +162,12 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 
     return CostCurve(tuple(sizes), tuple(seconds))
 
 
-def curve_for(target: LoadedModel, context: list[int]) -> CostCurve:
+def curve_for(target: LoadedModel, context: list[int], masked_token: bool = False) -> CostCurve:
     """The target's cost curve, measured on first use (on `context`) and then reused; one per
-    setting of `target.compile` (compiled steps cost differently, see `LoadedModel.compiled`)."""
+    setting of `target.compile` (compiled steps cost differently, see `LoadedModel.compiled`) and
+    of `masked_token` (one-token steps masked, as under a KV window: another compiled graph)."""
     curves = _CURVES.setdefault(target.model, {})
-    if target.compile not in curves:
-        curves[target.compile] = measure(target, context)
-    return curves[target.compile]
+    key = (target.compile, masked_token)
+    if key not in curves:
+        curves[key] = measure(target, context, masked_token=masked_token)
+    return curves[key]

@@ -81,9 +81,10 @@ class Decoder:
         """Generate, yielding after every verification (the prefill is not a `Step`)."""
         device = self.target.device
         calibrate = getattr(self.policy, "calibrate", None)  # optional: policies that size trees by cost
-        compile_s = self.target.warm_up(self._step_kinds(calibrate is not None)) if self.target.compile else None
+        compiled = self.target.compile  # read once: the setting of this whole run
+        compile_s = self.target.warm_up(self._step_kinds()) if compiled and max_new_tokens > 1 else 0.0
         if calibrate is not None:  # a one-time measurement per target (seconds), kept out of the timings like loading
-            calibrate(self.target, list(prompt_ids))
+            calibrate(self.target, list(prompt_ids), masked_token=self.window is not None)
         graphs = compiled_graphs()
         memory, clock = PeakMemory(device), Clock(device)
         stop_ids = set() if ignore_eos else set(self.target.eos_ids)
@@ -143,17 +144,15 @@ class Decoder:
 
         stats.wall_s = clock.elapsed()
         stats.peak_mem_mb = memory.peak_mb()
-        if self.target.compile:
+        if compiled:
             stats.compile_s, stats.graphs_compiled_while_timed = compile_s, compiled_graphs() - graphs
 
-    def _step_kinds(self, measures_cost: bool) -> set[str]:
-        """The kinds of target step (models.STEP_KINDS) this run makes: one token, masked under a KV
-        window; trees when there is a drafter; plain one-token steps in the cost curve's sweep."""
+    def _step_kinds(self) -> set[str]:
+        """The kinds of target step (models.STEP_KINDS) this run makes (the cost curve's sweep makes
+        the same): one token, masked under a KV window; trees when there is a drafter."""
         kinds = {"masked-token" if self.window is not None else "token"}
         if self.policy.needs_drafter:
             kinds.add("tree")
-        if measures_cost:
-            kinds.add("token")
         return kinds
 
     def _forward(self, run: Run, ids: list[int], positions: torch.Tensor, allowed: torch.Tensor,

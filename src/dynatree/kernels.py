@@ -190,8 +190,9 @@ def use_packed_linears(model: torch.nn.Module, kernel: str = "auto") -> str:
         return "stock"
     if reason is not None:
         if kernel == "onednn":
-            dtype = next(model.parameters()).dtype
-            instead = "--linear stock" + (" or --dtype float32" if dtype in PACKABLE_DTYPES[1:] else "")
+            param = next(model.parameters())
+            on_cpu_reduced = param.device.type == "cpu" and param.dtype in PACKABLE_DTYPES[1:]
+            instead = "--linear stock" + (" or --dtype float32" if on_cpu_reduced else "")
             raise DynaTreeError(f"--linear onednn: cannot pack this model's linear layers: {reason}; use {instead}")
         return "stock"
     for parent in list(model.modules()):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import sys
@@ -68,12 +69,12 @@ RECOMPILE_LIMIT = 64
 # What dynamo makes symbolic from the first compile (torch.compiler.config.dynamic_sources): every
 # cache layer's length and a step's token count. Left to dynamo, each kind of step compiled twice:
 # once with static sizes, then again at the next step with these sizes symbolic.
+# Entries are regular expressions (an optional ":dim" suffix names one dimension). The setting is
+# process-wide: it adds these names to whatever the user set, and touches no other source.
 DYNAMIC_SOURCES = (
     r"L\['kwargs'\]\['past_key_values'\]\.layers\[\d+\]\.length",
-    "L['kwargs']['input_ids']:1",
-    "L['kwargs']['position_ids']:1",
-    "L['kwargs']['attention_mask']:2",
-    "L['kwargs']['attention_mask']:3",
+    *(re.escape(f"L['kwargs']['{name}']") + f":{dim}"
+      for name, dim in (("input_ids", 1), ("position_ids", 1), ("attention_mask", 2), ("attention_mask", 3))),
 )
 # The kinds of decode step a compiled target builds one graph each for (see `LoadedModel.warm_up`):
 # one token without a mask (plain steps), a masked tree of 2+ tokens (sizes are symbolic, but
@@ -109,7 +110,6 @@ class LoadedModel:
     compile: bool = False  # run decode steps (not prefills) through torch.compile; may be switched per run
     linear_note: str | None = None  # why the linears were left on stock kernels although not asked to (recorded)
     _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
-    _warm: set = field(default_factory=set, repr=False)  # STEP_KINDS whose compiled graph is built
 
     @property
     def device(self) -> torch.device:
@@ -175,8 +175,7 @@ class LoadedModel:
         model is used compiled (inference only).
         Sizes that vary from step to step (cache length, tree size: `DYNAMIC_SOURCES`) are symbolic
         from the first compile, so each kind of step (`STEP_KINDS`) builds one graph: at most 2 for
-        a run (1 for `ar`; 3 only for cost-aware trees under a KV window), `warm_up` builds them
-        before any timing. (Left to dynamo, each kind compiled twice, first with static sizes:
+        a run (1 for `ar`), which `warm_up` builds before any timing. (Left to dynamo, each kind compiled twice, first with static sizes:
         4 graphs of ~100 s each for DynaTree on an AVX2-only 2-core machine.) The recompile limit
         is raised to RECOMPILE_LIMIT anyway, so switching kernels or attention never silently
         falls back to eager.
@@ -193,17 +192,18 @@ class LoadedModel:
 
     @torch.no_grad()
     def warm_up(self, kinds) -> float:
-        """Build the compiled graph of every kind of decode step in `kinds` (STEP_KINDS) not built
-        yet, by running it once on a scratch cache; returns the seconds that took (0.0 when all
-        were built). The decoder calls it before its clock starts, so compiling (minutes on a CPU)
-        never counts as decoding: it is reported apart, as `compile_s`."""
-        todo = [k for k in STEP_KINDS if k in kinds and k not in self._warm]
-        if not self.compile or not todo:
+        """Run every kind of decode step in `kinds` (STEP_KINDS) once, compiled, on a scratch cache,
+        so that graphs not built yet are built now; returns the seconds that took when a graph was
+        compiled, else 0.0. The decoder calls it before its clock starts, so compiling (minutes on a
+        CPU) never counts as decoding: it is reported apart, as `compile_s`. Once built, the steps
+        cost milliseconds; they are run every time rather than remembered, because dynamo may drop
+        or invalidate graphs (a reset, a kernel switch) without telling."""
+        if not self.compile:
             return 0.0
-        start = time.perf_counter()
+        start, graphs = time.perf_counter(), compiled_graphs()
         cache, context = kv.new_cache(self.model), 4
         self.forward(cache, [0] * context, list(range(context)), None, last_only=True)  # eager prefill
-        for kind in todo:
+        for kind in (k for k in STEP_KINDS if k in kinds):
             n = 2 if kind == "tree" else 1
             allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
             mask = None if kind == "token" else additive_mask(allowed, self.dtype, self.device)
@@ -211,8 +211,7 @@ class LoadedModel:
             kv.crop(cache, context)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self._warm.update(todo)
-        return time.perf_counter() - start
+        return time.perf_counter() - start if compiled_graphs() != graphs else 0.0
 
 
 def compiled_graphs() -> int:
@@ -257,7 +256,8 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float
     model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only, torch_dtype)
     model.to(torch_device).eval()
     use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)
-    note = packing_problem(model, linear)  # e.g. no bfloat16 oneDNN path on an AVX2-only CPU
+    # why the linears stay on stock kernels, e.g. no bfloat16 oneDNN path on an AVX2-only CPU (GPUs: always stock)
+    note = packing_problem(model, linear) if torch_device.type == "cpu" else None
     use_packed_linears(model, linear)  # oneDNN on weights packed once (kernels.py); --linear onednn raises the note
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer),
                          compile=compile, linear_note=note)

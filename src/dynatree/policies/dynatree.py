@@ -95,11 +95,12 @@ class DynaTreePolicy:
         self._grown: TreeBuilder | None = None  # the last tree as drafted, before the cut (cost_aware, greedy)
         self._pending: tuple[TreeBuilder, int] | None = None  # that tree and its last accepted node (greedy)
 
-    def calibrate(self, target: LoadedModel, context: list[int]) -> None:
-        """Called by the decoder before the prefill, outside its timings: the target's cost curve if needed."""
+    def calibrate(self, target: LoadedModel, context: list[int], masked_token: bool = False) -> None:
+        """Called by the decoder before the prefill, outside its timings: the target's cost curve if
+        needed, its one-token steps masked if the decoder masks them (`masked_token`: a KV window)."""
         self._pending = None  # a new run: the next root says nothing about the last tree
         if self.config.cost_aware:
-            self.curve = curve_for(target, context)
+            self.curve = curve_for(target, context, masked_token)
 
     def _accept_estimates(self, tree: TreeBuilder) -> list[float]:
         """Per node, the calibrated chance that its whole root-to-node path is accepted."""
