@@ -28,15 +28,20 @@ class Hybrid:
     lm: LoadedModel | str
 
 
-def encode_prompt(tokenizer, prompt: str, chat: bool = False) -> list[int]:
-    """Token ids of a prompt; with `chat`, wrapped in the tokenizer's chat template as a user turn."""
+def encode_prompt(tokenizer, prompt: str, chat: bool = False, history=()) -> list[int]:
+    """Token ids of a prompt; with `chat`, wrapped in the tokenizer's chat template as a user turn
+    after `history`, earlier (user, assistant) turns of the conversation."""
     if not prompt or not prompt.strip():
         raise DynaTreeError("the prompt is empty")
+    if history and not chat:
+        raise DynaTreeError("a conversation history needs the chat template (--chat)")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise DynaTreeError("--chat needs a tokenizer with a chat template; this one has none")
+        messages = [m for user, answer in history
+                    for m in ({"role": "user", "content": user}, {"role": "assistant", "content": answer})]
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            [*messages, {"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )
         ids = tokenizer(text, add_special_tokens=False).input_ids
     else:

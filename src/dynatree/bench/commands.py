@@ -10,7 +10,7 @@ from pathlib import Path
 from ..api import HYBRID, NGRAM, Hybrid
 from ..errors import DynaTreeError
 from ..methods import get_method
-from .data import DATASETS, L_MAX
+from .data import DATASETS, L_MAX, SPEC_BENCH_TASKS
 from .presets import PRESETS, dataset_default, method_variants, protocol_defaults, sampling_defaults, variants
 from .results import load
 from .runner import Protocol, Variant
@@ -30,7 +30,9 @@ def _protocol_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("protocol (defaults come from the preset and --scale)")
     g.add_argument("--scale", default="paper", help="paper (N=10, W=2, T=1500) or small (minutes on a CPU) [paper]")
     g.add_argument("--dataset",
-                   help=f"{', '.join(DATASETS)}, or a prompts file (.jsonl or plain text); several comma-separated "
+                   help=f"{', '.join(DATASETS)}, specbench:TASK[,TASK] (tasks: {', '.join(SPEC_BENCH_TASKS)}), or a "
+                        "prompts file (.jsonl of Spec-Bench questions or {\"prompt\": ...} rows, or plain text); "
+                        "several comma-separated; Spec-Bench: --n questions per task "
                         "[wikitext2; mtbench,humaneval,gsm8k for the wetap-* presets]")
     g.add_argument("--n", type=int, help="prompts, warm-up included")
     g.add_argument("--warmup", type=int, help="first prompts run but excluded from the aggregates")
@@ -39,6 +41,9 @@ def _protocol_args(p: argparse.ArgumentParser) -> None:
                    help="prompt cap in tokens (several: prompt-length sensitivity) [800; 1000 for pg19]")
     g.add_argument("--keep-eos", action="store_true", help="stop at EOS instead of forcing T tokens")
     g.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
+    g.add_argument("--turns", choices=("first", "all"), default="first",
+                   help="multi-turn questions (Spec-Bench's MT-Bench rows): the first turn only, or every turn, "
+                        "each asked after the earlier turns and ar's answers to them (needs --chat) [first]")
     g.add_argument("--min-chars", type=int, help="drop prompts shorter than this many characters [200 for prose sets]")
     g.add_argument("--kv-window", metavar="SINK,RECENT", help="attention-sink KV window for every variant [none]")
     s = p.add_argument_group("sampling (greedy unless --sample; the wetap-* presets sample at temperature 1, "
@@ -83,7 +88,7 @@ def add_bench_commands(sub) -> None:
 def _protocol(args, preset: str) -> Protocol:
     n, warmup, t_values, l_values = protocol_defaults(preset, args.scale)
     dataset = args.dataset or dataset_default(preset) or "wikitext2"
-    l_default = [max(L_MAX.get(d.strip(), 800) for d in dataset.split(","))]
+    l_default = [max(L_MAX.get(d.strip().partition(":")[0], 800) for d in dataset.split(","))]
     defaults = sampling_defaults(preset) if not args.greedy else None
     sample = bool(args.sample) or defaults is not None
     if not sample and any(v is not None for v in (args.temperature, args.top_k, args.top_p)):
@@ -97,6 +102,7 @@ def _protocol(args, preset: str) -> Protocol:
         l_max=args.l_max or l_values or l_default,
         ignore_eos=not args.keep_eos,
         chat=args.chat,
+        turns=args.turns,
         min_chars=args.min_chars,
         kv_window=args.kv_window,
         sample=sample,
@@ -156,6 +162,9 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
         print(report.perf_section(results, *setting) + "\n")
     if results.get("draft_quality"):
         print(report.draft_section(results, *setting) + "\n")
+    tasks = report.category_table(results, *setting)
+    if tasks:
+        print(tasks + "\n")
     if results["protocol"].get("ppl") or len(report.datasets(results)) > 1:
         print(report.quality_table(results, *setting) + "\n")
     print(report.main_tables(report.at(results, *setting)).split("\n\n**Latency**")[0])

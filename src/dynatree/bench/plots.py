@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .report import at, datasets, lossy, settings  # noqa: E402
+from .results import by_category  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -208,6 +209,33 @@ def wetap_sensitivity(results: dict, out: Path) -> Path:
     return _save(fig, out / "wetap_sensitivity.png")
 
 
+def task_bars(results: dict, out: Path) -> Path:
+    """Spec-Bench's figure: each variant's speedup over ar (ratio of total throughputs) per task and
+    overall, one panel per data set with tasks, at the main setting."""
+    t_new, l_max = _main_setting(results)
+    rows = [c for c in by_category(results["records"]) if (c["max_new_tokens"], c["l_max"]) == (t_new, l_max)
+            and c["variant"] != "ar"]
+    sets = list(dict.fromkeys(c["dataset"] for c in rows))
+    marked = set(lossy(results))
+    fig, axes = plt.subplots(1, len(sets), figsize=(8 * len(sets), 4), squeeze=False)
+    for ax, dataset in zip(axes[0], sets):
+        mine = [c for c in rows if c["dataset"] == dataset]
+        tasks = [t for t in dict.fromkeys(c["category"] for c in mine) if t != "overall"] + ["overall"]
+        variants = list(dict.fromkeys(c["variant"] for c in mine))
+        cell = {(c["variant"], c["category"]): c["speedup"] for c in mine}
+        width = 0.8 / max(len(variants), 1)
+        for j, v in enumerate(variants):
+            ax.bar([i + j * width for i in range(len(tasks))], [cell.get((v, t), 0) for t in tasks], width,
+                   label=v + (" (lossy)" if v in marked else ""))
+        ax.axhline(1.0, color="gray", lw=1, ls="--")
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks, rotation=30, ha="right")
+        ax.set_ylabel("speedup over ar (total throughput)")
+        ax.set_title(dataset)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{results['target']}, T={t_new}")
+    return _save(fig, out / "tasks.png")
+
+
 def make_all(results: dict, out: Path) -> list[Path]:
     out = Path(out)
     tags = [v["tags"] for v in results["variants"]]
@@ -227,4 +255,6 @@ def make_all(results: dict, out: Path) -> list[Path]:
         made.append(wetap_sensitivity(results, out))
     if any(a["mean"].get("ppl") is not None for a in results["aggregates"]):
         made.append(quality_bars(results, out))
+    if any(c["variant"] != "ar" for c in by_category(results["records"])):
+        made.append(task_bars(results, out))
     return made

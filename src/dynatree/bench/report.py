@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 
 from .. import cpu
-from .results import limit_gaps, load, ratios_to
+from .results import by_category, limit_gaps, load, ratios_to
 
 
 def _pm(mean, std, scale=1.0, digits=1) -> str:
@@ -238,6 +238,9 @@ def sweep_section(results: dict) -> str:
 
 def header(results: dict) -> str:
     p, e = results["protocol"], results["env"]
+    tasks = any(r.get("category") for r in results["records"])
+    per_task = " (questions per Spec-Bench task)" if tasks else ""
+    turns = ", every turn of multi-turn questions after ar's answers to the earlier ones" if p.get("turns") == "all" else ""
     versions = ", ".join(f"{k} {v}" for k, v in e["versions"].items() if v)
     lines = [f"# dynatree benchmark: {results['experiment']}", "",
              f"- command: `{' '.join(results['command'])}`",
@@ -246,8 +249,8 @@ def header(results: dict) -> str:
              f"{', ' + e['gpu'] if e.get('gpu') else ''}, {e['cpu_count']} CPUs, {e['torch_threads']} torch threads",
              f"- CPU support: {cpu.summary(e['cpu_support']) if e.get('cpu_support') else 'not recorded'}",
              f"- versions: {versions}; Python {e['python']}",
-             f"- protocol: data set `{p['dataset']}`, {p['n']} prompts of which the first {p['warmup']} are warm-up "
-             f"(excluded), T = {', '.join(map(str, p['max_new_tokens']))} new tokens"
+             f"- protocol: data set `{p['dataset']}`, {p['n']} prompts{per_task} of which the first {p['warmup']} are "
+             f"warm-up (excluded){turns}, T = {', '.join(map(str, p['max_new_tokens']))} new tokens"
              f"{' (EOS ignored)' if p['ignore_eos'] else ''}, prompts cut to L_max = {', '.join(map(str, p['l_max']))} tokens"
              f"{', chat template' if p['chat'] else ''}",
              "- values: mean ± sample std over the measured prompts; speedup = mean throughput / mean AR "
@@ -282,6 +285,38 @@ def exactness(results: dict) -> str:
             "(the tests check exactness in float64); investigate if it persists." + note)
 
 
+def category_table(results: dict, t_new: int, l_max: int) -> str:
+    """Spec-Bench's table: per task and overall, each variant's speedup over `ar` (ratio of total
+    throughputs) and M; `ar`'s own row gives its tokens/s. Empty when no record has a task."""
+    rows = [c for c in by_category(results["records"]) if (c["max_new_tokens"], c["l_max"]) == (t_new, l_max)]
+    if not rows:
+        return ""
+    parts = []
+    for dataset in dict.fromkeys(c["dataset"] for c in rows):
+        mine = [c for c in rows if c["dataset"] == dataset]
+        tasks = [t for t in dict.fromkeys(c["category"] for c in mine) if t != "overall"] + ["overall"]
+        cell = {(c["variant"], c["category"]): c for c in mine}
+        marked = set(lossy(results))
+        table = []
+        for variant in dict.fromkeys(c["variant"] for c in mine):
+            label = variant + (" (lossy)" if variant in marked else "")
+            if variant == "ar":
+                table.append([label] + [f"{cell[('ar', t)]['tokens_per_s']:.1f} tok/s" if ("ar", t) in cell else "-"
+                                        for t in tasks])
+                continue
+            table.append([label] + [f"{cell[(variant, t)]['speedup']:.2f}× "
+                                    f"[{cell[(variant, t)]['speedup_median']:.2f}, "
+                                    f"{cell[(variant, t)]['speedup_min']:.2f}-{cell[(variant, t)]['speedup_max']:.2f}]"
+                                    f" M {cell[(variant, t)]['mean_generated_len'] or 0:.2f}"
+                                    if (variant, t) in cell else "-" for t in tasks])
+        n = {t: cell[("ar", t)]["n"] for t in tasks if ("ar", t) in cell}
+        parts += [f"`{dataset}`: speedup over `ar` = ratio of total throughputs (all tokens / all decode time, "
+                  "as Spec-Bench's speed.py), [per-prompt median, min-max]; M = tokens per verification pass "
+                  f"over all passes; prompts per task: {', '.join(f'{t} {k}' for t, k in n.items())}", "",
+                  _table(["Variant", *tasks], table), ""]
+    return "\n".join(parts).rstrip()
+
+
 def render(results: dict) -> str:
     parts = [header(results), ""]
     s = settings(results)
@@ -301,6 +336,9 @@ def render(results: dict) -> str:
                       perf_section(results, t_new, l_max), ""]
         if results.get("draft_quality"):
             parts += ["**Draft models**", "", draft_section(results, t_new, l_max), ""]
+        tasks = category_table(results, t_new, l_max)
+        if tasks:
+            parts += ["**Spec-Bench tasks**", "", tasks, ""]
         if scored or len(sets) > 1:
             parts += ["**M (tokens per verification), speed and PPL**", "", quality_table(results, t_new, l_max), ""]
         for d in sets:

@@ -62,6 +62,33 @@ def aggregate(records: list[dict]) -> list[dict]:
     return out
 
 
+def by_category(records: list[dict]) -> list[dict]:
+    """Spec-Bench's per-task figures (as its speed.py computes them), per variant, setting and task
+    (records with a `category`), and over all tasks ("overall"): speedup as the ratio of total
+    throughputs (all tokens / all decode time, this variant over `ar` on the same prompts), the
+    per-prompt ratio's median and range, and M over totals (tokens committed per verification
+    pass, prefill excluded)."""
+    measured = [r for r in records if not r["warmup"] and r.get("category") is not None]
+    ar = {(r["prompt_index"], *_setting(r)): r for r in measured if r["variant"] == "ar"}
+    groups: dict[tuple, list[dict]] = {}
+    for r in measured:
+        if (r["prompt_index"], *_setting(r)) in ar:
+            for category in (r["category"], "overall"):
+                groups.setdefault((r["variant"], *_setting(r), category), []).append(r)
+    out = []
+    for (variant, dataset, t_new, l_max, category), rows in groups.items():
+        base = [ar[(r["prompt_index"], dataset, t_new, l_max)] for r in rows]
+        rate = sum(r["stats"]["new_tokens"] for r in rows) / sum(r["stats"]["wall_s"] for r in rows)
+        ar_rate = sum(b["stats"]["new_tokens"] for b in base) / sum(b["stats"]["wall_s"] for b in base)
+        passes = sum(r["stats"]["iterations"] - 1 for r in rows)
+        out.append({"variant": variant, "dataset": dataset, "max_new_tokens": t_new, "l_max": l_max,
+                    "category": category, "n": len(rows), "tokens_per_s": rate, "speedup": rate / ar_rate,
+                    **{f"speedup_{k}": v for k, v in _spread([r["stats"]["tokens_per_s"] / b["stats"]["tokens_per_s"]
+                                                               for r, b in zip(rows, base)]).items()},
+                    "mean_generated_len": sum(r["stats"]["new_tokens"] - 1 for r in rows) / passes if passes else None})
+    return out
+
+
 def ratios_to(records: list[dict], variant: str, reference: str, setting: tuple) -> dict | None:
     """Throughput of `variant` / throughput of `reference` on the same measured prompts:
     per-prompt median, min, max, and the ratio of means. None if they share no prompt."""

@@ -34,7 +34,7 @@ from ..models import LoadedModel
 from ..quality import teacher_forced
 from ..window import KVWindow
 from . import draftcheck
-from .data import Prompt, load_texts, tokenize
+from .data import SPEC_BENCH, Prompt, load_texts, spec_bench_tasks, tokenize
 from .results import aggregate, save
 
 SCHEMA = 1
@@ -60,6 +60,7 @@ class Protocol:
     l_max: list[int] = field(default_factory=lambda: [800])  # prompt cap in tokens; several for sensitivity
     ignore_eos: bool = True  # force T tokens, as the papers do
     chat: bool = False  # wrap prompts in the tokenizer's chat template
+    turns: str = "first"  # multi-turn questions: ask the first turn only, or "all" (one record per turn)
     min_chars: int | None = None  # paragraph filter override (None: the data set's own)
     kv_window: str | None = None  # "SINK,RECENT" KV window for every variant without its own
     sample: bool = False  # sampling mode (lossless verification; WETAP's beam rule is lossy)
@@ -73,7 +74,17 @@ class Protocol:
 
     @property
     def datasets(self) -> list[str]:
-        return [d.strip() for d in self.dataset.split(",") if d.strip()]
+        """The data sets, comma-separated; names after `specbench:TASK` that are not data sets of their
+        own are more tasks of it (`specbench:qa,rag,humaneval` is Spec-Bench's qa and rag, then HumanEval)."""
+        out: list[str] = []
+        for item in (d.strip() for d in self.dataset.split(",")):
+            if not item:
+                continue
+            if out and out[-1].startswith(SPEC_BENCH + ":") and _is_task(item):
+                out[-1] += "," + item
+            else:
+                out.append(item)
+        return out
 
     def sampling(self):
         return sampling_config(self.sample, self.temperature, self.top_k, self.top_p)
@@ -87,6 +98,18 @@ class Protocol:
         if any(t < 1 for t in self.max_new_tokens) or any(l < 1 for l in self.l_max):
             raise DynaTreeError("--max-new-tokens and --l-max values must be positive")
         KVWindow.parse(self.kv_window)
+        if self.turns not in ("first", "all"):
+            raise DynaTreeError(f"--turns must be first or all, got {self.turns!r}")
+        if self.turns == "all" and not self.chat:
+            raise DynaTreeError("--turns all asks later turns with the earlier ones as chat history: add --chat")
+
+
+def _is_task(name: str) -> bool:
+    try:
+        spec_bench_tasks(name)
+    except DynaTreeError:
+        return False
+    return not Path(name).exists()
 
 
 def check_variants(variants: list[Variant]) -> None:
@@ -143,16 +166,20 @@ def run(
     if protocol.bandwidth_limit:
         results["hardware"] = decode_limit(target.model, target.device)
     settings = [(d, t, l) for d in protocol.datasets for l in protocol.l_max for t in protocol.max_new_tokens]
-    runs = sum(len(texts[d]) for d, _, _ in settings) - (len(settings) - 1) * protocol.warmup
+    runs = sum(len(texts[d]) - (number > 0) * len(_warmup_indices(texts[d], protocol.warmup))
+               for number, (d, _, _) in enumerate(settings))
     bar = _Progress(runs * len(variants), enabled=progress)
     sampling = protocol.sampling()
     scored: dict[str, tuple] = {}  # sha1 of prompt + tokens -> (PPL, target argmaxes); greedy runs repeat sequences
+    answers: dict[tuple, list[str]] = {}  # (setting, question) -> ar's answer to each turn so far
     try:
         for number, (dataset, t_new, l_max) in enumerate(settings):
+            skip = _warmup_indices(texts[dataset], protocol.warmup) if number > 0 else set()
             for index, prompt in enumerate(texts[dataset]):
-                if number > 0 and index < protocol.warmup:
+                if index in skip:
                     continue
-                ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat)
+                asked = answers.setdefault((dataset, t_new, l_max, prompt.question), [])[:len(prompt.earlier)]
+                ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat, tuple(asked))
                 _check_length(target, drafts, ids, t_new)
                 reference = {}  # KV window -> tokens of plain decoding (ar) under that window
                 for v in variants:
@@ -169,6 +196,10 @@ def run(
                     bar.done(rec["stats"]["tokens_per_s"])
                     if v.method == "ar":
                         reference.setdefault(rec["run"]["kv_window"], rec["new_token_ids"])
+                    if v.label == "ar" and prompt.question is not None:
+                        # the history of the question's next turn: plain decoding's answer, so every
+                        # variant is asked the same prompt (greedy, each exact method's own answer)
+                        answers[(dataset, t_new, l_max, prompt.question)][len(prompt.earlier):] = [rec["text"]]
                     r = _record(v, prompt, dataset, index, protocol, t_new, l_max, rec)
                     if paired:  # the machine's bandwidth drifts: measure it beside each ar run, keep the higher
                         r["bandwidth_bytes_per_s"] = max(bandwidth, read_bandwidth(target.device))
@@ -200,13 +231,19 @@ def run(
     return results
 
 
+def _warmup_indices(prompts: list[Prompt], warmup: int) -> set[int]:
+    """The prompts a later setting skips: the warm-up ones, and later turns of their questions."""
+    questions = {p.question for p in prompts[:warmup] if p.question is not None}
+    return {i for i, p in enumerate(prompts) if i < warmup or (p.question is not None and p.question in questions)}
+
+
 def _key(prompt_ids: list[int], new_ids: list[int]) -> str:
     return hashlib.sha1(json.dumps([prompt_ids, new_ids]).encode()).hexdigest()
 
 
 def load_all(protocol: Protocol) -> dict[str, list[Prompt]]:
     """The prompts of every data set of the protocol (any that cannot be loaded is an error)."""
-    return {d: load_texts(d, protocol.n, protocol.min_chars) for d in protocol.datasets}
+    return {d: load_texts(d, protocol.n, protocol.min_chars, protocol.turns) for d in protocol.datasets}
 
 
 def _record(v: Variant, prompt: Prompt, dataset: str, index: int, protocol: Protocol, t_new: int, l_max: int,
@@ -219,6 +256,8 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, protocol: Prot
         "dataset": dataset,
         "prompt_id": prompt.id,
         "prompt_index": index,
+        "category": prompt.category,  # Spec-Bench task, None for other data sets
+        "turn": prompt.turn,
         "warmup": index < protocol.warmup,
         "max_new_tokens": t_new,
         "l_max": l_max,
