@@ -91,6 +91,36 @@ def rec(variant, index, tps, warmup=False, t=8, acc=None, matches=True):
             "max_new_tokens": t, "l_max": 800, "prompt_tokens": 10 + index, "stats": stats, "matches_ar": matches}
 
 
+def test_speedups_are_over_plain_decoding_in_the_same_implementation_and_setting():
+    """Issue 27: a compiled method over compiled ar, a windowed one over windowed ar, hf-* over hf-ar,
+    ar variants over plain ar; never over another implementation's or setting's plain decoding."""
+    def run(variant, method, tps, compile=False, kv_window=None):
+        return [{**rec(variant, i, tps * (1 + i)), "method": method, "compile": compile, "kv_window": kv_window}
+                for i in range(2)]
+
+    records = (run("ar", "ar", 10.0) + run("ar +compile", "ar", 20.0, compile=True)
+               + run("ar + window", "ar", 8.0, kv_window="4,28") + run("dynatree", "dynatree", 15.0)
+               + run("dynatree +compile", "dynatree", 30.0, compile=True)
+               + run("dynatree + window", "dynatree", 12.0, kv_window="4,28")
+               + run("hf-ar", "hf-ar", 5.0) + run("hf-lookup", "hf-lookup", 7.5))
+    aggs = {a["variant"]: a for a in results.aggregate(records)}
+    expected = {"ar": ("ar", 1.0), "ar +compile": ("ar", 2.0), "ar + window": ("ar", 0.8),
+                "dynatree": ("ar", 1.5), "dynatree +compile": ("ar +compile", 1.5),
+                "dynatree + window": ("ar + window", 1.5), "hf-ar": ("ar", 0.5), "hf-lookup": ("hf-ar", 1.5)}
+    assert {v: (a["reference"], round(a["speedup"], 6)) for v, a in aggs.items()} == expected
+    assert all(a["speedup_median"] == pytest.approx(a["speedup"]) for a in aggs.values())  # same ratio per prompt
+    table = report.main_tables(list(aggs.values()))
+    assert "| dynatree +compile | - | 45.0 ± 21.2 | 1.50× (median 1.50, 1.50-1.50) | ar +compile |" in table
+
+
+def test_older_records_without_compile_still_reference_plain_ar_and_rows_keep_the_run_s_order():
+    records = [{**rec(v, i, 10.0 * (1 + i)), "method": m} for i in range(2)
+               for v, m in (("dynatree", "dynatree"), ("ar +compile", "ar"), ("ar", "ar"))]  # no "compile" field
+    assert results.references(records) == {"dynatree": "ar", "ar +compile": "ar", "ar": "ar"}
+    assert [a["variant"] for a in results.aggregate(records, ["ar", "dynatree", "ar +compile"])] == [
+        "ar", "dynatree", "ar +compile"]
+
+
 def test_aggregate_excludes_warmup_and_computes_speedups():
     records = [rec("ar", 0, 100.0, warmup=True), rec("x", 0, 1.0, warmup=True),
                rec("ar", 1, 10.0), rec("x", 1, 20.0, acc=0.5),
@@ -288,8 +318,8 @@ def test_runner_end_to_end_on_tiny_models(tmp_path, prompt_file):
     assert on_disk["variants"][1]["config"]["k"] == 5  # resolved config of every variant
 
 
-def test_runner_measures_bandwidth_beside_each_ar_run(monkeypatch, prompt_file):
-    reads = iter([5e9, 7e9, 3e9, 2e9])  # before/after ar on prompt 0, then on prompt 1
+def test_runner_measures_bandwidth_beside_every_run_in_rotated_order(monkeypatch, prompt_file):
+    reads = iter([5e9, 7e9, 1e9, 2e9, 3e9, 2e9, 4e9, 6e9])  # before/after each run, in the order they run
     monkeypatch.setattr(runner, "read_bandwidth", lambda device: next(reads))
     monkeypatch.setattr(runner, "decode_limit", lambda model, device: {
         "weight_bytes": 1e8, "bandwidth_bytes_per_s": 9e9, "limit_tokens_per_s": 90.0})
@@ -297,9 +327,11 @@ def test_runner_measures_bandwidth_beside_each_ar_run(monkeypatch, prompt_file):
     proto = runner.Protocol(dataset=str(prompt_file), n=2, warmup=0, max_new_tokens=[4], bandwidth_limit=True)
     res = runner.run("perf", variants, proto, tiny("llama", eos_ids=[]), {}, progress=False)
     assert res["hardware"]["limit_tokens_per_s"] == 90.0
-    assert [r.get("bandwidth_bytes_per_s") for r in res["records"]] == [7e9, None, 3e9, None]  # the higher of the two
+    order = [(r["prompt_index"], r["variant"]) for r in res["records"]]
+    assert order == [(0, "ar"), (0, "linear"), (1, "linear"), (1, "ar")]  # rotated by one per prompt
+    assert [r["bandwidth_bytes_per_s"] for r in res["records"]] == [7e9, 2e9, 3e9, 6e9]  # the higher of each pair
     gaps = results.limit_gaps(res["records"], "ar", (str(prompt_file), 4, 800), 1e8)
-    assert gaps["limit"] == {"median": 50.0, "min": 30.0, "max": 70.0} and gaps["n"] == 2
+    assert gaps["limit"] == {"median": 65.0, "min": 60.0, "max": 70.0} and gaps["n"] == 2
     speeds = [r["stats"]["tokens_per_s"] for r in res["records"] if r["variant"] == "ar"]
     assert gaps["gap"]["max"] == pytest.approx(max(70 / speeds[0], 30 / speeds[1]))
 
@@ -382,6 +414,8 @@ def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
     (["bench", "--preset", "wetap-main", "--alpha", "2"], "--alpha must be in [0, 1]"),
     (["bench", "--preset", "wetap-main", "--w-min", "64", "--w-max", "16"], "--w-min must not exceed --w-max"),
     (["bench", "--preset", "wetap-gamma", "--gamma", "-1"], "--gamma must be > 0"),
+    (["bench", "--preset", "fixed-sweep", "--depth", "3"],  # never silently overridden by the preset
+     "--depth 3 conflicts with preset 'fixed-sweep': its variant 'D=4 B=2 tau=0.01' sets depth=4"),
     (["bench", "--sample", "--greedy"], "not allowed with argument"),
     (["bench", "--preset", "draft", "--target", "EleutherAI/pythia-2.8b"], "the draft preset needs a draft LM"),
 ])

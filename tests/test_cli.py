@@ -89,6 +89,19 @@ def test_compare_table(capsys, saved_tiny):
     assert "speedup" in err and err.count("yes") == 3
 
 
+def test_compare_warms_up_every_compared_method_with_its_own_settings(capsys, saved_tiny, monkeypatch):
+    from dynatree import api
+
+    calls, real = [], api.generate
+    monkeypatch.setattr(api, "generate", lambda **kw: calls.append((kw["method"], kw["max_new_tokens"],
+                                                                    kw.get("k"))) or real(**kw))
+    code, _, _ = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "12",
+                         "--method", "dynatree", "--compare", "ar,linear", "--k", "3")
+    assert code == 0
+    assert calls == [("dynatree", 8, None), ("ar", 8, None), ("linear", 8, 3),  # untimed warm-ups first
+                     ("dynatree", 12, None), ("ar", 12, None), ("linear", 12, 3)]
+
+
 def test_prompt_file_and_stdin(capsys, saved_tiny, tmp_path, monkeypatch):
     f = tmp_path / "p.txt"
     f.write_text("w5 w6 w7 w5 w6")

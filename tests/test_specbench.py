@@ -4,6 +4,7 @@ questions asked with the run's own history, and Spec-Bench's per-task table."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 
 import pytest
@@ -126,19 +127,27 @@ def test_multi_turn_run_asks_later_turns_with_ar_s_answers_and_reports_per_task(
     expected = tokenize(target.tokenizer, prompts[4], proto.l_max[0], chat=True, answers=(answer,))
     assert len(expected) > len(first) + 3  # the history is in it
     second = [r for r in recs if r["prompt_id"] == "questions.jsonl:2/2"]
-    assert {r["prompt_tokens"] for r in second} == {len(expected)}
+    assert {r["prompt_sha1"] for r in second} == {hashlib.sha1(json.dumps(expected).encode()).hexdigest()}
     table = report.category_table(results.load(tmp_path), 6, proto.l_max[0])
     assert "| Variant | mt_bench | qa | overall |" in table
-    assert "prompts per task: mt_bench 3, qa 2, overall 5" in table  # the warm-up prompt (question 1, turn 1) left out
+    assert "prompts per task: mt_bench 2, qa 2, overall 4" in table  # the warm-up question (both its turns) left out
+    assert [r["warmup"] for r in recs if r["variant"] == "ar"] == [True, True, False, False, False, False]
     rows = {(c["variant"], c["category"]): c for c in results.by_category(recs)}
     ar, dyna = rows[("ar", "overall")], rows[("dynatree", "overall")]
-    assert ar["speedup"] == 1.0 and dyna["n"] == 5
+    assert ar["speedup"] == 1.0 and dyna["n"] == 4
     measured = [r for r in recs if r["variant"] == "dynatree" and not r["warmup"]]
     total = sum(r["stats"]["new_tokens"] for r in measured) / sum(r["stats"]["wall_s"] for r in measured)
     assert dyna["tokens_per_s"] == pytest.approx(total)
     written = report.write(tmp_path)
     assert "**Spec-Bench tasks**" in (tmp_path / "report.md").read_text()
     assert tmp_path / "tasks.png" in written and (tmp_path / "tasks.png").stat().st_size > 0
+
+
+def test_a_later_turn_s_history_ends_at_the_answer_s_first_eos():
+    target = chat_tiny()
+    target.eos_ids = [2]
+    assert runner._answer(target, [40, 41, 2, 50, 51]) == "w40 w41"  # a run ignoring EOS went on past it
+    assert runner._answer(target, [40, 41]) == "w40 w41"
 
 
 def test_turns_all_needs_chat_and_cli_errors(capsys, saved_tiny):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..api import HYBRID, NGRAM, Hybrid
 from ..errors import DynaTreeError
-from ..methods import get_method
+from ..methods import get_method, make_config
 from .data import DATASETS, L_MAX, SPEC_BENCH_TASKS
 from .presets import PRESETS, dataset_default, method_variants, protocol_defaults, sampling_defaults, variants
 from .results import load
@@ -182,8 +182,15 @@ def cmd_bench(args) -> int:
         experiment, variant_list = "custom", method_variants(methods, drafts, per_method)
     else:
         experiment, variant_list = args.preset, variants(args.preset, args.scale, drafts)
-        for v in variant_list:  # command-line options apply under the preset's own choices
-            v.options = {**{k: val for k, val in given.items() if v.method in args.method_fields[k]}, **v.options}
+        for v in variant_list:  # command-line options apply to every variant of a method, unless the preset sets them
+            mine = {k: val for k, val in given.items() if v.method in args.method_fields[k]}
+            make_config(v.method, **mine)  # a bad value is reported as such, before any clash with the preset
+            clash = next((k for k in mine if k in v.options and v.options[k] != mine[k]), None)
+            if clash is not None:
+                raise DynaTreeError(
+                    f"--{clash.replace('_', '-')} {mine[clash]} conflicts with preset {args.preset!r}: its variant "
+                    f"{v.label!r} sets {clash}={v.options[clash]}; run your own set with --methods instead")
+            v.options = {**v.options, **mine}
     if args.compile:  # every variant of ours, under its own label
         ours = [v for v in variant_list if get_method(v.method).policy_cls is not None]
         if not ours:

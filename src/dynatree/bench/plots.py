@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .report import at, datasets, lossy, settings  # noqa: E402
-from .results import by_category  # noqa: E402
+from .results import by_category, task_order  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -37,7 +37,7 @@ def throughput_bars(results: dict, out: Path) -> Path:
     ax1.set_ylabel("throughput (tokens/s)")
     ax2.bar(labels, [a["speedup"] or 0 for a in aggs], color="tab:orange")
     ax2.axhline(1.0, color="gray", lw=1, ls="--")
-    ax2.set_ylabel("speedup vs AR (same run)")
+    ax2.set_ylabel("speedup over plain decoding (same setting)")
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=30)
         for tick in ax.get_xticklabels():
@@ -220,7 +220,7 @@ def task_bars(results: dict, out: Path) -> Path:
     fig, axes = plt.subplots(1, len(sets), figsize=(8 * len(sets), 4), squeeze=False)
     for ax, dataset in zip(axes[0], sets):
         mine = [c for c in rows if c["dataset"] == dataset]
-        tasks = [t for t in dict.fromkeys(c["category"] for c in mine) if t != "overall"] + ["overall"]
+        tasks = task_order(c["category"] for c in mine)
         variants = list(dict.fromkeys(c["variant"] for c in mine))
         cell = {(c["variant"], c["category"]): c["speedup"] for c in mine}
         width = 0.8 / max(len(variants), 1)
@@ -229,7 +229,7 @@ def task_bars(results: dict, out: Path) -> Path:
                    label=v + (" (lossy)" if v in marked else ""))
         ax.axhline(1.0, color="gray", lw=1, ls="--")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks, rotation=30, ha="right")
-        ax.set_ylabel("speedup over ar (total throughput)")
+        ax.set_ylabel("speedup over same-setting ar (total throughput)")
         ax.set_title(dataset)
         ax.legend(fontsize=8)
     fig.suptitle(f"{results['target']}, T={t_new}")

@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 
 from .. import cpu
-from .results import by_category, limit_gaps, load, ratios_to
+from .results import by_category, limit_gaps, load, ratios_to, task_order
 
 
 def _pm(mean, std, scale=1.0, digits=1) -> str:
@@ -159,9 +159,12 @@ def main_tables(aggs: list[dict]) -> str:
     ar = next((a for a in aggs if a["variant"] == "ar"), None)
     ar_mem = ar["mean"]["peak_mem_mb"] if ar else None
     out = ["**Throughput**", "", _table(
-        ["Method", "Draft", "Throughput (tok/s)", "Speedup vs AR (per-prompt median, range)"],
-        [[a["variant"], a["draft"] or "-", _pm(a["mean"]["tokens_per_s"], a["std"]["tokens_per_s"]), _speedup(a)]
-         for a in aggs])]
+        ["Method", "Draft", "Throughput (tok/s)", "Speedup (per-prompt median, range)", "over"],
+        [[a["variant"], a["draft"] or "-", _pm(a["mean"]["tokens_per_s"], a["std"]["tokens_per_s"]), _speedup(a),
+          a.get("reference", "ar")] for a in aggs]),
+        "", "Speedups are over plain decoding in the same implementation and setting: our methods over our "
+            "`ar` with the same compile setting and KV window, hf-* over `hf-ar`, `ar` and `hf-ar` variants over "
+            "plain `ar`."]
     out += ["", "**Latency**", "", _table(
         ["Method", "TTFT (ms)", "TPOT (ms)"],
         [[a["variant"], _pm(a["mean"]["ttft_s"], a["std"]["ttft_s"], 1000), _pm(a["mean"]["tpot_s"], a["std"]["tpot_s"], 1000, 2)]
@@ -177,7 +180,8 @@ def main_tables(aggs: list[dict]) -> str:
           f"{a['mean']['drafted_tokens'] / max(a['mean']['iterations'] - 1, 1):.1f}",
           *(_pm(a["mean"].get(f"{phase}_ms"), a["std"].get(f"{phase}_ms"), digits=2) for phase in ("draft", "verify", "commit"))]
          for a in aggs])]
-    out += ["", "**Peak memory**", "", _table(
+    out += ["", "**Peak memory** (the process's peak resident memory during each run: every variant runs in the "
+                "one process, so every model loaded for the run counts in each figure)", "", _table(
         ["Method", "Peak memory (MB)", "vs AR"],
         [[a["variant"], _pm(a["mean"]["peak_mem_mb"], a["std"]["peak_mem_mb"], digits=0),
           f"{100 * (a['mean']['peak_mem_mb'] / ar_mem - 1):+.1f}%" if ar_mem else "-"] for a in aggs])]
@@ -200,7 +204,7 @@ def pivot_table(results: dict, axis: str, stat: str = "tokens_per_s") -> str:
         return _pm(a["mean"][key], a["std"][key], digits=2 if key != "tokens_per_s" else 1)
 
     parts = []
-    for key, title in [(stat, "Throughput (tok/s)"), ("speedup", "Speedup vs AR"), ("tokens_per_iter", "L (tokens/iter)")]:
+    for key, title in [(stat, "Throughput (tok/s)"), ("speedup", "Speedup over its reference"), ("tokens_per_iter", "L (tokens/iter)")]:
         parts += [f"**{title} by {label}**", "",
                   _table(["Method"] + [f"{label}={x}" for x in values], [[v] + [cell(v, x, key) for x in values] for v in variants]), ""]
     return "\n".join(parts)
@@ -253,8 +257,9 @@ def header(results: dict) -> str:
              f"warm-up (excluded){turns}, T = {', '.join(map(str, p['max_new_tokens']))} new tokens"
              f"{' (EOS ignored)' if p['ignore_eos'] else ''}, prompts cut to L_max = {', '.join(map(str, p['l_max']))} tokens"
              f"{', chat template' if p['chat'] else ''}",
-             "- values: mean ± sample std over the measured prompts; speedup = mean throughput / mean AR "
-             "throughput of this run (per-prompt ratio median and range in brackets)", ""]
+             "- values: mean ± sample std over the measured prompts; speedup = mean throughput / mean throughput "
+             "of the row's plain-decoding reference in this run (the `over` column: `ar` of the same compile "
+             "setting and KV window; per-prompt ratio median and range in brackets)", ""]
     if p.get("sample"):
         lines.insert(-1, f"- sampling: temperature {p.get('temperature') or 1.0}, top-k {p.get('top_k') or 'off'}, "
                          f"top-p {p.get('top_p') or 'off'}; prompt i sampled with seed {p.get('seed', 0)} + i by every "
@@ -294,11 +299,12 @@ def category_table(results: dict, t_new: int, l_max: int) -> str:
     parts = []
     for dataset in dict.fromkeys(c["dataset"] for c in rows):
         mine = [c for c in rows if c["dataset"] == dataset]
-        tasks = [t for t in dict.fromkeys(c["category"] for c in mine) if t != "overall"] + ["overall"]
+        tasks = task_order(c["category"] for c in mine)
         cell = {(c["variant"], c["category"]): c for c in mine}
         marked = set(lossy(results))
         table = []
-        for variant in dict.fromkeys(c["variant"] for c in mine):
+        labels = [v["label"] for v in results["variants"]]
+        for variant in sorted(dict.fromkeys(c["variant"] for c in mine), key=lambda v: labels.index(v) if v in labels else len(labels)):
             label = variant + (" (lossy)" if variant in marked else "")
             if variant == "ar":
                 table.append([label] + [f"{cell[('ar', t)]['tokens_per_s']:.1f} tok/s" if ("ar", t) in cell else "-"
@@ -310,7 +316,7 @@ def category_table(results: dict, t_new: int, l_max: int) -> str:
                                     f" M {cell[(variant, t)]['mean_generated_len'] or 0:.2f}"
                                     if (variant, t) in cell else "-" for t in tasks])
         n = {t: cell[("ar", t)]["n"] for t in tasks if ("ar", t) in cell}
-        parts += [f"`{dataset}`: speedup over `ar` = ratio of total throughputs (all tokens / all decode time, "
+        parts += [f"`{dataset}`: speedup over the same setting's `ar` (see Throughput) = ratio of total throughputs (all tokens / all decode time, "
                   "as Spec-Bench's speed.py), [per-prompt median, min-max]; M = tokens per verification pass "
                   f"over all passes; prompts per task: {', '.join(f'{t} {k}' for t, k in n.items())}", "",
                   _table(["Variant", *tasks], table), ""]

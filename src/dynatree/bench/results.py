@@ -2,10 +2,13 @@
 
 Aggregates are per (variant, data set, T, L_max) over the measured prompts (warm-up
 excluded): mean and sample standard deviation of every statistic and of the PPL of the
-continuations (when scored), and the speedup against `ar` of
-the same run and setting, two ways:
-  speedup            = mean throughput / mean AR throughput (the papers' definition)
-  speedup_median/min/max = over prompts, of throughput / AR throughput on the same prompt
+continuations (when scored), and the speedup against plain decoding in the same
+implementation (`reference`): our methods against our `ar` run with the same compile setting
+and KV window (so `dynatree +compile` against `ar +compile`), transformers' methods (hf-*)
+against `hf-ar`, and `ar` and `hf-ar` variants against the plain `ar` (how much compiling, a
+window or transformers' own loop changes plain decoding). Two ways:
+  speedup            = mean throughput / mean reference throughput (the papers' definition)
+  speedup_median/min/max = over prompts, of throughput / reference throughput on the same prompt
 """
 
 from __future__ import annotations
@@ -34,23 +37,50 @@ def _setting(r: dict) -> tuple:
     return r.get("dataset"), r["max_new_tokens"], r["l_max"]
 
 
-def aggregate(records: list[dict]) -> list[dict]:
+def references(records: list[dict]) -> dict[str, str]:
+    """Each variant's plain-decoding reference in the same implementation (see the module docstring)."""
+    variants = {r["variant"]: r for r in records}
+    ours_ar: dict[tuple, str] = {}
+    for v, r in sorted(variants.items(), key=lambda item: item[0] != "ar"):  # the variant labelled `ar` first
+        if r["method"] == "ar":
+            ours_ar.setdefault((r.get("compile", False), r.get("kv_window")), v)
+    plain = ours_ar.get((False, None), "ar")
+    out = {}
+    for v, r in variants.items():
+        if r["method"] in ("ar", "hf-ar"):  # plain decoding itself: against ours, plain
+            out[v] = plain
+        elif r["method"].startswith("hf-"):
+            out[v] = "hf-ar" if "hf-ar" in variants else plain
+        else:
+            compiled = r.get("compile", False)
+            out[v] = ours_ar.get((compiled, r.get("kv_window")), ours_ar.get((compiled, None), plain))
+    return out
+
+
+def aggregate(records: list[dict], order: list[str] | None = None) -> list[dict]:
+    """Aggregates per (variant, setting), variants in `order` (the run's own; prompts run them rotated)."""
     measured = [r for r in records if not r["warmup"]]
+    rank = {v: i for i, v in enumerate(order or [])}
     keys = list(dict.fromkeys((r["variant"], *_setting(r)) for r in measured))
-    ar_tps = {(r["prompt_index"], *_setting(r)): r["stats"]["tokens_per_s"] for r in measured if r["variant"] == "ar"}
+    keys.sort(key=lambda k: (list(dict.fromkeys(_setting(r) for r in measured)).index(tuple(k[1:])),
+                             rank.get(k[0], len(rank))))
+    refs = references(records)
+    tps = {(r["variant"], r["prompt_index"], *_setting(r)): r["stats"]["tokens_per_s"] for r in measured}
     out = []
     for variant, *setting in keys:
         setting = tuple(setting)
         rows = [r for r in measured if r["variant"] == variant and _setting(r) == setting]
+        ref = refs[variant]
         agg = {"variant": variant, "method": rows[0]["method"], "draft": rows[0]["draft"], "dataset": setting[0],
-               "max_new_tokens": setting[1], "l_max": setting[2], "n": len(rows), "mean": {}, "std": {}}
+               "max_new_tokens": setting[1], "l_max": setting[2], "n": len(rows), "reference": ref,
+               "compile": rows[0].get("compile", False), "mean": {}, "std": {}}
         for stat in STATS:
             agg["mean"][stat], agg["std"][stat] = mean_std([r["stats"].get(stat) for r in rows])
         agg["mean"]["prompt_tokens"], agg["std"]["prompt_tokens"] = mean_std([r["prompt_tokens"] for r in rows])
         agg["mean"]["ppl"], agg["std"]["ppl"] = mean_std([r.get("ppl") for r in rows])
-        ratios = [r["stats"]["tokens_per_s"] / ar_tps[(r["prompt_index"], *setting)] for r in rows
-                  if (r["prompt_index"], *setting) in ar_tps]
-        ar_mean = mean_std([tps for k, tps in ar_tps.items() if k[1:] == setting])[0]
+        ratios = [r["stats"]["tokens_per_s"] / tps[(ref, r["prompt_index"], *setting)] for r in rows
+                  if (ref, r["prompt_index"], *setting) in tps]
+        ar_mean = mean_std([t for k, t in tps.items() if k[0] == ref and k[2:] == setting])[0]
         agg["speedup"] = agg["mean"]["tokens_per_s"] / ar_mean if ar_mean else None
         agg["speedup_median"] = statistics.median(ratios) if ratios else None
         agg["speedup_min"] = min(ratios) if ratios else None
@@ -69,24 +99,34 @@ def by_category(records: list[dict]) -> list[dict]:
     per-prompt ratio's median and range, and M over totals (tokens committed per verification
     pass, prefill excluded)."""
     measured = [r for r in records if not r["warmup"] and r.get("category") is not None]
-    ar = {(r["prompt_index"], *_setting(r)): r for r in measured if r["variant"] == "ar"}
+    refs = references(records)
+    by_key = {(r["variant"], r["prompt_index"], *_setting(r)): r for r in measured}
     groups: dict[tuple, list[dict]] = {}
     for r in measured:
-        if (r["prompt_index"], *_setting(r)) in ar:
+        if (refs[r["variant"]], r["prompt_index"], *_setting(r)) in by_key:
             for category in (r["category"], "overall"):
                 groups.setdefault((r["variant"], *_setting(r), category), []).append(r)
     out = []
     for (variant, dataset, t_new, l_max, category), rows in groups.items():
-        base = [ar[(r["prompt_index"], dataset, t_new, l_max)] for r in rows]
+        base = [by_key[(refs[variant], r["prompt_index"], dataset, t_new, l_max)] for r in rows]
         rate = sum(r["stats"]["new_tokens"] for r in rows) / sum(r["stats"]["wall_s"] for r in rows)
         ar_rate = sum(b["stats"]["new_tokens"] for b in base) / sum(b["stats"]["wall_s"] for b in base)
         passes = sum(r["stats"]["iterations"] - 1 for r in rows)
         out.append({"variant": variant, "dataset": dataset, "max_new_tokens": t_new, "l_max": l_max,
-                    "category": category, "n": len(rows), "tokens_per_s": rate, "speedup": rate / ar_rate,
+                    "category": category, "reference": refs[variant], "n": len(rows), "tokens_per_s": rate, "speedup": rate / ar_rate,
                     **{f"speedup_{k}": v for k, v in _spread([r["stats"]["tokens_per_s"] / b["stats"]["tokens_per_s"]
                                                                for r, b in zip(rows, base)]).items()},
                     "mean_generated_len": sum(r["stats"]["new_tokens"] - 1 for r in rows) / passes if passes else None})
     return out
+
+
+def task_order(categories) -> list[str]:
+    """Task names in Spec-Bench's order (then any others as met), "overall" last."""
+    from .data import SPEC_BENCH_TASKS
+
+    known = [t for cats in ([task, *cats] for task, cats in SPEC_BENCH_TASKS.items()) for t in cats]
+    names = [c for c in dict.fromkeys(categories) if c != "overall"]
+    return sorted(names, key=lambda c: known.index(c) if c in known else len(known)) + ["overall"]
 
 
 def ratios_to(records: list[dict], variant: str, reference: str, setting: tuple) -> dict | None:
@@ -143,6 +183,10 @@ def load(path: Path) -> dict:
         raise DynaTreeError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(results, dict) or "records" not in results or "variants" not in results:
         raise DynaTreeError(f"{path} is not a dynatree results file")
+    compiled = {v["label"]: v.get("compile", False) for v in results["variants"]}
+    for r in results["records"]:  # older files: the compile setting is on the variant only
+        r.setdefault("compile", compiled.get(r["variant"], False))
     if "aggregates" not in results:  # an interrupted run: aggregate what was measured
-        results["aggregates"] = aggregate([r for r in results["records"] if "matches_ar" in r])
+        results["aggregates"] = aggregate([r for r in results["records"] if "matches_ar" in r],
+                                          [v["label"] for v in results["variants"]])
     return results

@@ -1,7 +1,8 @@
 """The benchmark protocol: every variant on every prompt, in one run, with one timer.
 
 For each setting (T new tokens, prompt cap L_max) and each prompt, all variants run one
-after the other (interleaved, so slow drifts of the machine hit every method alike). The
+after the other (interleaved, so slow drifts of the machine hit every method alike), in an
+order rotated by one variant per prompt. The
 first `warmup` prompts are run (in the first setting only: warming up once is enough) and
 recorded but flagged, and left out of the aggregates.
 EOS is ignored by default (the papers force T tokens). Every record keeps the engine's
@@ -74,8 +75,9 @@ class Protocol:
 
     @property
     def datasets(self) -> list[str]:
-        """The data sets, comma-separated; names after `specbench:TASK` that are not data sets of their
-        own are more tasks of it (`specbench:qa,rag,humaneval` is Spec-Bench's qa and rag, then HumanEval)."""
+        """The data sets, comma-separated; Spec-Bench task names after `specbench:TASK` are more tasks
+        of it (`specbench:qa,rag,humaneval` is Spec-Bench's qa and rag, then HumanEval; a file
+        named like a task: ./rag)."""
         out: list[str] = []
         for item in (d.strip() for d in self.dataset.split(",")):
             if not item:
@@ -109,7 +111,7 @@ def _is_task(name: str) -> bool:
         spec_bench_tasks(name)
     except DynaTreeError:
         return False
-    return not Path(name).exists()
+    return True
 
 
 def check_variants(variants: list[Variant]) -> None:
@@ -174,17 +176,17 @@ def run(
     answers: dict[tuple, list[str]] = {}  # (setting, question) -> ar's answer to each turn so far
     try:
         for number, (dataset, t_new, l_max) in enumerate(settings):
-            skip = _warmup_indices(texts[dataset], protocol.warmup) if number > 0 else set()
+            warm = _warmup_indices(texts[dataset], protocol.warmup)  # run in the first setting, skipped after
             for index, prompt in enumerate(texts[dataset]):
-                if index in skip:
+                if number > 0 and index in warm:
                     continue
                 asked = answers.setdefault((dataset, t_new, l_max, prompt.question), [])[:len(prompt.earlier)]
                 ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat, tuple(asked))
                 _check_length(target, drafts, ids, t_new)
                 reference = {}  # KV window -> tokens of plain decoding (ar) under that window
-                for v in variants:
+                for v in rotated(variants, index):
                     bar.start(f"{dataset} {index + 1}/{len(texts[dataset])}", v.label, t_new)
-                    paired = protocol.bandwidth_limit and v.method == "ar"
+                    paired = protocol.bandwidth_limit  # around every variant, so none runs in a different pause
                     bandwidth = read_bandwidth(target.device) if paired else None
                     rec = generate(
                         method=v.method, target=target, draft=drafts.get(v.draft, v.draft), prompt_ids=ids,
@@ -194,14 +196,16 @@ def run(
                         top_p=protocol.top_p, compile=v.compile, **v.options,
                     )
                     bar.done(rec["stats"]["tokens_per_s"])
-                    if v.method == "ar":
+                    if v.method == "ar" and not v.compile:  # plain eager decoding, whatever runs first
                         reference.setdefault(rec["run"]["kv_window"], rec["new_token_ids"])
                     if v.label == "ar" and prompt.question is not None:
                         # the history of the question's next turn: plain decoding's answer, so every
                         # variant is asked the same prompt (greedy, each exact method's own answer)
-                        answers[(dataset, t_new, l_max, prompt.question)][len(prompt.earlier):] = [rec["text"]]
-                    r = _record(v, prompt, dataset, index, protocol, t_new, l_max, rec)
-                    if paired:  # the machine's bandwidth drifts: measure it beside each ar run, keep the higher
+                        answers[(dataset, t_new, l_max, prompt.question)][len(prompt.earlier):] = [
+                            _answer(target, rec["new_token_ids"])]
+                    r = _record(v, prompt, dataset, index, index in warm, t_new, l_max, rec)
+                    r["prompt_sha1"] = hashlib.sha1(json.dumps(ids).encode()).hexdigest()  # what was asked
+                    if paired:  # the machine's bandwidth drifts: measure it beside each run, keep the higher
                         r["bandwidth_bytes_per_s"] = max(bandwidth, read_bandwidth(target.device))
                     if protocol.ppl:
                         key = _key(ids, rec["new_token_ids"])
@@ -217,7 +221,7 @@ def run(
                     picks = scored.get(_key(ids, reference[None]), (None, None))[1]  # known when ppl is on
                     for spec, lm in draft_lms(drafts).items():
                         results.setdefault("draft_quality", []).append({
-                            "draft": spec, "dataset": dataset, "prompt_index": index, "warmup": index < protocol.warmup,
+                            "draft": spec, "dataset": dataset, "prompt_index": index, "warmup": index in warm,
                             "max_new_tokens": t_new, "l_max": l_max, **draftcheck.measure(target, lm, ids, reference[None], picks),
                         })
                 if out_dir is not None:
@@ -225,14 +229,29 @@ def run(
     finally:
         bar.close()
     results["complete"] = True
-    results["aggregates"] = aggregate(results["records"])
+    results["aggregates"] = aggregate(results["records"], [v.label for v in variants])
     if out_dir is not None:
         save(results, out_dir)
     return results
 
 
+def rotated(variants: list, index: int) -> list:
+    """The variants in the order prompt `index` runs them: rotated by one per prompt, so no
+    variant always runs first (after a pause) or right after a particular other one."""
+    k = index % len(variants)
+    return variants[k:] + variants[:k]
+
+
+def _answer(target: LoadedModel, new_ids: list[int]) -> str:
+    """The text of an answer, up to its first EOS (a run that ignores EOS goes on past it), as the
+    history of a question's next turn."""
+    stop = next((i for i, t in enumerate(new_ids) if t in target.eos_ids), len(new_ids))
+    return target.tokenizer.decode(new_ids[:stop], skip_special_tokens=True)
+
+
 def _warmup_indices(prompts: list[Prompt], warmup: int) -> set[int]:
-    """The prompts a later setting skips: the warm-up ones, and later turns of their questions."""
+    """The warm-up prompts: the first `warmup`, and every other turn of their questions (flagged
+    in the first setting, skipped in later ones)."""
     questions = {p.question for p in prompts[:warmup] if p.question is not None}
     return {i for i, p in enumerate(prompts) if i < warmup or (p.question is not None and p.question in questions)}
 
@@ -246,7 +265,7 @@ def load_all(protocol: Protocol) -> dict[str, list[Prompt]]:
     return {d: load_texts(d, protocol.n, protocol.min_chars, protocol.turns) for d in protocol.datasets}
 
 
-def _record(v: Variant, prompt: Prompt, dataset: str, index: int, protocol: Protocol, t_new: int, l_max: int,
+def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, t_new: int, l_max: int,
             rec: dict) -> dict:
     ids = rec["new_token_ids"]
     return {
@@ -258,11 +277,12 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, protocol: Prot
         "prompt_index": index,
         "category": prompt.category,  # Spec-Bench task, None for other data sets
         "turn": prompt.turn,
-        "warmup": index < protocol.warmup,
+        "warmup": warmup,
         "max_new_tokens": t_new,
         "l_max": l_max,
         "prompt_tokens": rec["prompt_tokens"],
         "kv_window": rec["run"]["kv_window"],
+        "compile": rec["run"]["compile"],
         "stats": rec["stats"],
         "policy_state": rec.get("policy_state"),
         "seed": rec["run"]["seed"],
