@@ -414,6 +414,8 @@ def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
     (["bench", "--preset", "wetap-main", "--alpha", "2"], "--alpha must be in [0, 1]"),
     (["bench", "--preset", "wetap-main", "--w-min", "64", "--w-max", "16"], "--w-min must not exceed --w-max"),
     (["bench", "--preset", "wetap-gamma", "--gamma", "-1"], "--gamma must be > 0"),
+    (["bench", "--preset", "perf", "--cost-aware"],  # the preset has plain and +cost-aware dynatree rows
+     "--cost-aware True conflicts with preset 'perf': its variant 'dynatree[ngram] +cost-aware' sets cost_aware=True"),
     (["bench", "--preset", "fixed-sweep", "--depth", "3"],  # never silently overridden by the preset
      "--depth 3 conflicts with preset 'fixed-sweep': its variant 'D=4 B=2 tau=0.01' sets depth=4"),
     (["bench", "--sample", "--greedy"], "not allowed with argument"),

@@ -182,14 +182,17 @@ def cmd_bench(args) -> int:
         experiment, variant_list = "custom", method_variants(methods, drafts, per_method)
     else:
         experiment, variant_list = args.preset, variants(args.preset, args.scale, drafts)
-        for v in variant_list:  # command-line options apply to every variant of a method, unless the preset sets them
+        for v in variant_list:  # command-line options apply to every variant of a method the preset leaves them to
             mine = {k: val for k, val in given.items() if v.method in args.method_fields[k]}
             make_config(v.method, **mine)  # a bad value is reported as such, before any clash with the preset
-            clash = next((k for k in mine if k in v.options and v.options[k] != mine[k]), None)
-            if clash is not None:
-                raise DynaTreeError(
-                    f"--{clash.replace('_', '-')} {mine[clash]} conflicts with preset {args.preset!r}: its variant "
-                    f"{v.label!r} sets {clash}={v.options[clash]}; run your own set with --methods instead")
+            for k, val in mine.items():  # the preset varies k for this method: giving it would relabel nothing
+                setters = [w for w in variant_list if w.method == v.method and k in w.options]
+                if setters and (len(setters) < sum(w.method == v.method for w in variant_list)
+                                or any(w.options[k] != val for w in setters)):
+                    w = next((w for w in setters if w.options[k] != val), setters[0])
+                    raise DynaTreeError(
+                        f"--{k.replace('_', '-')} {val} conflicts with preset {args.preset!r}: its variant "
+                        f"{w.label!r} sets {k}={w.options[k]}; run your own set with --methods instead")
             v.options = {**v.options, **mine}
     if args.compile:  # every variant of ours, under its own label
         ours = [v for v in variant_list if get_method(v.method).policy_cls is not None]
