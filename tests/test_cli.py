@@ -137,8 +137,8 @@ BAD_INPUTS = {
     "blank prompt": (["   ", "--max-new-tokens", "4"], "prompt is empty"),
     "no prompt": ([], "no prompt given"),
     "too long": (["w5 w6", "--max-new-tokens", "63"], "exceeds the context length 64"),
-    "zero tokens": (["w5", "--max-new-tokens", "0"], "must be positive"),
-    "negative tokens": (["w5", "--max-new-tokens", "-3"], "must be positive"),
+    "zero tokens": (["w5", "--max-new-tokens", "0"], "must be a positive integer"),
+    "negative tokens": (["w5", "--max-new-tokens", "-3"], "must be a positive integer"),
     "not a number": (["w5", "--max-new-tokens", "ten"], "invalid int value"),
     "unknown method": (["w5", "--method", "medusa"], "unknown method 'medusa'"),
     "unknown compare method": (["w5", "--compare", "ar,nope"], "unknown method 'nope'"),
@@ -200,3 +200,25 @@ def test_entry_point_exits_nonzero_without_traceback(saved_tiny):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip() == "dynatree: error: --d0 must be smaller than --d-max, got 9 >= 8"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"prompt_ids": [999999]}, r"prompt_ids\[0\] = 999999 is not a token id of the target \(0\.\.95\)"),
+    ({"prompt_ids": [5, -5]}, r"prompt_ids\[1\] = -5 is not a token id"),
+    ({"prompt_ids": [5, 2.5]}, r"prompt_ids\[1\] = 2.5 is not a token id"),
+    ({"prompt_ids": "w5 w6"}, "prompt_ids must be a list of token ids, got str"),
+    ({"prompt_ids": []}, "the prompt is empty"),
+    ({"prompt": "w5", "prompt_ids": [5]}, "give either prompt .* or prompt_ids .*, not both"),
+    ({"prompt": 5}, "prompt must be a string"),
+    ({"prompt_ids": [5], "max_new_tokens": 4.5}, r"max_new_tokens \(--max-new-tokens\) must be a positive integer, got 4.5"),
+    ({"prompt_ids": [5], "max_new_tokens": 0}, "max_new_tokens .* must be a positive integer, got 0"),
+    ({"prompt_ids": [5], "seed": "abc"}, r"seed \(--seed\) must be an integer, got 'abc'"),
+    ({"prompt_ids": [5], "ngram_max": 0}, r"ngram_max \(--ngram-max\) must be a positive integer"),
+])
+def test_python_api_names_every_bad_argument(kwargs, message):
+    """Issue 37: the API's bad arguments are DynaTreeErrors naming the argument, never raw exceptions."""
+    from dynatree import api
+    from dynatree.errors import DynaTreeError
+
+    with pytest.raises(DynaTreeError, match=message):
+        api.generate(method="ar", target=tiny("llama"), **{"max_new_tokens": 2, **kwargs})

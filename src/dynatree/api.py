@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Callable
 
 import torch
@@ -112,6 +113,28 @@ def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: s
     return lm, lm.name
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _positive_int(name: str, value) -> None:
+    if not _is_int(value) or value < 1:
+        raise DynaTreeError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _token_ids(ids, vocab_size: int) -> list[int]:
+    """`prompt_ids` as a list of ints, each a row of the target's output layer."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise DynaTreeError(f"prompt_ids must be a list of token ids, got {type(ids).__name__}")
+    ids = list(ids)
+    if not ids:
+        raise DynaTreeError("the prompt is empty")
+    for i, token in enumerate(ids):
+        if not _is_int(token) or not 0 <= token < vocab_size:
+            raise DynaTreeError(f"prompt_ids[{i}] = {token!r} is not a token id of the target (0..{vocab_size - 1})")
+    return [int(t) for t in ids]
+
+
 def generate(
     prompt: str | None = None,
     method: str = "dynatree",
@@ -152,10 +175,12 @@ def generate(
     """
     spec = get_method(method)
     config = make_config(method, **options)
-    if max_new_tokens is None or max_new_tokens <= 0:
-        raise DynaTreeError(f"--max-new-tokens must be positive, got {max_new_tokens}")
-    if ngram_max < 1:
-        raise DynaTreeError(f"--ngram-max must be at least 1, got {ngram_max}")
+    _positive_int("max_new_tokens (--max-new-tokens)", max_new_tokens)
+    _positive_int("ngram_max (--ngram-max)", ngram_max)
+    if not _is_int(seed):
+        raise DynaTreeError(f"seed (--seed) must be an integer, got {seed!r}")
+    if prompt is not None and prompt_ids is not None:
+        raise DynaTreeError("give either prompt (text) or prompt_ids (token ids), not both")
     window = kv_window if isinstance(kv_window, KVWindow) or kv_window is None else KVWindow.parse(kv_window)
     sampling = sampling_config(sample, temperature, top_k, top_p)
     if window is not None and spec.policy_cls is None:
@@ -166,9 +191,11 @@ def generate(
     compile = tgt.compile if compile is None else compile
     draft_lm, draft_name = resolve_draft(method, draft, tgt, device, dtype, linear)
     if prompt_ids is None:
+        if not isinstance(prompt, str):
+            raise DynaTreeError(f"prompt must be a string (or give prompt_ids), got {type(prompt).__name__}")
         prompt_ids = encode_prompt(tgt.tokenizer, prompt, chat)
-    elif not prompt_ids:
-        raise DynaTreeError("the prompt is empty")
+    else:
+        prompt_ids = _token_ids(prompt_ids, tgt.vocab_size)
     for model in filter(None, (tgt, draft_lm)):
         limit = model.context_length
         if window is not None:
