@@ -113,6 +113,23 @@ def test_speedups_are_over_plain_decoding_in_the_same_implementation_and_setting
     assert "| dynatree +compile | - | 45.0 ± 21.2 | 1.50× (median 1.50, 1.50-1.50) | ar +compile |" in table
 
 
+def test_bench_summary_shows_every_data_set_and_setting_labelled(capsys, saved_tiny, prompt_file, tmp_path):
+    """Issue 37: one labelled table per data set and T on stdout; throughput.png has a row per data set."""
+    other = tmp_path / "b.txt"
+    other.write_text("w20 w21 w22\n\nw30 w31 w32\n\nw40 w41")
+    out = tmp_path / "run"
+    assert main(["bench", "--target", str(saved_tiny), "--methods", "ar,dynatree", "--dataset",
+                 f"{prompt_file},{other}", "--n", "2", "--warmup", "0", "--max-new-tokens", "4,6", "--no-ppl",
+                 "--no-progress", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for dataset in (str(prompt_file), str(other)):
+        for t in (4, 6):
+            assert f"-- {dataset}, T = {t}, L_max = 800" in printed
+    import matplotlib.image
+
+    assert matplotlib.image.imread(out / "throughput.png").shape[0] > 700  # two rows of panels
+
+
 def test_older_records_without_compile_still_reference_plain_ar_and_rows_keep_the_run_s_order():
     records = [{**rec(v, i, 10.0 * (1 + i)), "method": m} for i in range(2)
                for v, m in (("dynatree", "dynatree"), ("ar +compile", "ar"), ("ar", "ar"))]  # no "compile" field
@@ -201,6 +218,8 @@ def test_wetap_report_has_m_speed_ppl_per_data_set_and_marks_the_lossy_rule():
     assert "### humaneval" in md and "### gsm8k" in md
     assert "Lossy verification (WETAP's beam rule): wetap." in md
     assert "sampling: temperature 1.0, top-k 10, top-p 0.9" in md
+    throughput = md[md.index("**Throughput**"):md.index("**Latency**")]  # labelled in every table (issue 37)
+    assert "| wetap (lossy) |" in throughput and "| wetap (exact verify) |" in throughput
 
 
 def test_perf_table_ratios_and_bandwidth_limit():

@@ -222,3 +222,16 @@ def test_python_api_names_every_bad_argument(kwargs, message):
 
     with pytest.raises(DynaTreeError, match=message):
         api.generate(method="ar", target=tiny("llama"), **{"max_new_tokens": 2, **kwargs})
+
+
+def test_compare_while_sampling_has_no_token_column_and_labels_lossy_rules(capsys, saved_tiny):
+    """Issue 37: sampled runs are not comparable token by token; WETAP's beam rule is labelled lossy."""
+    code, _, err = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "6",
+                           "--sample", "--method", "dynatree", "--compare", "ar,wetap")
+    assert code == 0
+    table = err[err.index("method"):]
+    assert "tokens (sampled)" in table and "same tokens" not in table and "NO" not in table
+    assert "wetap (lossy)" in table and "dynatree (lossy)" not in table
+    code, _, err = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "6",
+                           "--method", "linear", "--compare", "dynatree")
+    assert "speedup over linear" in err  # no ar compared: the reference is said

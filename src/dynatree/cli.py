@@ -194,16 +194,20 @@ def compile_note(stats: dict) -> str:
 
 
 def comparison_table(records: list[dict]) -> str:
+    """One row per method; speedup over `ar` (over the first method when ar is not compared, said in the
+    header). Sampled runs are not comparable token by token: no token column, lossy rules labelled."""
     base = next((r for r in records if r["method"] == "ar"), records[0])
-    rows = [("method", "draft", "tok/s", "speedup", "L", "accept", "TTFT ms", "TPOT ms", "same tokens as " + base["method"])]
+    sampled = base["run"]["sampling"] is not None
+    same = "same tokens as " + base["method"] if not sampled else "tokens (sampled)"
+    rows = [("method", "draft", "tok/s", f"speedup over {base['method']}", "L", "accept", "TTFT ms", "TPOT ms", same)]
     for r in records:
         s = r["stats"]
         rows.append((
-            r["method"], r["draft"] or "-", f"{s['tokens_per_s']:.1f}",
+            r["method"] + (" (lossy)" if r["run"]["lossy"] else ""), r["draft"] or "-", f"{s['tokens_per_s']:.1f}",
             f"{s['tokens_per_s'] / base['stats']['tokens_per_s']:.2f}x", f"{s['tokens_per_iter']:.2f}",
             "-" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.1f}%",
             f"{1000 * s['ttft_s']:.0f}", "-" if s["tpot_s"] is None else f"{1000 * s['tpot_s']:.1f}",
-            "yes" if r["new_token_ids"] == base["new_token_ids"] else "NO",
+            "n/a" if sampled else "yes" if r["new_token_ids"] == base["new_token_ids"] else "NO",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -167,7 +167,11 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
         print(tasks + "\n")
     if results["protocol"].get("ppl") or len(report.datasets(results)) > 1:
         print(report.quality_table(results, *setting) + "\n")
-    print(report.main_tables(report.at(results, *setting)).split("\n\n**Latency**")[0])
+    sets, marked = report.datasets(results), report.marked_lossy(results)
+    for t_new, l_max in report.settings(results):  # every data set and setting, each labelled
+        for dataset in sets:
+            print(f"-- {dataset}, T = {t_new}, L_max = {l_max}")
+            print(report.main_tables(report.at(results, t_new, l_max, dataset), marked).split("\n\n**Latency**")[0])
     print(f"\nwrote {', '.join(str(p) for p in [out / 'results.json', *paths])}")
     return 0
 

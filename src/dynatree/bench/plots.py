@@ -29,20 +29,27 @@ def _main_setting(results: dict) -> tuple[int, int]:
 
 
 def throughput_bars(results: dict, out: Path) -> Path:
-    aggs = at(results, *_main_setting(results))
-    labels = [a["variant"] for a in aggs]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.3 * len(aggs) + 4), 4))
-    ax1.bar(labels, [a["mean"]["tokens_per_s"] for a in aggs], yerr=[a["std"]["tokens_per_s"] for a in aggs],
-            capsize=3, color="tab:blue")
-    ax1.set_ylabel("throughput (tokens/s)")
-    ax2.bar(labels, [a["speedup"] or 0 for a in aggs], color="tab:orange")
-    ax2.axhline(1.0, color="gray", lw=1, ls="--")
-    ax2.set_ylabel("speedup over plain decoding (same setting)")
-    for ax in (ax1, ax2):
-        ax.tick_params(axis="x", rotation=30)
-        for tick in ax.get_xticklabels():
-            tick.set_ha("right")
-    fig.suptitle(f"{results['target']}, {results['protocol']['dataset']}, T={_main_setting(results)[0]}")
+    """Throughput and speedup per variant: one row of panels per data set (lossy rules labelled)."""
+    sets = datasets(results)
+    marked = set(lossy(results)) if results["protocol"].get("sample") else set()
+    width = max(8, 1.3 * len(results["variants"]) + 4)
+    fig, axes = plt.subplots(len(sets), 2, figsize=(width, 4 * len(sets)), squeeze=False)
+    for (ax1, ax2), dataset in zip(axes, sets):
+        aggs = at(results, *_main_setting(results), dataset)
+        labels = [a["variant"] + (" (lossy)" if a["variant"] in marked else "") for a in aggs]
+        ax1.bar(labels, [a["mean"]["tokens_per_s"] for a in aggs], yerr=[a["std"]["tokens_per_s"] or 0 for a in aggs],
+                capsize=3, color="tab:blue")
+        ax1.set_ylabel("throughput (tokens/s)")
+        ax1.set_title(str(dataset))
+        ax2.bar(labels, [a["speedup"] or 0 for a in aggs], color="tab:orange")
+        ax2.axhline(1.0, color="gray", lw=1, ls="--")
+        ax2.set_ylabel("speedup over plain decoding (same setting)")
+        ax2.set_title(str(dataset))
+        for ax in (ax1, ax2):
+            ax.tick_params(axis="x", rotation=30)
+            for tick in ax.get_xticklabels():
+                tick.set_ha("right")
+    fig.suptitle(f"{results['target']}, T={_main_setting(results)[0]}")
     return _save(fig, out / "throughput.png")
 
 

@@ -155,7 +155,14 @@ def _speedup(a: dict) -> str:
     return f"{a['speedup']:.2f}× (median {a['speedup_median']:.2f}, {a['speedup_min']:.2f}-{a['speedup_max']:.2f})"
 
 
-def main_tables(aggs: list[dict]) -> str:
+def marked_lossy(results: dict) -> set[str]:
+    """The variants to label "(lossy)": lossy rules, in a sampling run (greedy, every rule is exact)."""
+    return set(lossy(results)) if results["protocol"].get("sample") else set()
+
+
+def main_tables(aggs: list[dict], lossy_variants=frozenset()) -> str:
+    """Throughput, latency, efficiency and memory tables; `lossy_variants` labelled "(lossy)"."""
+    aggs = [{**a, "variant": a["variant"] + (" (lossy)" if a["variant"] in lossy_variants else "")} for a in aggs]
     ar = next((a for a in aggs if a["variant"] == "ar"), None)
     ar_mem = ar["mean"]["peak_mem_mb"] if ar else None
     out = ["**Throughput**", "", _table(
@@ -350,7 +357,7 @@ def render(results: dict) -> str:
         for d in sets:
             if len(sets) > 1:
                 parts += [f"### {d}", ""]
-            parts += [main_tables(at(results, t_new, l_max, d)), ""]
+            parts += [main_tables(at(results, t_new, l_max, d), marked_lossy(results)), ""]
     parts += [exactness(results), ""]
     return "\n".join(parts)
 
