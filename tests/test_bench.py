@@ -130,6 +130,19 @@ def test_bench_summary_shows_every_data_set_and_setting_labelled(capsys, saved_t
     assert matplotlib.image.imread(out / "throughput.png").shape[0] > 700  # two rows of panels
 
 
+@pytest.mark.parametrize("command", [["bench", "--methods", "ar", "--dataset", "humaneval", "--n", "2"],
+                                     ["distill"]])
+def test_out_naming_a_file_is_a_one_line_error_before_any_loading(capsys, tmp_path, command):
+    """Issue 37: --out naming an existing file (or a path under one) was a traceback after the load."""
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    for out in (taken, taken / "inside"):
+        assert main([*command, "--target", "/nonexistent/model", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("dynatree: error: --out ") and ("is a file" in err or "existing file" in err)
+        assert "does not exist" not in err  # refused before the (missing) target was looked up
+
+
 def test_older_records_without_compile_still_reference_plain_ar_and_rows_keep_the_run_s_order():
     records = [{**rec(v, i, 10.0 * (1 + i)), "method": m} for i in range(2)
                for v, m in (("dynatree", "dynatree"), ("ar +compile", "ar"), ("ar", "ar"))]  # no "compile" field

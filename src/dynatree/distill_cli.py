@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .config import cli_flag, field_type
 from .distill import DistillConfig
+from .errors import check_out_dir
 
 
 def add_distill_command(sub) -> None:
@@ -42,6 +43,7 @@ def cmd_distill(args) -> int:
 
     cfg = DistillConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DistillConfig)})
     cfg.validate()  # before the target is loaded: bad options fail at once
+    check_out_dir(args.out)
     target = load_model(args.target or DEFAULT_TARGET, device=args.device, dtype="float32")
     summary = distill(target, Path(args.out), cfg, resume=args.resume, progress=not args.quiet,
                       command=["dynatree", *args.argv])

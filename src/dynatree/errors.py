@@ -8,3 +8,15 @@ Anything the user can fix (bad option, missing model, prompt too long) raises
 
 class DynaTreeError(Exception):
     """A user-facing error with a one-line, actionable message."""
+
+
+def check_out_dir(path) -> None:
+    """An output directory must be a directory or not exist yet: checked before any slow work."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DynaTreeError(f"--out {str(path)!r} is an existing file, not a directory; give a directory")
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise DynaTreeError(f"--out {str(path)!r}: {str(parent)!r} is a file, not a directory")

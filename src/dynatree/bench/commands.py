@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ..api import HYBRID, NGRAM, Hybrid
-from ..errors import DynaTreeError
+from ..errors import DynaTreeError, check_out_dir
 from ..methods import get_method, make_config
 from .data import DATASETS, L_MAX, SPEC_BENCH_TASKS
 from .presets import PRESETS, dataset_default, method_variants, protocol_defaults, sampling_defaults, variants
@@ -141,6 +141,7 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     protocol.validate()
     texts = runner.load_all(protocol)  # fail fast, before loading models
     out = args.out or Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_out_dir(out)
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
     lms, loaded = {}, {}
     for spec in drafts:
