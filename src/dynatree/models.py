@@ -175,8 +175,8 @@ class LoadedModel:
         model is used compiled (inference only).
         Sizes that vary from step to step (cache length, tree size: `DYNAMIC_SOURCES`) are symbolic
         from the first compile, so each kind of step (`STEP_KINDS`) builds one graph: at most 2 for
-        a run (1 for `ar`), which `warm_up` builds before any timing. (Left to dynamo, each kind compiled twice, first with static sizes:
-        4 graphs of ~100 s each for DynaTree on an AVX2-only 2-core machine.) The recompile limit
+        a run (1 for `ar`), which `warm_up` builds before any timing (left to dynamo, each kind
+        compiled twice, first with static sizes). The recompile limit
         is raised to RECOMPILE_LIMIT anyway, so switching kernels or attention never silently
         falls back to eager.
         Before every call dynamo checks its guards; `module_guards` leaves out those on the

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .report import at, datasets, lossy, settings  # noqa: E402
+from .report import at, datasets, marked_lossy, settings  # noqa: E402
 from .results import by_category, task_order  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def _main_setting(results: dict) -> tuple[int, int]:
 def throughput_bars(results: dict, out: Path) -> Path:
     """Throughput and speedup per variant: one row of panels per data set (lossy rules labelled)."""
     sets = datasets(results)
-    marked = set(lossy(results)) if results["protocol"].get("sample") else set()
+    marked = marked_lossy(results)
     width = max(8, 1.3 * len(results["variants"]) + 4)
     fig, axes = plt.subplots(len(sets), 2, figsize=(width, 4 * len(sets)), squeeze=False)
     for (ax1, ax2), dataset in zip(axes, sets):
@@ -174,7 +174,7 @@ def quality_bars(results: dict, out: Path) -> Path:
     setting = _main_setting(results)
     sets = datasets(results)
     variants = list(dict.fromkeys(a["variant"] for a in results["aggregates"]))
-    marked = set(lossy(results)) if results["protocol"].get("sample") else set()
+    marked = marked_lossy(results)
     labels = [v + (" (lossy)" if v in marked else "") for v in variants]
     fig, axes = plt.subplots(1, 3, figsize=(max(12, 1.2 * len(variants) * len(sets) + 6), 4))
     width = 0.8 / len(sets)
@@ -223,7 +223,7 @@ def task_bars(results: dict, out: Path) -> Path:
     rows = [c for c in by_category(results["records"]) if (c["max_new_tokens"], c["l_max"]) == (t_new, l_max)
             and c["variant"] != "ar"]
     sets = list(dict.fromkeys(c["dataset"] for c in rows))
-    marked = set(lossy(results))
+    marked = marked_lossy(results)
     fig, axes = plt.subplots(1, len(sets), figsize=(8 * len(sets), 4), squeeze=False)
     for ax, dataset in zip(axes[0], sets):
         mine = [c for c in rows if c["dataset"] == dataset]

@@ -43,11 +43,16 @@ def lossy(results: dict) -> list[str]:
     return [v["label"] for v in results["variants"] if is_lossy(make_config(v["method"], **v["config"]))]
 
 
+def marked_lossy(results: dict) -> set[str]:
+    """The variants to label "(lossy)": lossy rules, in a sampling run (greedy, every rule is exact)."""
+    return set(lossy(results)) if results["protocol"].get("sample") else set()
+
+
 def quality_table(results: dict, t_new: int, l_max: int) -> str:
     """Paper 004's table: mean generated length M, speed and PPL per method and data set."""
     sets = datasets(results)
     variants = list(dict.fromkeys(a["variant"] for a in results["aggregates"]))
-    marked = set(lossy(results)) if results["protocol"].get("sample") else set()
+    marked = marked_lossy(results)
     rows = []
     for v in variants:
         row = [v + (" (lossy)" if v in marked else "")]
@@ -153,11 +158,6 @@ def _speedup(a: dict) -> str:
     if a["speedup"] is None:
         return "-"
     return f"{a['speedup']:.2f}× (median {a['speedup_median']:.2f}, {a['speedup_min']:.2f}-{a['speedup_max']:.2f})"
-
-
-def marked_lossy(results: dict) -> set[str]:
-    """The variants to label "(lossy)": lossy rules, in a sampling run (greedy, every rule is exact)."""
-    return set(lossy(results)) if results["protocol"].get("sample") else set()
 
 
 def main_tables(aggs: list[dict], lossy_variants=frozenset()) -> str:
@@ -303,15 +303,14 @@ def category_table(results: dict, t_new: int, l_max: int) -> str:
     rows = [c for c in by_category(results["records"]) if (c["max_new_tokens"], c["l_max"]) == (t_new, l_max)]
     if not rows:
         return ""
-    parts = []
+    parts, marked = [], marked_lossy(results)
+    rank = {v["label"]: i for i, v in enumerate(results["variants"])}
     for dataset in dict.fromkeys(c["dataset"] for c in rows):
         mine = [c for c in rows if c["dataset"] == dataset]
         tasks = task_order(c["category"] for c in mine)
         cell = {(c["variant"], c["category"]): c for c in mine}
-        marked = set(lossy(results))
         table = []
-        labels = [v["label"] for v in results["variants"]]
-        for variant in sorted(dict.fromkeys(c["variant"] for c in mine), key=lambda v: labels.index(v) if v in labels else len(labels)):
+        for variant in sorted(dict.fromkeys(c["variant"] for c in mine), key=lambda v: rank.get(v, len(rank))):
             label = variant + (" (lossy)" if variant in marked else "")
             if variant == "ar":
                 table.append([label] + [f"{cell[('ar', t)]['tokens_per_s']:.1f} tok/s" if ("ar", t) in cell else "-"
@@ -323,8 +322,9 @@ def category_table(results: dict, t_new: int, l_max: int) -> str:
                                     f" M {cell[(variant, t)]['mean_generated_len'] or 0:.2f}"
                                     if (variant, t) in cell else "-" for t in tasks])
         n = {t: cell[("ar", t)]["n"] for t in tasks if ("ar", t) in cell}
-        parts += [f"`{dataset}`: speedup over the same setting's `ar` (see Throughput) = ratio of total throughputs (all tokens / all decode time, "
-                  "as Spec-Bench's speed.py), [per-prompt median, min-max]; M = tokens per verification pass "
+        parts += [f"`{dataset}`: speedup over the same setting's `ar` (see Throughput) = ratio of total "
+                  "throughputs (all tokens / all decode time, as Spec-Bench's speed.py), [per-prompt median, "
+                  "min-max]; M = tokens per verification pass "
                   f"over all passes; prompts per task: {', '.join(f'{t} {k}' for t, k in n.items())}", "",
                   _table(["Variant", *tasks], table), ""]
     return "\n".join(parts).rstrip()

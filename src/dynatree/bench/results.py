@@ -61,9 +61,9 @@ def aggregate(records: list[dict], order: list[str] | None = None) -> list[dict]
     """Aggregates per (variant, setting), variants in `order` (the run's own; prompts run them rotated)."""
     measured = [r for r in records if not r["warmup"]]
     rank = {v: i for i, v in enumerate(order or [])}
-    keys = list(dict.fromkeys((r["variant"], *_setting(r)) for r in measured))
-    keys.sort(key=lambda k: (list(dict.fromkeys(_setting(r) for r in measured)).index(tuple(k[1:])),
-                             rank.get(k[0], len(rank))))
+    setting_rank = {s: i for i, s in enumerate(dict.fromkeys(_setting(r) for r in measured))}
+    keys = sorted(dict.fromkeys((r["variant"], *_setting(r)) for r in measured),
+                  key=lambda k: (setting_rank[tuple(k[1:])], rank.get(k[0], len(rank))))
     refs = references(records)
     tps = {(r["variant"], r["prompt_index"], *_setting(r)): r["stats"]["tokens_per_s"] for r in measured}
     out = []
