@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, LlamaC
 
 from dynatree import cache as kv
 from dynatree.attention import stock_attention, use_gqa_attention
+from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
 from dynatree.kernels import repack_linears, stock_linears, use_packed_linears
 from dynatree.models import LoadedModel
 from dynatree.tree import additive_mask
@@ -76,6 +77,22 @@ def noisy_copy(arch: str, seed: int, noise: float, dtype=torch.float64) -> Loade
             p.add_(noise * p.std() * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     repack_linears(model)
     return LoadedModel(model=model, tokenizer=tokenizer(), name=f"noisy-{arch}-{seed}-{noise}", eos_ids=[EOS])
+
+
+@functools.cache
+def tiny_head(arch: str = "llama", seed: int = 0, dtype=torch.float64, draft_vocab: int = 80) -> FeatureHead:
+    """A random feature head for tiny(arch): proposes from `draft_vocab` ids of the 96 (shuffled, so
+    the sub-vocabulary's row order differs from the target's), sharp enough to prefer some tokens."""
+    target = tiny(arch)
+    gen = torch.Generator().manual_seed(500 + seed)
+    cfg = HeadConfig(target=target.name, hidden_size=32, vocab_size=VOCAB, tokenizer_sha1=tokenizer_fingerprint(tokenizer()),
+                     draft_vocab=draft_vocab, heads=4, kv_heads=2, ffn=64, context=512)
+    head = FeatureHead(cfg, torch.randperm(VOCAB, generator=gen)[:draft_vocab], name=f"head-{arch}-{seed}")
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    return head.to(dtype).eval()
 
 
 @torch.no_grad()

@@ -73,9 +73,9 @@ class CountingDrafter(LMDrafter):
         self.fed_committed += len(self.tokens) - self.n_cached
         return super()._feed_committed()
 
-    def commit(self, tokens, path):
+    def commit(self, tokens, path, hidden=None):
         before = self.n_cached
-        super().commit(tokens, path)
+        super().commit(tokens, path, hidden)
         self.reused += self.n_cached - before
 
 

@@ -1,8 +1,8 @@
 """Greedy exactness: every method's tokens equal transformers' greedy generate(), token for token.
 
 Float64 tiny models of three architectures; drafters that always agree (the target itself),
-often agree (a noisy copy), rarely agree (an unrelated model), the n-gram drafter and the
-hybrid of n-gram and noisy copy; many
+often agree (a noisy copy), rarely agree (an unrelated model), the n-gram drafter, the
+hybrid of n-gram and noisy copy, and a feature head fed the target's hidden states; many
 prompts, lengths, EOS positions and hyperparameters, budget edge cases included.
 """
 
@@ -14,14 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ARCHS, EOS, VOCAB, hf_greedy, noisy_copy, tiny
+from conftest import ARCHS, EOS, VOCAB, hf_greedy, noisy_copy, tiny, tiny_head
 from dynatree import Decoder, make_config
-from dynatree.drafters import HybridDrafter, LMDrafter, NgramDrafter
+from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.methods import METHODS
 
 TREE_METHODS = ["linear", "fixed-tree", "dynatree", "wetap", "specinfer", "specexec", "opt-tree"]
 PERFECT = ["linear", "fixed-tree", "dynatree", "specinfer"]  # trees that always contain the draft's greedy chain
-DRAFTERS = ["self", "noisy", "other", "ngram", "hybrid"]
+DRAFTERS = ["self", "noisy", "other", "ngram", "hybrid", "feature"]
 
 
 @functools.cache
@@ -33,6 +33,8 @@ def make_drafter(kind: str, arch: str):
     target = tiny(arch)
     if kind == "ngram":
         return NgramDrafter(max_n=3)
+    if kind == "feature":  # a random feature head fed the target's hidden states (sub-vocabulary of 80 ids)
+        return FeatureDrafter(tiny_head(arch), target)
     if kind == "hybrid":  # n-gram where the context repeats (order >= 2), the noisy copy elsewhere
         return HybridDrafter(NgramDrafter(max_n=3), LMDrafter(noisy_copy(arch, 0, 0.08), target.vocab_size))
     draft = {"self": target, "noisy": noisy_copy(arch, 0, 0.08), "other": tiny("gpt2" if arch != "gpt2" else "llama", seed=7)}[kind]

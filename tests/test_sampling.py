@@ -14,9 +14,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import dynatree.decode
-from conftest import tiny
+from conftest import tiny, tokenizer
 from dynatree import DynaTreeError, Decoder, LoadedModel, generate, make_config
-from dynatree.drafters import HybridDrafter, LMDrafter, NgramDrafter
+from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
+from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
 from dynatree.methods import METHODS
 from dynatree.sampling import Sampler, SamplingConfig, sample, target_probs
 
@@ -39,7 +40,21 @@ def small(seed: int, noise: float = 0.0) -> LoadedModel:
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(noise * p.std() * torch.randn_like(p))
-    return LoadedModel(model=model, tokenizer=None, name=f"small-{seed}-{noise}", eos_ids=[])
+    return LoadedModel(model=model, tokenizer=tokenizer(V), name=f"small-{seed}-{noise}", eos_ids=[])
+
+
+@functools.cache
+def small_head() -> FeatureHead:
+    """A random feature head for small(0) proposing 5 of the 6 tokens (one is never drafted)."""
+    gen = torch.Generator().manual_seed(9)
+    cfg = HeadConfig(target="small-0", hidden_size=16, vocab_size=V, tokenizer_sha1=tokenizer_fingerprint(tokenizer(V)),
+                     draft_vocab=5, heads=2, kv_heads=1, ffn=32, context=64)
+    head = FeatureHead(cfg, torch.tensor([4, 0, 2, 1, 5]))
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+    return head.double().eval()
 
 
 @functools.cache
@@ -78,6 +93,7 @@ def empirical(method: str, drafter_kind: str | None, options: dict, runs: int = 
     counts: dict[tuple, int] = {}
     for seed in range(runs):
         drafter = {None: None, "ngram": NgramDrafter(max_n=3, vocab_size=V),
+                   "feature": FeatureDrafter(small_head(), target),
                    "lm": LMDrafter(small(0, 0.3), vocab_limit=V),
                    "hybrid": HybridDrafter(NgramDrafter(max_n=3, vocab_size=V), LMDrafter(small(0, 0.3), vocab_limit=V),
                                            min_match=3)}[drafter_kind]
@@ -101,6 +117,13 @@ CASES = [
     ("specinfer", "ngram", {"width": 2, "depth": 2}),
     ("specexec", "lm", {"budget": 5, "depth": 2, "expand": 2, "branch": 3}),
     ("opt-tree", "lm", {"budget": 5, "depth": 2}),
+    ("fixed-tree", "feature", {"depth": 2, "branch": 2, "tau": 0.0}),
+    ("dynatree", "feature", {"d0": 1, "d_max": 2, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02}),
+    ("specinfer", "feature", {"width": 2, "depth": 2}),
+    ("specexec", "feature", {"budget": 5, "depth": 2, "expand": 2, "branch": 3}),
+    ("opt-tree", "feature", {"budget": 5, "depth": 2}),
+    ("wetap", "feature", {"depth": 2, "budget": 5, "w_min": 2, "w_max": 4, "verify": "exact"}),
+    ("linear", "feature", {"k": 2}),
     ("wetap", "lm", {"depth": 2, "budget": 5, "w_min": 2, "w_max": 4, "verify": "exact"}),
 ]
 
@@ -214,3 +237,14 @@ def test_seeded_runs_are_reproducible():
 def test_bad_sampling_settings(kwargs, message):
     with pytest.raises(DynaTreeError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
         generate(method="ar", target=tiny("llama"), prompt_ids=[5, 6], max_new_tokens=2, **kwargs)
+
+
+def test_feature_head_drafts_get_accepted_so_its_cases_have_teeth():
+    """The random head's proposals are accepted often enough that its cases test the residual rule."""
+    target, accepted = small(0), 0
+    for seed in range(200):
+        policy = METHODS["fixed-tree"].policy_cls(make_config("fixed-tree", depth=2, branch=2, tau=0.0))
+        run = Decoder(target, policy, FeatureDrafter(small_head(), target), sampler=Sampler(CONFIG, seed)).generate(
+            PROMPT, NEW, ignore_eos=True)
+        accepted += run.stats.accepted_tokens
+    assert accepted > 100

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from . import env
 from .decode import Decoder
-from .drafters import HybridDrafter, LMDrafter, NgramDrafter
+from .drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
 from .errors import DynaTreeError
+from .featurehead import FeatureHead, check_head, is_head_dir, load_head
 from .methods import get_method, is_lossy, make_config
-from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model
+from .models import DEFAULT_TARGET, EMBEDDED_DRAFTS, LoadedModel, check_compatible, load_model, resolve_dtype
 from .peers import hf_generate
 from .sampling import Sampler, SamplingConfig
 from .window import KVWindow
@@ -26,7 +28,25 @@ HYBRID = "ngram+"  # --draft ngram+MODEL: n-gram copying where the text repeats,
 class Hybrid:
     """A draft LM (loaded, or a spec) used together with the n-gram drafter (`HybridDrafter`)."""
 
-    lm: LoadedModel | str
+    lm: LoadedModel | FeatureHead | str
+
+
+def head_dir(spec) -> Path | None:
+    """The directory of a feature head (featurehead.py) a --draft spec names, else None."""
+    if not isinstance(spec, str):
+        return None
+    path = EMBEDDED_DRAFTS.get(spec, Path(spec).expanduser())
+    return path if is_head_dir(path) else None
+
+
+def _load_draft_model(spec: str, device: str, dtype: str, linear: str) -> LoadedModel | FeatureHead:
+    """A draft LM, or a feature head (in the target's dtype) when the spec names one."""
+    directory = head_dir(spec)
+    if directory is not None:
+        from .models import resolve_device
+
+        return load_head(directory, name=spec, device=resolve_device(device), dtype=resolve_dtype(dtype))
+    return load_model(spec, device=device, dtype=dtype, linear=linear)
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool = False, history=()) -> list[int]:
@@ -73,11 +93,11 @@ def sampling_config(sample: bool, temperature=None, top_k=None, top_p=None) -> S
 def load_draft(spec, device: str = "cpu", dtype: str = "float32", linear: str = "auto"):
     """A --draft value with its model loaded once: None/'auto'/'ngram' as they are, 'ngram+SPEC' as
     Hybrid(loaded model), any other spec as the loaded model (no compatibility check here)."""
-    if spec in (None, "auto", NGRAM) or isinstance(spec, (LoadedModel, Hybrid)):
+    if spec in (None, "auto", NGRAM) or isinstance(spec, (LoadedModel, FeatureHead, Hybrid)):
         return spec
     if spec.startswith(HYBRID):
-        return Hybrid(load_model(_hybrid_lm(spec[len(HYBRID):]), device=device, dtype=dtype, linear=linear))
-    return load_model(spec, device=device, dtype=dtype, linear=linear)
+        return Hybrid(_load_draft_model(_hybrid_lm(spec[len(HYBRID):]), device, dtype, linear))
+    return _load_draft_model(spec, device, dtype, linear)
 
 
 def _hybrid_lm(lm):
@@ -108,8 +128,14 @@ def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: s
             raise DynaTreeError(f"method {method!r} takes a draft language model alone, not {HYBRID}MODEL")
         lm, name = resolve_draft(method, _hybrid_lm(draft.lm), target, device, dtype, linear)
         return lm, HYBRID + name
-    lm = draft if isinstance(draft, LoadedModel) else load_model(draft, device=device, dtype=dtype, linear=linear)
-    check_compatible(target, lm)
+    lm = draft if isinstance(draft, (LoadedModel, FeatureHead)) else _load_draft_model(draft, device, dtype, linear)
+    if isinstance(lm, FeatureHead):
+        if get_method(method).policy_cls is None:
+            raise DynaTreeError(f"{method!r} runs transformers' generate(), which takes a draft LM; feature head "
+                                f"{lm.name!r} drafts in dynatree's own methods only")
+        check_head(lm, target)
+    else:
+        check_compatible(target, lm)
     return lm, lm.name
 
 
@@ -217,7 +243,10 @@ def generate(
         elif draft_lm is None:
             drafter = NgramDrafter(max_n=ngram_max, vocab_size=tgt.vocab_size)
         else:
-            drafter = LMDrafter(draft_lm, vocab_limit=tgt.vocab_size, window=window)
+            if isinstance(draft_lm, FeatureHead):
+                drafter = FeatureDrafter(draft_lm, tgt, window=window)
+            else:
+                drafter = LMDrafter(draft_lm, vocab_limit=tgt.vocab_size, window=window)
             if draft_name.startswith(HYBRID):
                 drafter = HybridDrafter(NgramDrafter(max_n=ngram_max, vocab_size=tgt.vocab_size), drafter)
         sampler = Sampler(sampling, seed) if sampling is not None else None
@@ -248,8 +277,10 @@ def generate(
             "compile": bool(compile) and spec.policy_cls is not None,
             "linear": tgt.linear if spec.policy_cls is not None else "stock",  # hf-* run stock_linears
             "linear_note": tgt.linear_note if spec.policy_cls is not None else None,  # why not oneDNN, if so
-            "draft_linear": draft_lm.linear if draft_lm is not None and spec.policy_cls is not None else None,
-            "draft_linear_note": draft_lm.linear_note if draft_lm is not None else None,
+            # a feature head's few linears run stock kernels
+            "draft_linear": (draft_lm.linear if isinstance(draft_lm, LoadedModel) else "stock")
+            if draft_lm is not None and spec.policy_cls is not None else None,
+            "draft_linear_note": draft_lm.linear_note if isinstance(draft_lm, LoadedModel) else None,
             "seed": seed,
             "ngram_max": ngram_max if draft_name == NGRAM or (draft_name or "").startswith(HYBRID) else None,
             "kv_window": str(window) if window is not None else None,

@@ -82,7 +82,8 @@ class Decoder:
         device = self.target.device
         calibrate = getattr(self.policy, "calibrate", None)  # optional: policies that size trees by cost
         compiled = self.target.compile  # read once: the setting of this whole run
-        compile_s = self.target.warm_up(self._step_kinds()) if compiled and max_new_tokens > 1 else 0.0
+        hidden = self.drafter is not None and self.drafter.uses_target_hidden  # hand the target's features over
+        compile_s = self.target.warm_up(self._step_kinds(), hidden) if compiled and max_new_tokens > 1 else 0.0
         if calibrate is not None:  # a one-time measurement per target (seconds), kept out of the timings like loading
             calibrate(self.target, list(prompt_ids), masked_token=self.window is not None)
         graphs = compiled_graphs()
@@ -96,7 +97,7 @@ class Decoder:
         # Prefill: the whole prompt in one causal pass gives the first new token.
         prompt_pos = torch.arange(len(prompt_ids))
         causal = torch.ones(len(prompt_ids), len(prompt_ids), dtype=torch.bool).tril()
-        logits = self._forward(run, prompt_ids, prompt_pos, causal, prefill=True)
+        logits, features = self._forward(run, prompt_ids, prompt_pos, causal, prefill=True, hidden=hidden)
         run.slot_pos = prompt_pos
         first = int(logits[-1].argmax()) if self.sampler is None else self.sampler.draw(self.sampler.probs(logits[-1:])[0])
         run.seq.append(first)
@@ -105,7 +106,7 @@ class Decoder:
             on_tokens([first])
         self._evict(run)
         if self.drafter is not None:
-            self.drafter.reset(run.seq)
+            self.drafter.reset(run.seq, features)
 
         while stats.new_tokens < max_new_tokens and run.seq[-1] not in stop_ids:
             remaining = max_new_tokens - stats.new_tokens
@@ -115,7 +116,7 @@ class Decoder:
             tree = self.policy.grow(self.drafter, run.seq[-1], max_depth=remaining - 1, sampler=self.sampler)  # 1. draft
             t_verify = time.perf_counter()
             positions = tree.position_ids(len(run.seq) - 1)[0]  # the root is seq[-1]
-            logits = self._forward(run, tree.tokens.tolist(), positions, tree.allowed(cached))  # 2. verify
+            logits, features = self._forward(run, tree.tokens.tolist(), positions, tree.allowed(cached), hidden=hidden)  # 2. verify
             path, bonus = self._accept(tree, logits)  # 3. accept (its host sync ends the verification)
             t_commit = time.perf_counter()
             keep = torch.tensor([0] + path)  # 4. commit caches
@@ -125,7 +126,7 @@ class Decoder:
             run.seq.extend(committed)
             self._evict(run)
             if self.drafter is not None:
-                self.drafter.commit(run.seq, tree.drafted_nodes(path))
+                self.drafter.commit(run.seq, tree.drafted_nodes(path), None if features is None else features[keep])
             self.policy.observe(tree, path)
             stats.draft_s += t_verify - t_draft
             stats.verify_s += t_commit - t_verify
@@ -156,18 +157,21 @@ class Decoder:
         return kinds
 
     def _forward(self, run: Run, ids: list[int], positions: torch.Tensor, allowed: torch.Tensor,
-                 prefill: bool = False) -> torch.Tensor:
-        """Target logits for `ids` at `positions` (only the last row for the prefill).
+                 prefill: bool = False, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Target logits for `ids` at `positions` (only the last row for the prefill), and with
+        `hidden` the last hidden states of every row (else None).
 
         `allowed` [len(ids), cached + len(ids)] says what each query may see before the KV
         window (if any) removes what the window policy hides.
         """
         if self.window is not None:
             allowed = allowed & self.window.visible(positions, torch.cat([run.slot_pos, positions]))
-        elif prefill or len(ids) == 1:  # plain causal attention (a lone query sees everything): the model's own mask
-            return self.target.forward(run.cache, ids, positions.tolist(), mask=None, last_only=prefill)
-        mask = additive_mask(allowed, self.target.dtype, self.target.device)
-        return self.target.forward(run.cache, ids, positions.tolist(), mask, last_only=prefill)
+        if self.window is None and (prefill or len(ids) == 1):  # plain causal attention: the model's own mask
+            mask = None  # (a lone query sees everything)
+        else:
+            mask = additive_mask(allowed, self.target.dtype, self.target.device)
+        out = self.target.forward(run.cache, ids, positions.tolist(), mask, last_only=prefill, hidden=hidden)
+        return out if hidden else (out, None)
 
     def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
         verifier = getattr(self.policy, "verifier", None)  # a policy may bring its own (lossy) rule

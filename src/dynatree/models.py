@@ -140,11 +140,13 @@ class LoadedModel:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     def forward(self, cache, ids: list[int], positions: list[int], mask: torch.Tensor | None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, hidden: bool = False):
         """Run `ids` at explicit `positions` on top of `cache` (which grows by len(ids)).
 
         `mask` is a [1, 1, len(ids), cached + len(ids)] additive mask, or None for plain
-        causal attention. Returns logits [len(ids), vocab] ([1, vocab] with `last_only`).
+        causal attention. Returns logits [len(ids), vocab] ([1, vocab] with `last_only`);
+        with `hidden`, (logits, last hidden states [len(ids), hidden size]): the features the
+        output layer reads, of every row even with `last_only` (for feature drafters).
         With `compile`, every call but the prefill (`last_only`) goes through torch.compile,
         compiled on first use and cached on disk: see `compiled`.
         """
@@ -160,8 +162,9 @@ class LoadedModel:
             past_key_values=cache,
             use_cache=True,
             **({"logits_to_keep": 1} if last_only else {}),
+            **({"output_hidden_states": True} if hidden else {}),
         )
-        return out.logits[0]
+        return (out.logits[0], out.hidden_states[-1][0]) if hidden else out.logits[0]
 
     def compiled(self):
         """The model wrapped in torch.compile for decode steps, built on first use.
@@ -191,13 +194,14 @@ class LoadedModel:
         return self._compiled
 
     @torch.no_grad()
-    def warm_up(self, kinds) -> float:
+    def warm_up(self, kinds, hidden: bool = False) -> float:
         """Run every kind of decode step in `kinds` (STEP_KINDS) once, compiled, on a scratch cache,
         so that graphs not built yet are built now; returns the seconds that took when a graph was
         compiled, else 0.0. The decoder calls it before its clock starts, so compiling (minutes on a
         CPU) never counts as decoding: it is reported apart, as `compile_s`. Once built, the steps
         cost milliseconds; they are run every time rather than remembered, because dynamo may drop
-        or invalidate graphs (a reset, a kernel switch) without telling."""
+        or invalidate graphs (a reset, a kernel switch) without telling. `hidden`: the steps
+        return hidden states too (a run with a feature drafter), which is another graph."""
         if not self.compile:
             return 0.0
         start, graphs = time.perf_counter(), compiled_graphs()
@@ -207,7 +211,7 @@ class LoadedModel:
             n = 2 if kind == "tree" else 1
             allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
             mask = None if kind == "token" else additive_mask(allowed, self.dtype, self.device)
-            self.forward(cache, [0] * n, list(range(context, context + n)), mask)
+            self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden)
             kv.crop(cache, context)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

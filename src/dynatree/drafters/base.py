@@ -4,7 +4,9 @@ A drafter sees the committed sequence through `reset`/`commit` and, while a poli
 a tree, answers `propose(tree, nodes, k)`: for each node, the k most likely next tokens
 after that node's own root-to-node context (committed tokens + the path's tokens) and
 their probabilities. Each node is answered from its own context; nothing is shared
-between branches. Drafters know nothing about tree policies or verification.
+between branches. Drafters know nothing about tree policies or verification. A drafter
+that reads the target's features (`uses_target_hidden`) is handed them by the decoder, from
+the prefill and from each verification pass.
 """
 
 from __future__ import annotations
@@ -30,14 +32,17 @@ class Proposal:
 
 class Drafter(Protocol):
     name: str
+    uses_target_hidden: bool  # True: reset/commit must be given the target's last hidden states
 
-    def reset(self, tokens: list[int]) -> None:
-        """Start a new sequence; `tokens` are all committed tokens (prompt + first new token)."""
+    def reset(self, tokens: list[int], hidden: torch.Tensor | None = None) -> None:
+        """Start a new sequence; `tokens` are all committed tokens (prompt + first new token);
+        `hidden` the target's last hidden states of the prompt [len(tokens) - 1, hidden size]."""
 
     def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
         """Top-k next tokens after each of `nodes` (one row per node, in the given order);
         with `full`, also the whole distribution (for drafting by sampling)."""
 
-    def commit(self, tokens: list[int], path: list[int]) -> None:
+    def commit(self, tokens: list[int], path: list[int], hidden: torch.Tensor | None = None) -> None:
         """After verification: `tokens` is the new committed sequence, `path` the accepted
-        tree nodes (root excluded) of the tree last grown."""
+        tree nodes (root excluded) of the tree last grown, `hidden` the target's last hidden
+        states of the root and the path's nodes [1 + len(path), hidden size] (same pass)."""

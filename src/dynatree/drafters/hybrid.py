@@ -1,4 +1,4 @@
-"""n-gram copying where the text repeats itself, a draft LM everywhere else.
+"""n-gram copying where the text repeats itself, a draft LM (or feature head) everywhere else.
 
 A node whose context (committed tokens + its path) ends in an n-gram of order >= `min_match`
 that the text has seen before takes the n-gram drafter's candidates, which cost nothing; the
@@ -15,20 +15,22 @@ import torch
 
 from ..tree import TreeBuilder
 from .base import Proposal
+from .feature import FeatureDrafter
 from .lm import LMDrafter
 from .ngram import NgramDrafter
 
 
 class HybridDrafter:
-    def __init__(self, ngram: NgramDrafter, lm: LMDrafter, min_match: int = 2):
+    def __init__(self, ngram: NgramDrafter, lm: LMDrafter | FeatureDrafter, min_match: int = 2):
         if not 1 <= min_match <= ngram.max_n:
             raise ValueError(f"min_match must be in 1..{ngram.max_n}, got {min_match}")
         self.ngram, self.lm, self.min_match = ngram, lm, min_match
         self.name = f"ngram+{lm.name}"
+        self.uses_target_hidden = lm.uses_target_hidden
 
-    def reset(self, tokens: list[int]) -> None:
+    def reset(self, tokens: list[int], hidden=None) -> None:
         self.ngram.reset(tokens)
-        self.lm.reset(tokens)
+        self.lm.reset(tokens, hidden)
         self.lm_nodes: set[int] = set()  # nodes of the growing tree the LM has been fed
         self.lm_calls = 0  # draft LM forwards (for stats and tests)
 
@@ -50,9 +52,9 @@ class HybridDrafter:
                 result.dist[rows] = answer.dist[:, : result.dist.shape[1]]
         return result
 
-    def commit(self, tokens: list[int], path: list[int]) -> None:
+    def commit(self, tokens: list[int], path: list[int], hidden=None) -> None:
         self.ngram.commit(tokens, path)
-        self.lm.commit(tokens, path)
+        self.lm.commit(tokens, path, hidden)
         self.lm_nodes = set()
 
     def _lm_can_expand(self, tree: TreeBuilder, node: int) -> bool:

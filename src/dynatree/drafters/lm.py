@@ -23,6 +23,8 @@ from .base import Proposal
 
 
 class LMDrafter:
+    uses_target_hidden = False
+
     def __init__(self, draft: LoadedModel, vocab_limit: int, window: KVWindow | None = None):
         self.draft = draft
         self.model = draft.model
@@ -30,7 +32,7 @@ class LMDrafter:
         self.vocab_limit = vocab_limit  # only ids the target can score are proposed
         self.window = window
 
-    def reset(self, tokens: list[int]) -> None:
+    def reset(self, tokens: list[int], hidden=None) -> None:
         self.cache = kv.new_cache(self.model)
         self.tokens = list(tokens)
         self.n_cached = 0  # committed tokens already run through the draft (cached, or evicted by the window)
@@ -49,7 +51,7 @@ class LMDrafter:
         top = probs.topk(min(k, probs.shape[-1]), dim=-1)
         return Proposal(ids=top.indices.cpu(), probs=top.values.cpu(), dist=probs.cpu() if full else None)
 
-    def commit(self, tokens: list[int], path: list[int]) -> None:
+    def commit(self, tokens: list[int], path: list[int], hidden=None) -> None:
         committed_slots = len(self.slot_pos)
         fed = []
         for node in path:  # fed nodes on a path form a prefix of it: a node is fed only if its parent was

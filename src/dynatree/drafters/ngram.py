@@ -20,6 +20,8 @@ from .base import Proposal
 
 
 class NgramDrafter:
+    uses_target_hidden = False
+
     name = "ngram"
 
     def __init__(self, max_n: int = 4, vocab_size: int | None = None):
@@ -28,12 +30,12 @@ class NgramDrafter:
         self.max_n = max_n
         self.vocab_size = vocab_size  # needed only for whole distributions (full=True)
 
-    def reset(self, tokens: list[int]) -> None:
+    def reset(self, tokens: list[int], hidden=None) -> None:
         self.tokens: list[int] = []
         self.index: list[dict[tuple[int, ...], dict[int, int]]] = [{} for _ in range(self.max_n + 1)]
         self._extend(tokens)
 
-    def commit(self, tokens: list[int], path: list[int]) -> None:
+    def commit(self, tokens: list[int], path: list[int], hidden=None) -> None:
         self._extend(tokens[len(self.tokens) :])
 
     def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:

@@ -1,0 +1,131 @@
+"""Drafting with a feature head (featurehead.py) from the target's own hidden states.
+
+The head's cache holds committed positions only, each computed from the target's *true*
+feature of the position before (what the head was trained on). The engine hands those
+features over: the prompt's after the prefill (`reset`), the verified root's and accepted
+path's after each verification (`commit`; the same forward pass, no second target pass).
+Expanding the root feeds the committed tokens the head has not seen yet (the previous
+iteration's accepted path and bonus) with their true features; deeper levels feed each node
+with its parent's *predicted* feature, one level per forward, each node seeing the committed
+positions and its own ancestors (4-D mask, position = root position + depth). After
+verification the tree's entries are dropped: the accepted tokens are fed again next time with
+the target's features, as in training. Under a KV window the head sees what the window lets
+the target see and evicts the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import cache as kv
+from ..featurehead import FeatureHead, check_head
+from ..tree import TreeBuilder, additive_mask
+from ..window import KVWindow
+from .base import Proposal
+
+
+class FeatureDrafter:
+    uses_target_hidden = True
+
+    def __init__(self, head: FeatureHead, target, window: KVWindow | None = None):
+        check_head(head, target)
+        self.head = head
+        self.name = head.name
+        self.embed = target.model.get_input_embeddings()
+        # the sub-vocabulary's rows of the target's output layer, gathered once: [draft_vocab, hidden]
+        self.out_rows = target.model.get_output_embeddings().weight.detach()[head.vocab_ids].to(head.fc.weight.dtype)
+        self.vocab_size = target.vocab_size
+        self.window = window
+        self.calls = 0  # head forwards (for stats and tests)
+
+    def reset(self, tokens: list[int], hidden: torch.Tensor | None = None) -> None:
+        if hidden is None or len(hidden) < len(tokens) - 1:
+            raise ValueError("a feature drafter needs the target's hidden states of the prompt")
+        self.cache = kv.new_cache(self.head.body)
+        self.tokens = list(tokens)
+        self.n_fed = 1  # next committed position to feed (position 0 has no feature before it)
+        self.features = hidden[: len(tokens) - 1]  # true features of positions n_fed - 1 .. len(tokens) - 2
+        self.slot_pos: list[int] = []  # position of each committed cache slot
+        self.slots: dict[int, int] = {}  # tree node -> cache slot, nodes fed this iteration
+        self.node_feat: dict[int, torch.Tensor] = {}  # tree node -> the head's predicted feature at it
+
+    @torch.no_grad()
+    def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
+        if nodes == [0]:
+            out = self._feed_committed()
+        elif 0 in nodes:
+            raise ValueError("the root is expanded on its own, before any other node")
+        else:
+            out = self._feed_nodes(tree, nodes)
+        probs = torch.softmax((out @ self.out_rows.T).float(), dim=-1)
+        top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+        dist = None
+        if full:
+            dist = probs.new_zeros(len(nodes), self.vocab_size)
+            dist[:, self.head.vocab_ids] = probs
+            dist = dist.cpu()
+        return Proposal(ids=self.head.vocab_ids[top.indices].cpu(), probs=top.values.cpu(), dist=dist)
+
+    def commit(self, tokens: list[int], path: list[int], hidden: torch.Tensor | None = None) -> None:
+        """`hidden`: the target's features of the verified root and accepted path, in order."""
+        if hidden is None:
+            raise ValueError("a feature drafter needs the target's hidden states of the accepted path")
+        new = len(tokens) - len(self.tokens)  # committed tokens; their features are those of the positions before
+        self.features = torch.cat([self.features, hidden[:new]])
+        kv.crop(self.cache, len(self.slot_pos))  # the tree's entries were computed from predicted features
+        self.tokens = list(tokens)
+        self.slots, self.node_feat = {}, {}
+        if self.window is not None:
+            needed = self.window.needed(torch.tensor(self.slot_pos, dtype=torch.long), len(self.tokens) - 1)
+            if not bool(needed.all()):
+                idx = needed.nonzero().squeeze(1)
+                kv.keep(self.cache, 0, idx)
+                self.slot_pos = [self.slot_pos[i] for i in idx.tolist()]
+
+    def _feed_committed(self) -> torch.Tensor:
+        """Feed committed positions n_fed .. root with their true features; the root's prediction."""
+        start, end = self.n_fed, len(self.tokens)
+        n, cached = end - start, len(self.slot_pos)
+        positions = list(range(start, end))
+        allowed = torch.cat([torch.ones(n, cached, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
+        out = self._run(self.tokens[start:end], self.features, positions, allowed, self.slot_pos + positions)
+        self.slot_pos.extend(positions)
+        self.n_fed, self.features = end, self.features[n:]
+        self.node_feat[0] = out[-1]
+        return out[-1:]
+
+    def _feed_nodes(self, tree: TreeBuilder, nodes: list[int]) -> torch.Tensor:
+        """Feed one tree level: each node from its parent's predicted feature, seeing the committed
+        positions and its own ancestors."""
+        base, committed, m = kv.length(self.cache), len(self.slot_pos), len(nodes)
+        allowed = torch.zeros(m, base + m, dtype=torch.bool)
+        allowed[:, :committed] = True
+        for row, node in enumerate(nodes):
+            allowed[row, base + row] = True
+            parent = tree.parents[node]
+            while parent > 0:
+                allowed[row, self.slots[parent]] = True
+                parent = tree.parents[parent]
+        root_pos = len(self.tokens) - 1
+        positions = [root_pos + tree.depths[node] for node in nodes]
+        fed_pos = [root_pos + tree.depths[node] for node, _ in sorted(self.slots.items(), key=lambda item: item[1])]
+        features = torch.stack([self.node_feat[tree.parents[node]] for node in nodes])
+        out = self._run([tree.tokens[node] for node in nodes], features, positions, allowed,
+                        self.slot_pos + fed_pos + positions)
+        for row, node in enumerate(nodes):
+            self.slots[node] = base + row
+            self.node_feat[node] = out[row]
+        return out
+
+    def _run(self, ids: list[int], features: torch.Tensor, positions: list[int], allowed: torch.Tensor,
+             key_pos: list[int]) -> torch.Tensor:
+        if self.window is not None:
+            allowed = allowed & self.window.visible(torch.tensor(positions), torch.tensor(key_pos))
+        device = self.out_rows.device
+        kv.reserve(self.cache, len(ids))
+        embeds = self.embed(torch.tensor([ids], device=device)).to(self.out_rows.dtype)
+        mask = additive_mask(allowed, self.out_rows.dtype, device)
+        self.calls += 1
+        out = self.head(embeds, features.to(self.out_rows.dtype)[None], torch.tensor([positions], device=device),
+                        mask, self.cache)
+        return out[0]

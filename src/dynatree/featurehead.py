@@ -1,0 +1,149 @@
+"""A feature-level draft head (the idea of EAGLE): drafting from the target's own hidden states.
+
+A draft LM has to rebuild, from tokens alone, what the target already knows; a feature head
+starts from the target's last hidden state (its *feature*, the vector the output layer reads)
+and only has to predict the next one. At position p it reads the embedding of token x_p and
+the feature f_{p-1} the target computed one position earlier, and predicts f_p; the target's
+own output layer turns that into next-token probabilities for x_{p+1}. Deeper tree levels feed
+the head's own predicted features back in. The embeddings and the output layer are the
+target's (frozen, never stored here); the head stores one Llama decoder layer, the projection
+of [embedding, feature] to the hidden size, and the ids of a frequent-token sub-vocabulary
+(proposals are drawn from those rows of the output layer only: cheaper, and exactness never
+depends on a draft).
+
+A head directory holds `feature_head.json` (HeadConfig) and `head.safetensors`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaModel
+
+from .errors import DynaTreeError
+
+CONFIG_FILE = "feature_head.json"
+WEIGHTS_FILE = "head.safetensors"
+
+
+@dataclass
+class HeadConfig:
+    target: str  # the target the head was trained for (its spec, for messages)
+    hidden_size: int  # the target's hidden size: features, embeddings and the head's own width
+    vocab_size: int  # rows of the target's output layer
+    tokenizer_sha1: str  # fingerprint of the target tokenizer's vocabulary (`tokenizer_fingerprint`)
+    draft_vocab: int  # rows of the output layer the head proposes from (its sub-vocabulary)
+    heads: int = 9  # attention heads of the head's decoder layer
+    kv_heads: int = 3  # key/value heads (grouped-query attention)
+    ffn: int = 1536  # inner size of the decoder layer's MLP
+    context: int = 8192  # longest position the head's rotary embedding is set up for
+    rms_norm_eps: float = 1e-5
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """SHA-1 of the tokenizer's (token, id) pairs: two tokenizers that map alike match."""
+    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha1(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
+
+
+def target_features(model) -> tuple[int, int]:
+    """(hidden size, output rows) of a target whose last hidden state feeds its output layer,
+    else a one-line error (a feature head needs to read that hidden state)."""
+    out = model.get_output_embeddings()
+    emb = model.get_input_embeddings()
+    if out is None or emb is None or not hasattr(out, "weight"):
+        raise DynaTreeError(f"{model.config.model_type} has no plain output layer whose input a feature head can read")
+    rows, hidden = out.weight.shape
+    if emb.weight.shape[1] != hidden:
+        raise DynaTreeError(f"{model.config.model_type}: embeddings ({emb.weight.shape[1]}) and output layer "
+                            f"({hidden}) differ in width; a feature head needs them equal")
+    return int(hidden), int(rows)
+
+
+class FeatureHead(torch.nn.Module):
+    """fc([embedding(x_p), f_{p-1}]) -> one Llama decoder layer -> norm -> predicted f_p."""
+
+    def __init__(self, config: HeadConfig, vocab_ids: torch.Tensor, name: str = "feature-head"):
+        super().__init__()
+        h = config.hidden_size
+        if h % config.heads or config.heads % config.kv_heads:
+            raise DynaTreeError(f"feature head: {config.heads} heads must divide the hidden size {h} "
+                                f"and be a multiple of {config.kv_heads} key/value heads")
+        self.config = config
+        self.name = name  # the spec it was loaded from (alias or directory)
+        self.fc = torch.nn.Linear(2 * h, h, bias=False)
+        body = LlamaConfig(vocab_size=1, hidden_size=h, intermediate_size=config.ffn, num_hidden_layers=1,
+                           num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
+                           max_position_embeddings=config.context, rms_norm_eps=config.rms_norm_eps)
+        body._attn_implementation = "sdpa"
+        self.body = LlamaModel(body)  # its 1-row token embedding is never used: inputs come as embeddings
+        self.register_buffer("vocab_ids", vocab_ids.long().clone())  # target ids of the sub-vocabulary rows
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """Predicted features [batch, n, hidden] for tokens with `embeds` [batch, n, hidden] that
+        follow `features` [batch, n, hidden] (one position earlier each), at `positions` [batch, n];
+        `mask` a 4-D additive mask or None (causal); `cache` the head's KV cache or None."""
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        out = self.body(inputs_embeds=x, position_ids=positions, attention_mask=mask, past_key_values=cache,
+                        use_cache=cache is not None)
+        return out.last_hidden_state
+
+    @property
+    def context_length(self) -> int:
+        return self.config.context
+
+    def save(self, directory: Path, extra: dict | None = None) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().float().contiguous() for k, v in self.state_dict().items() if k != "vocab_ids"}
+        state["vocab_ids"] = self.vocab_ids.int().contiguous()
+        save_file(state, str(directory / WEIGHTS_FILE))
+        (directory / CONFIG_FILE).write_text(json.dumps({**dataclasses.asdict(self.config), **(extra or {})}, indent=1))
+
+
+def is_head_dir(path) -> bool:
+    return (Path(path) / CONFIG_FILE).is_file()
+
+
+def load_head(directory, name: str | None = None, device="cpu", dtype=torch.float32) -> FeatureHead:
+    """A head saved by `FeatureHead.save`, in `dtype` on `device`."""
+    directory = Path(directory)
+    try:
+        raw = json.loads((directory / CONFIG_FILE).read_text())
+        fields = {f.name for f in dataclasses.fields(HeadConfig)}
+        config = HeadConfig(**{k: v for k, v in raw.items() if k in fields})
+        state = load_file(str(directory / WEIGHTS_FILE))
+    except (OSError, ValueError, TypeError) as exc:
+        raise DynaTreeError(f"feature head {str(directory)!r} cannot be read: {str(exc).splitlines()[0]}") from None
+    head = FeatureHead(config, state.pop("vocab_ids"), name=name or str(directory))
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if [m for m in missing if m != "vocab_ids"] or unexpected:
+        raise DynaTreeError(f"feature head {str(directory)!r} does not match its config "
+                            f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def check_head(head: FeatureHead, target) -> None:
+    """A head drafts only for the target it was built for: same width, output rows and tokenizer."""
+    hidden, rows = target_features(target.model)
+    cfg = head.config
+    if cfg.hidden_size != hidden:
+        raise DynaTreeError(f"feature head {head.name!r} reads features of width {cfg.hidden_size}, but target "
+                            f"{target.name!r} has hidden size {hidden}; it was built for {cfg.target!r}")
+    if cfg.vocab_size != rows:
+        raise DynaTreeError(f"feature head {head.name!r} was built for an output layer of {cfg.vocab_size} rows, "
+                            f"target {target.name!r} has {rows}; it was built for {cfg.target!r}")
+    if cfg.tokenizer_sha1 != tokenizer_fingerprint(target.tokenizer):
+        raise DynaTreeError(f"feature head {head.name!r} was built for another tokenizer ({cfg.target!r}) "
+                            f"than target {target.name!r}'s")
+    if int(head.vocab_ids.max()) >= rows or int(head.vocab_ids.min()) < 0:
+        raise DynaTreeError(f"feature head {head.name!r} proposes token ids outside the target's output layer")
+    if head.vocab_ids.device != target.device:
+        raise DynaTreeError(f"feature head is on {head.vocab_ids.device} but target on {target.device}; use one --device")

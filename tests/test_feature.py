@@ -1,0 +1,156 @@
+"""The feature-head drafter (featurehead.py, drafters/feature.py): exact with every tree policy,
+fed the target's own hidden states by the decoder (its cache equals one built from a plain
+target pass after every iteration), and refused with one-line errors for another target."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import ARCHS, VOCAB, hf_greedy, tiny, tiny_head, tokenizer
+from dynatree import DynaTreeError, Decoder, generate, make_config
+from dynatree import cache as kv
+from dynatree.drafters import FeatureDrafter, HybridDrafter, NgramDrafter
+from dynatree.featurehead import FeatureHead, HeadConfig, check_head, load_head
+from dynatree.methods import METHODS
+from dynatree.window import KVWindow
+
+TREE_METHODS = {"linear": {"k": 4}, "fixed-tree": {"depth": 4, "branch": 2, "tau": 0.0},
+                "dynatree": {"d0": 2, "d_max": 5}, "wetap": {"depth": 3, "budget": 8, "verify": "exact"},
+                "specinfer": {"width": 2, "depth": 3}, "specexec": {"budget": 8, "depth": 3},
+                "opt-tree": {"budget": 8, "depth": 3}}
+PROMPT = [5, 6, 7, 5, 6, 7, 30, 31]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_greedy_equals_plain_decoding(arch, method):
+    target = tiny(arch, eos_ids=[])
+    policy = METHODS[method].policy_cls(make_config(method, **TREE_METHODS[method]))
+    run = Decoder(target, policy, FeatureDrafter(tiny_head(arch), target)).generate(PROMPT, 40, ignore_eos=True)
+    assert run.new_tokens == hf_greedy(target, PROMPT, 40)
+    assert run.stats.drafted_tokens > 0
+
+
+@torch.no_grad()
+def reference_cache(head: FeatureHead, target, tokens: list[int], n_fed: int):
+    """The head's cache built from scratch: positions 1..n_fed-1 fed with the target's features of a
+    plain (causal, uncached) pass over `tokens`."""
+    hidden = target.model(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0]
+    drafter = FeatureDrafter(head, target)
+    drafter.reset(tokens[:n_fed], hidden[: n_fed - 1])
+    drafter._feed_committed()
+    return drafter.cache
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("window", [None, KVWindow(sink=2, recent=12)])
+def test_cache_equals_one_built_from_a_plain_pass_after_every_iteration(arch, window):
+    """The hand-off is right: the features the decoder gives (prefill, then root + accepted path of
+    each verification) are the target's own, and the tree's entries never stay in the head's cache."""
+    target = tiny(arch, eos_ids=[])
+    head = tiny_head(arch)
+    drafter = FeatureDrafter(head, target)
+    policy = METHODS["fixed-tree"].policy_cls(make_config("fixed-tree", depth=3, branch=2, tau=0.0))
+    decoder = Decoder(target, policy, drafter)
+    checked = 0
+    for step in decoder.steps(PROMPT, 30, ignore_eos=True):
+        seq = decoder.run.seq
+        assert len(drafter.features) == len(seq) - drafter.n_fed  # features of positions n_fed-1 .. len-2
+        if drafter.n_fed > 1:
+            ref = reference_cache(head, target, seq, drafter.n_fed)
+            for mine, want in zip(drafter.cache.layers, ref.layers):
+                assert mine.keys.shape == want.keys.shape
+                torch.testing.assert_close(mine.keys, want.keys)
+                torch.testing.assert_close(mine.values, want.values)
+            checked += 1
+    assert checked > 3
+    if window is not None:  # the windowed run stays exact too
+        run = Decoder(target, policy, FeatureDrafter(head, target, window=window), window=window).generate(
+            PROMPT, 30, ignore_eos=True)
+        assert run.new_tokens == windowed_reference(target, window, PROMPT, 30)
+
+
+def windowed_reference(target, window, prompt, n):
+    run = Decoder(target, METHODS["ar"].policy_cls(make_config("ar")), None, window=window).generate(
+        prompt, n, ignore_eos=True)
+    return run.new_tokens
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hybrid_with_a_feature_head_is_exact(arch):
+    target = tiny(arch, eos_ids=[])
+    drafter = HybridDrafter(NgramDrafter(max_n=3), FeatureDrafter(tiny_head(arch), target))
+    assert drafter.uses_target_hidden
+    policy = METHODS["dynatree"].policy_cls(make_config("dynatree", d0=2, d_max=5))
+    run = Decoder(target, policy, drafter).generate(PROMPT * 2, 40, ignore_eos=True)
+    assert run.new_tokens == hf_greedy(target, PROMPT * 2, 40)
+    assert drafter.lm.calls > 0
+
+
+def test_proposals_come_from_the_sub_vocabulary_with_a_full_distribution():
+    target = tiny("llama")
+    head = tiny_head("llama", draft_vocab=40)
+    drafter = FeatureDrafter(head, target)
+    hidden = target.model(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states[-1][0]
+    drafter.reset(PROMPT, hidden[:-1])
+    from dynatree.tree import TreeBuilder
+
+    proposal = drafter.propose(TreeBuilder(PROMPT[-1]), [0], k=50, full=True)
+    allowed = set(head.vocab_ids.tolist())
+    assert proposal.ids.shape[1] == 40 and set(proposal.ids[0].tolist()) == allowed
+    assert proposal.dist.shape == (1, VOCAB)
+    torch.testing.assert_close(proposal.dist.sum(), torch.tensor(1.0, dtype=proposal.dist.dtype))
+    outside = [t for t in range(VOCAB) if t not in allowed]
+    assert float(proposal.dist[0, outside].abs().sum()) == 0.0
+    assert torch.equal(proposal.dist[0, proposal.ids[0]], proposal.probs[0])
+
+
+def test_save_and_load_round_trip(tmp_path):
+    head = tiny_head("llama")
+    head.save(tmp_path / "h", extra={"note": "test"})
+    again = load_head(tmp_path / "h", dtype=torch.float64)
+    assert torch.equal(again.vocab_ids, head.vocab_ids)
+    for (name, a), (_, b) in zip(head.state_dict().items(), again.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_generate_api_takes_a_head_directory(tmp_path):
+    target = tiny("llama", eos_ids=[])
+    tiny_head("llama").save(tmp_path / "h")
+    record = generate(prompt_ids=PROMPT, method="dynatree", target=target, draft=str(tmp_path / "h"),
+                      max_new_tokens=20, ignore_eos=True, dtype="float64")
+    assert record["new_token_ids"] == hf_greedy(target, PROMPT, 20)
+    assert record["draft"] == str(tmp_path / "h")
+    hybrid = generate(prompt_ids=PROMPT, method="dynatree", target=target, draft="ngram+" + str(tmp_path / "h"),
+                      max_new_tokens=20, ignore_eos=True, dtype="float64")
+    assert hybrid["new_token_ids"] == record["new_token_ids"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden_size": 64}, "reads features of width 64"),
+    ({"vocab_size": 100}, "output layer of 100 rows"),
+    ({"tokenizer_sha1": "0" * 40}, "another tokenizer"),
+])
+def test_a_head_for_another_target_is_a_one_line_error(change, message):
+    head = tiny_head("llama")
+    other = FeatureHead(dataclasses.replace(head.config, **change), head.vocab_ids, name="other")
+    with pytest.raises(DynaTreeError, match=message) as err:
+        check_head(other, tiny("llama"))
+    assert "\n" not in str(err.value)
+
+
+def test_hf_assisted_refuses_a_feature_head(tmp_path):
+    tiny_head("llama").save(tmp_path / "h")
+    with pytest.raises(DynaTreeError, match="drafts in dynatree's own methods only"):
+        generate(prompt_ids=PROMPT, method="hf-assisted", target=tiny("llama"), draft=str(tmp_path / "h"),
+                 max_new_tokens=5)
+
+
+def test_an_unreadable_head_directory_is_a_one_line_error(tmp_path):
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "feature_head.json").write_text("{not json")
+    with pytest.raises(DynaTreeError, match="cannot be read"):
+        load_head(tmp_path / "h")
