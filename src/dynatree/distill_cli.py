@@ -1,4 +1,9 @@
-"""`dynatree distill --target T --out DIR [options]`: one flag per DistillConfig field."""
+"""`dynatree distill --target T --out DIR [--kind lm|eagle] [options]`: one flag per config field.
+
+`--kind lm` (distill.DistillConfig) trains a small draft LM; `--kind eagle`
+(distill_eagle.EagleConfig) a feature head. Options both kinds have share a flag; an option
+of the other kind only is a one-line error, never silently ignored.
+"""
 
 from __future__ import annotations
 
@@ -8,45 +13,80 @@ from pathlib import Path
 
 from .config import cli_flag, field_type
 from .distill import DistillConfig
-from .errors import check_out_dir
+from .distill_eagle import EagleConfig
+from .errors import DynaTreeError, check_out_dir
+
+KINDS = {"lm": DistillConfig, "eagle": EagleConfig}
 
 
 def add_distill_command(sub) -> None:
     p = sub.add_parser(
         "distill",
-        help="train a small draft model for a target by distillation",
-        description="Train a draft LM that shares the target's tokenizer, from the target's top-k next-token "
-        "probabilities on a corpus and on its own greedy generations. Resumable (--resume); the output "
-        "directory loads with --draft DIR.",
+        help="train a draft for a target: a small LM (--kind lm) or a feature head (--kind eagle)",
+        description="--kind lm: a draft LM sharing the target's tokenizer, from the target's top-k next-token "
+        "probabilities on a corpus and on its own greedy generations. --kind eagle: a feature head (one decoder "
+        "layer over the target's hidden states, EAGLE-style) from the target's own chat answers. Resumable "
+        "(--resume); the output directory loads with --draft DIR.",
     )
+    p.add_argument("--kind", choices=list(KINDS), default="lm", help="what to train [lm]")
     p.add_argument("--target", default=None, help="target model: hub id, local directory, .gguf file or embedded alias")
     p.add_argument("--out", required=True, help="output directory (draft, checkpoints, distill.json)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options required)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    g = p.add_argument_group("distillation options (defaults in brackets)")
-    for f in dataclasses.fields(DistillConfig):
-        kind = field_type(f)
-        help_text = f"{f.metadata['help']} [{f.default}]"
-        if kind is bool:
-            g.add_argument(cli_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                           help=help_text)
+    g = p.add_argument_group("options (defaults in brackets, per kind where they differ)")
+    fields: dict[str, dict[str, dataclasses.Field]] = {}
+    for kind, cls in KINDS.items():
+        for f in dataclasses.fields(cls):
+            fields.setdefault(f.name, {})[kind] = f
+    for name, per_kind in fields.items():
+        first = next(iter(per_kind.values()))
+        kind_type = field_type(first)
+        defaults = {k: f.default for k, f in per_kind.items()}
+        if len(per_kind) == len(KINDS) and len(set(map(repr, defaults.values()))) == 1:
+            shown = f"[{first.default}]"
         else:
-            g.add_argument(cli_flag(f.name), dest=f.name, type=kind, default=f.default,
-                           metavar=kind.__name__.upper(), help=help_text)
+            shown = "[" + ", ".join(f"{k}: {v}" for k, v in defaults.items()) + "]"
+        help_text = f"{first.metadata['help']} {shown}"
+        if kind_type is bool:
+            g.add_argument(cli_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            g.add_argument(cli_flag(name), dest=name, type=kind_type, default=None, metavar=kind_type.__name__.upper(),
+                           help=help_text)
     p.set_defaults(run=cmd_distill)
 
 
+def config_of(args):
+    """The chosen kind's config from the given flags; a flag of the other kind only is an error."""
+    cls = KINDS[args.kind]
+    own = {f.name for f in dataclasses.fields(cls)}
+    others = {f.name for c in KINDS.values() for f in dataclasses.fields(c)} - own
+    given_other = [cli_flag(n) for n in sorted(others) if getattr(args, n, None) is not None]
+    if given_other:
+        raise DynaTreeError(f"{', '.join(given_other)} do not apply to --kind {args.kind}")
+    return cls(**{n: getattr(args, n) for n in own if getattr(args, n, None) is not None})
+
+
 def cmd_distill(args) -> int:
-    from .distill import distill
     from .models import DEFAULT_TARGET, load_model
 
-    cfg = DistillConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DistillConfig)})
+    cfg = config_of(args)
     cfg.validate()  # before the target is loaded: bad options fail at once
     check_out_dir(args.out)
     target = load_model(args.target or DEFAULT_TARGET, device=args.device, dtype="float32")
-    summary = distill(target, Path(args.out), cfg, resume=args.resume, progress=not args.quiet,
-                      command=["dynatree", *args.argv])
+    command = ["dynatree", *args.argv]
+    if args.kind == "eagle":
+        from .distill_eagle import distill_eagle
+
+        summary = distill_eagle(target, Path(args.out), cfg, resume=args.resume, progress=not args.quiet,
+                                command=command)
+        depth = " / ".join(f"{a:.1%}" for a in summary["held_out"]["agreement_by_depth"])
+        print(f"feature head written to {args.out} ({summary['parameters'] / 1e6:.1f}M parameters; held-out "
+              f"agreement by draft depth {depth})")
+        return 0
+    from .distill import distill
+
+    summary = distill(target, Path(args.out), cfg, resume=args.resume, progress=not args.quiet, command=command)
     held = ", ".join(f"{k}: loss {v['loss']:.3f}, agreement {v['agreement']:.1%}" for k, v in summary["held_out"].items())
     print(f"draft written to {args.out} ({summary['parameters'] / 1e6:.1f}M parameters; held out {held})")
     return 0

@@ -80,7 +80,8 @@ class FeatureHead(torch.nn.Module):
         self.fc = torch.nn.Linear(2 * h, h, bias=False)
         body = LlamaConfig(vocab_size=1, hidden_size=h, intermediate_size=config.ffn, num_hidden_layers=1,
                            num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
-                           max_position_embeddings=config.context, rms_norm_eps=config.rms_norm_eps)
+                           max_position_embeddings=config.context, rms_norm_eps=config.rms_norm_eps,
+                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
         body._attn_implementation = "sdpa"
         self.body = LlamaModel(body)  # its 1-row token embedding is never used: inputs come as embeddings
         self.register_buffer("vocab_ids", vocab_ids.long().clone())  # target ids of the sub-vocabulary rows
