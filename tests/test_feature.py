@@ -154,3 +154,42 @@ def test_an_unreadable_head_directory_is_a_one_line_error(tmp_path):
     (tmp_path / "h" / "feature_head.json").write_text("{not json")
     with pytest.raises(DynaTreeError, match="cannot be read"):
         load_head(tmp_path / "h")
+
+
+def test_bench_measures_a_feature_head_and_leaves_it_out_of_hf_assisted(tmp_path, prompt_file):
+    from dynatree.bench import presets, report, runner
+
+    target = tiny("llama", eos_ids=[])
+    head_path = str(tmp_path / "h")
+    tiny_head("llama").save(head_path)
+    variants = presets.variants("draft", "small", ["ngram", head_path])
+    labels = {v.label for v in variants}
+    assert f"dynatree[{head_path}]" in labels and "hf-assisted" not in labels and "hf-lookup" in labels
+    from dynatree.api import load_checked_draft
+
+    head = load_checked_draft(target, head_path, "cpu", "float64")
+    proto = runner.Protocol(dataset=str(prompt_file), n=2, warmup=0, max_new_tokens=[8])
+    res = runner.run("draft", variants, proto, target, {head_path: head}, out_dir=tmp_path / "run", progress=False)
+    assert all(r["matches_ar"] for r in res["records"])
+    quality = res["draft_quality"]
+    assert len(quality) == 2 and all(0.0 <= q["agreement"] <= 1.0 and q["cost_ratio"] > 0 for q in quality)
+    assert "Draft `" in report.draft_section(res, 8, 800)
+    with pytest.raises(DynaTreeError, match="drafts in dynatree's own methods only"):
+        presets.method_variants(["hf-assisted"], [head_path])
+
+
+def test_head_agreement_is_the_share_of_target_picks_it_predicts():
+    """By hand: the head fed the target's features of one teacher-forced pass, position by position."""
+    from dynatree.bench.draftcheck import head_agreement
+    from dynatree.tree import TreeBuilder
+
+    target, head = tiny("llama"), tiny_head("llama")
+    prompt, new = PROMPT, hf_greedy(target, PROMPT, 6)
+    hits = 0
+    for i in range(len(new)):
+        seq = prompt + new[:i]
+        hidden = target.model(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
+        drafter = FeatureDrafter(head, target)
+        drafter.reset(seq, hidden[:-1])
+        hits += int(drafter.propose(TreeBuilder(seq[-1]), [0], k=1).ids[0, 0]) == new[i]
+    assert head_agreement(target, head, prompt, new) == pytest.approx(hits / len(new))

@@ -100,6 +100,16 @@ def load_draft(spec, device: str = "cpu", dtype: str = "float32", linear: str = 
     return _load_draft_model(spec, device, dtype, linear)
 
 
+def load_checked_draft(target: LoadedModel, spec: str, device: str, dtype: str, linear: str = "auto"):
+    """A draft LM or feature head by spec, checked against `target` (one-line errors otherwise)."""
+    draft = _load_draft_model(spec, device, dtype, linear)
+    if isinstance(draft, FeatureHead):
+        check_head(draft, target)
+    else:
+        check_compatible(target, draft)
+    return draft
+
+
 def _hybrid_lm(lm):
     """The draft LM part of a hybrid drafter, which must name a model."""
     if lm in ("", NGRAM):

@@ -134,7 +134,8 @@ def _given_options(args) -> dict:
 
 
 def _execute(args, experiment: str, variant_list: list[Variant], protocol: Protocol) -> int:
-    from ..models import check_compatible, load_model
+    from ..api import load_checked_draft
+    from ..models import load_model
     from . import report, runner
     drafts = _drafts(args)
     runner.check_variants(variant_list)
@@ -150,9 +151,8 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
         inner = spec[len(HYBRID):] if spec.startswith(HYBRID) else spec
         if inner in ("", NGRAM):
             raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}, got {spec!r}")
-        if inner not in loaded:  # one copy of a draft LM used alone and in ngram+
-            loaded[inner] = load_model(inner, device=args.device, dtype=args.dtype, linear=args.linear)
-            check_compatible(target, loaded[inner])
+        if inner not in loaded:  # one copy of a draft LM (or feature head) used alone and in ngram+
+            loaded[inner] = load_checked_draft(target, inner, args.device, args.dtype, args.linear)
         lms[spec] = Hybrid(loaded[inner]) if inner != spec else loaded[inner]
     runner.run(experiment, variant_list, protocol, target, lms, out_dir=out, progress=not args.no_progress,
                command=["dynatree", *args.argv], texts=texts)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from ..api import HYBRID, NGRAM
+from ..api import HYBRID, NGRAM, head_dir
 from ..errors import DynaTreeError
 from ..methods import get_method
 from .runner import Variant
@@ -149,6 +149,12 @@ def method_variants(methods: list[str], drafts: list[str], options: dict[str, di
             out.append(Variant(method, method, options.get(method, {})))
         else:
             usable = lms if need == "lm" else drafts
+            if get_method(method).policy_cls is None:  # transformers' generate() takes draft LMs, not feature heads
+                heads = [d for d in usable if head_dir(d) is not None]
+                usable = [d for d in usable if d not in heads]
+                if heads and not usable and strict:
+                    raise DynaTreeError(f"{method!r} runs transformers' generate(), which takes a draft LM; feature "
+                                        f"head {heads[0]!r} drafts in dynatree's own methods only")
             if not usable and strict:
                 raise DynaTreeError(f"method {method!r} needs a draft language model: pass --draft MODEL")
             out += [Variant(_labelled(method, d, drafts if need == "any" else lms), method, options.get(method, {}), d)
@@ -204,8 +210,10 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
                     for v in method_variants(["ar"], drafts) + cost_aware]
         return eager + cost_aware + compiled
     if preset == "draft":
-        return method_variants(["ar", "linear", "dynatree", "hf-lookup", "hf-assisted"], drafts) + \
-            _cost_aware(method_variants(["dynatree"], drafts))
+        if not [d for d in drafts if d != NGRAM and not d.startswith(HYBRID)]:
+            raise DynaTreeError("--preset draft needs a draft language model (or feature head): pass --draft MODEL")
+        return method_variants(["ar", "linear", "dynatree", "hf-lookup"], drafts) + \
+            method_variants(["hf-assisted"], drafts, strict=False) + _cost_aware(method_variants(["dynatree"], drafts))
     if preset == "wetap-main":
         return [Variant("ar", "ar")] + method_variants(["specinfer", "specexec", "opt-tree"], drafts) + [
             Variant(_labelled("wetap", d, drafts), "wetap", {"verify": "beam"}, d) for d in drafts] + [

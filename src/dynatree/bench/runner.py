@@ -31,6 +31,7 @@ from ..api import HYBRID, NGRAM, Hybrid, generate, sampling_config
 from ..errors import DynaTreeError
 from ..hardware import decode_limit, read_bandwidth
 from ..methods import get_method, make_config
+from ..featurehead import FeatureHead
 from ..models import LoadedModel
 from ..quality import teacher_forced
 from ..window import KVWindow
@@ -291,13 +292,13 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, 
     }
 
 
-def draft_lms(drafts: dict) -> dict[str, LoadedModel]:
-    """The distinct draft LMs of a run by spec; 'ngram+SPEC' drafters count under SPEC."""
+def draft_lms(drafts: dict) -> dict[str, LoadedModel | FeatureHead]:
+    """The distinct draft LMs (and feature heads) of a run by spec; 'ngram+SPEC' drafters count under SPEC."""
     out = {}
     for spec, d in drafts.items():
         if isinstance(d, Hybrid):
             spec, d = spec[len(HYBRID):], d.lm
-        if isinstance(d, LoadedModel):
+        if isinstance(d, (LoadedModel, FeatureHead)):
             out.setdefault(spec, d)
     return out
 
