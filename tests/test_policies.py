@@ -247,7 +247,7 @@ def test_cost_aware_dynatree_stops_growing_at_the_first_level_not_worth_verifyin
 def test_calibration_learns_acceptance_per_draft_probability():
     from dynatree.costmodel import Calibration
 
-    cal = Calibration(bins=10, prior=4.0)
+    cal = Calibration(bins=10, prior=4.0, decay=1.0)  # plain counts
     assert cal(0.45) == pytest.approx(0.45) and cal(1.0) == pytest.approx(0.95)  # unseen: trust the draft
     # root 0 -> node 1 (q = 0.5) -> node 2 (q = 0.5); node 3 (q = 0.5) is a child of the rejected node 4.
     parents = [-1, 0, 1, 4, 0]
@@ -256,6 +256,51 @@ def test_calibration_learns_acceptance_per_draft_probability():
         cal.observe(parents, logp, accepted={0, 1, 2})  # q = 0.5 nodes accepted; node 3 never tried
     assert cal(0.55) == pytest.approx((4 * 0.55 + 72) / (4 + 72))
     assert cal(0.15) == pytest.approx((4 * 0.15 + 0) / (4 + 36))  # node 4 (q = 0.1) tried and rejected
+
+
+def test_calibration_forgets_so_a_draft_that_improves_is_learnt_back():
+    from dynatree.costmodel import Calibration
+
+    cal = Calibration()  # default decay: old trials fade
+    for hit in [False] * 200 + [True] * 40:
+        cal._count(0.95, hit)
+    assert cal(0.95) > 0.5
+    plain = Calibration(decay=1.0)
+    for hit in [False] * 200 + [True] * 40:
+        plain._count(0.95, hit)
+    assert plain(0.95) < 0.2
+
+
+def test_cost_aware_dynatree_stops_calling_a_draft_that_does_not_pay_and_probes_back():
+    from dynatree.costmodel import CostCurve
+
+    # A draft that costs real time per call and is never right, then always right.
+    right = {"now": False}
+
+    class SlowDrafter(ScriptedDrafter):
+        def propose(self, tree, nodes, k, full=False):
+            time.sleep(0.02)
+            return super().propose(tree, nodes, k, full)
+
+    drafter = SlowDrafter(lambda path: [(100 + len(path), 0.95)])
+    policy = dynatree(cost_aware=True, d0=3, d_max=4, history=False)
+    policy.curve = CostCurve((1, 2, 8), (0.05, 0.051, 0.06))  # 20 ms of drafting = 40% of a step
+    calls, sizes = [], []
+    root = 1
+    for i in range(120):
+        right["now"] = i >= 60
+        before = len(drafter.calls)
+        tree = policy.grow(drafter, root, max_depth=10)
+        calls.append(len(drafter.calls) - before)
+        sizes.append(tree.n_drafted)
+        drafted = tree.tokens[1:].tolist()
+        path = [] if not right["now"] else list(range(1, tree.n_drafted + 1))
+        policy.observe(tree, path)
+        root = (100 + len(path)) if right["now"] else 7  # the target's choice: never the draft's while wrong
+    assert sum(calls[40:60]) <= 3, calls  # wrong and dear: at most a probe or two in 20 iterations
+    assert policy.idle_iterations > 30
+    assert all(c > 0 for c in calls[100:]), calls  # right again: drafting every iteration
+    assert sum(sizes[100:]) > sum(sizes[80:100]) >= 20  # and deeper as acceptance is learnt back
 
 
 def test_cost_aware_dynatree_cuts_trees_and_stays_exact():

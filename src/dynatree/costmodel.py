@@ -74,12 +74,14 @@ def step_prob(parents, logp, u: int) -> float:
 class Calibration:
     """How often a drafted node is accepted, given its parent was, as a function of the draft's
     conditional probability q of its token: per bin of q, hits / trials, starting from `prior`
-    pseudo-trials at the bin's centre (so an unseen bin trusts the draft). Learnt from every
+    pseudo-trials at the bin's centre (so an unseen bin trusts the draft), old trials fading
+    (`decay`) so that a draft whose acceptance changes with the text is learnt again. Learnt from every
     verification, for the drafter actually in use, whose probabilities may be under- or
     overconfident (an n-gram drafter gives at most 1/2 to a continuation it has seen once)."""
 
-    def __init__(self, bins: int = 10, prior: float = 4.0):
+    def __init__(self, bins: int = 10, prior: float = 4.0, decay: float = 0.98):
         self.bins = bins
+        self.decay = decay  # each new trial of a bin scales its old counts by this: ~1/(1-decay) trials remembered
         centres = [(b + 0.5) / bins for b in range(bins)]
         self.trials = [prior] * bins
         self.hits = [prior * c for c in centres]
@@ -94,8 +96,8 @@ class Calibration:
 
     def _count(self, q: float, hit: bool) -> None:
         b = self._bin(q)
-        self.trials[b] += 1
-        self.hits[b] += hit
+        self.trials[b] = self.decay * self.trials[b] + 1
+        self.hits[b] = self.decay * self.hits[b] + hit
 
     def observe(self, parents: list[int], logp: list[float], accepted: set[int]) -> None:
         """One verified tree: every drafted node whose parent was accepted (or is the root) is a trial."""

@@ -23,7 +23,13 @@ iteration included, with acceptance estimated from the draft's probabilities thr
 calibration learnt from past verifications (costmodel.py; greedy, nodes cut before
 verification are learnt from too, the target's choice after every accepted node being known);
 growth stops after a level unless a deeper chain could raise the expected tokens per second
-(`_stop`).
+(`_stop`). It may also decline to draft at all: when a tree's best expected rate, its drafting
+time included, falls below `IDLE_SLACK` under the rate of plain one-token steps (the draft
+costs more than its calibrated acceptance brings back), the next `backoff` iterations verify
+the root alone without calling the drafter (1, 2, 4, ... up to `BACKOFF_MAX` while probes keep
+failing); each probe after an idle spell verifies at least its likeliest node, so acceptance
+is learnt back (calibration forgets old trials, `Calibration.decay`), and drafting resumes
+as soon as a probe's node is accepted.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from ..models import LoadedModel
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
 from .base import grow_levels
+
+IDLE_SLACK = 0.05  # drafting "pays" while its expected rate is at most this far below plain steps'
+BACKOFF_MAX = 16  # longest spell of iterations without drafting between two probes
 
 
 @dataclass
@@ -94,11 +103,16 @@ class DynaTreePolicy:
         self.calibration = Calibration()  # acceptance vs draft probability, learnt when cost_aware
         self._grown: TreeBuilder | None = None  # the last tree as drafted, before the cut (cost_aware, greedy)
         self._pending: tuple[TreeBuilder, int] | None = None  # that tree and its last accepted node (greedy)
+        self.idle = 0  # iterations left to run without drafting (cost_aware: the draft did not pay)
+        self.backoff = 0  # idle iterations after the next probe if it does not pay either (0: drafting pays)
+        self.idle_iterations = 0  # iterations this run verified the root alone by that rule (state())
+        self._paid = True  # whether the last grown tree's drafting paid for itself
 
     def calibrate(self, target: LoadedModel, context: list[int], masked_token: bool = False) -> None:
         """Called by the decoder before the prefill, outside its timings: the target's cost curve if
         needed, its one-token steps masked if the decoder masks them (`masked_token`: a KV window)."""
         self._pending = None  # a new run: the next root says nothing about the last tree
+        self.idle = self.backoff = self.idle_iterations = 0
         if self.config.cost_aware:
             self.curve = curve_for(target, context, masked_token)
 
@@ -125,7 +139,10 @@ class DynaTreePolicy:
         if self.curve is None:
             return None
         self._grown = tree if greedy else None  # greedy: learn from the nodes cut here too (`_learn`)
-        kept = self._worth(tree, time.perf_counter() - start)[0]
+        kept, rate, est = self._worth(tree, time.perf_counter() - start)
+        self._paid = rate >= (1.0 - IDLE_SLACK) / self.curve.at(1)
+        if self.backoff and not kept and len(tree) > 1:  # a probe verifies its likeliest node: acceptance is learnt
+            kept = [max(range(1, len(tree)), key=lambda u: (est[u], -u))]
         return None if len(kept) == len(tree) - 1 else [0, *kept]
 
     def _stop(self, tree: TreeBuilder, levels: int, start: float, depth_limit: int) -> bool:
@@ -168,17 +185,28 @@ class DynaTreePolicy:
             grown, node = self._pending
             self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: root_token})
             self._pending = None
+        if self.idle:  # the draft did not pay lately: the root alone, no drafter call
+            self.idle -= 1
+            self.idle_iterations += 1
+            return TreeBuilder(root_token).build()
         start, depth_limit = time.perf_counter(), min(c.d_max, max_depth)
-        return grow_levels(
+        self._paid = True
+        tree = grow_levels(
             drafter, root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max,
             expandable=expandable, breadth=breadth, tau=c.tau, cut=lambda tree: self._cut(tree, start, sampler is None),
             stop=lambda tree, levels: self._stop(tree, levels, start, depth_limit),
         )
+        if self.curve is not None:  # decline to draft for a while after a tree that did not pay
+            self.backoff = 0 if self._paid else min(max(1, 2 * self.backoff), BACKOFF_MAX)
+            self.idle = self.backoff
+        return tree
 
     def observe(self, tree: Tree, path: list[int]) -> None:
         c = self.config
         if self.curve is not None:
             self._learn(tree, path)
+            if path and self.backoff:  # a probe was accepted: draft again from the next iteration
+                self.backoff = self.idle = 0
         if not c.history or tree.n_drafted == 0:
             return
         self.window.append(len(path) / tree.n_drafted)
@@ -191,6 +219,8 @@ class DynaTreePolicy:
         choice at each accepted node is the next accepted token, and the next root at the last one
         (learnt when the next tree is grown), so nodes cut before verification count too."""
         grown, self._grown = self._grown, None
+        if grown is None and tree.n_drafted == 0:  # nothing drafted (an idle iteration): nothing to learn
+            return
         if grown is None:  # sampling (the next root is a draw): the verified nodes only
             self.calibration.observe(tree.parents.tolist(), tree.logp.tolist(), {0, *path})
             return
@@ -202,6 +232,8 @@ class DynaTreePolicy:
     def state(self) -> dict:
         """The adapted parameters as they are now, and the cost curve the tree sizes were chosen on."""
         state = {"d0": round(self.d0), "d0_continuous": self.d0, "tau_h": self.tau_h}
+        if self.config.cost_aware:
+            state["idle_iterations"] = self.idle_iterations  # verified the root alone: the draft did not pay
         if self.curve is not None:  # so a run's tree sizes can be checked against what it measured
             state["cost_curve_ms"] = {n: round(s * 1e3, 3) for n, s in zip(self.curve.sizes, self.curve.seconds)}
         return state
