@@ -67,10 +67,16 @@ def test_cache_equals_one_built_from_a_plain_pass_after_every_iteration(arch, wi
                 torch.testing.assert_close(mine.values, want.values)
             checked += 1
     assert checked > 3
-    if window is not None:  # the windowed run stays exact too
-        run = Decoder(target, policy, FeatureDrafter(head, target, window=window), window=window).generate(
-            PROMPT, 30, ignore_eos=True)
-        assert run.new_tokens == windowed_reference(target, window, PROMPT, 30)
+    if window is not None:  # the windowed run stays exact, and the head keeps every slot its next query may see
+        windowed = FeatureDrafter(head, target, window=window)
+        decoder = Decoder(target, policy, windowed, window=window)
+        for step in decoder.steps(PROMPT * 3, 40, ignore_eos=True):
+            fed = torch.arange(1, windowed.n_fed)
+            later = torch.arange(windowed.n_fed, len(decoder.run.seq))  # queries of the next root expansion
+            seen = window.visible(later, fed).any(0)
+            assert set(fed[seen].tolist()) <= set(windowed.slot_pos)
+            assert len(windowed.slot_pos) <= window.sink + window.recent
+        assert decoder.run.new_tokens == windowed_reference(target, window, PROMPT * 3, 40)
 
 
 def windowed_reference(target, window, prompt, n):

@@ -477,3 +477,22 @@ def test_cost_aware_dynatree_learns_from_cut_nodes_when_greedy():
         tree = policy.grow(drafter, 100, max_depth=10, sampler=sampler)
         policy.observe(tree, [])
         assert tree.n_drafted == 0
+
+
+def test_cost_aware_dynatree_idles_after_an_accepted_tree_that_did_not_pay():
+    """Accepted nodes do not cancel an idle spell unless the tree was a probe: a draft that is right
+    but costs 4 target steps per call never pays on this curve."""
+    from dynatree.costmodel import CostCurve
+
+    class DearDrafter(ScriptedDrafter):
+        def propose(self, tree, nodes, k, full=False):
+            time.sleep(0.02)
+            return super().propose(tree, nodes, k, full)
+
+    policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
+    policy.curve = CostCurve((1, 2, 8), (0.005, 0.0051, 0.006))
+    tree = policy.grow(DearDrafter(lambda path: [(100 + len(path), 0.95)]), 1, max_depth=10)
+    assert policy.idle == 1 and tree.n_drafted >= 1
+    policy.observe(tree, list(range(1, tree.n_drafted + 1)))
+    assert policy.idle == 1  # not a probe: the spell stands
+    assert policy.grow(DearDrafter(lambda path: []), 7, max_depth=10).n_drafted == 0 and policy.idle_iterations == 1

@@ -278,7 +278,8 @@ def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> 
     config = HeadConfig(
         target=target.name, hidden_size=hidden, vocab_size=rows, tokenizer_sha1=tokenizer_fingerprint(target.tokenizer),
         draft_vocab=len(vocab_ids), heads=cfg.heads or getattr(tcfg, "num_attention_heads", 8),
-        kv_heads=cfg.kv_heads or getattr(tcfg, "num_key_value_heads", None) or cfg.heads or tcfg.num_attention_heads,
+        kv_heads=cfg.kv_heads or (cfg.heads if cfg.heads else getattr(tcfg, "num_key_value_heads", None)
+                                  or tcfg.num_attention_heads),
         ffn=cfg.ffn or getattr(tcfg, "intermediate_size", 4 * hidden),
         context=target.context_length or 8192, rms_norm_eps=getattr(tcfg, "rms_norm_eps", 1e-5),
     )

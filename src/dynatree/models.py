@@ -60,9 +60,9 @@ EMBEDDED = {
 }
 DEFAULT_TARGET = "smollm2-135m"
 
-# Draft models shipped inside this package (trained with `dynatree distill`, see README),
+# Draft models and feature heads shipped inside this package (trained with `dynatree distill`, see README),
 # by alias, and the draft each embedded target uses by default in `--preset draft`.
-EMBEDDED_DRAFTS = {"smollm2-135m-draft": Path(__file__).parent / "drafts" / "smollm2-135m-draft"}
+EMBEDDED_DRAFTS = {name: Path(__file__).parent / "drafts" / name for name in ("smollm2-135m-draft", "smollm2-135m-eagle")}
 DEFAULT_DRAFTS = {"smollm2-135m": "smollm2-135m-draft"}
 # Graphs torch.compile may build per function before it falls back to eager (see `LoadedModel.compiled`).
 RECOMPILE_LIMIT = 64
@@ -283,6 +283,8 @@ def _locate(spec: str) -> tuple[str, str | None, bool]:
     if spec in EMBEDDED:
         return str(_embedded_dir(EMBEDDED[spec])), None, True
     if spec in EMBEDDED_DRAFTS:
+        if (EMBEDDED_DRAFTS[spec] / "feature_head.json").exists():
+            raise DynaTreeError(f"{spec!r} is a feature head: it drafts for its target (--draft {spec}), it is not a model")
         if not (EMBEDDED_DRAFTS[spec] / "config.json").exists():
             raise DynaTreeError(f"the shipped draft {spec!r} is missing from {EMBEDDED_DRAFTS[spec]}; reinstall dynatree")
         return str(EMBEDDED_DRAFTS[spec]), None, True

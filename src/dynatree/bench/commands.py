@@ -15,8 +15,9 @@ from .presets import PRESETS, dataset_default, method_variants, protocol_default
 from .results import load
 from .runner import Protocol, Variant
 
-DRAFT_HELP = ("comma-separated drafters: 'ngram', draft model specs sharing the target's tokenizer, and/or "
-              "'ngram+MODEL' (n-gram copying backed by the draft model) [ngram]")
+DRAFT_HELP = ("comma-separated drafters: 'ngram', draft model specs sharing the target's tokenizer, feature heads "
+              "(smollm2-135m-eagle, or a directory from distill --kind eagle), and/or 'ngram+DRAFT' (n-gram copying "
+              "backed by the draft) [ngram]")
 
 
 def _ints(text: str) -> list[int]:

@@ -76,7 +76,8 @@ class FeatureDrafter:
         self.tokens = list(tokens)
         self.slots, self.node_feat = {}, {}
         if self.window is not None:
-            needed = self.window.needed(torch.tensor(self.slot_pos, dtype=torch.long), len(self.tokens) - 1)
+            # the next query is the first committed position not fed yet (the root, or earlier when it lags)
+            needed = self.window.needed(torch.tensor(self.slot_pos, dtype=torch.long), self.n_fed)
             if not bool(needed.all()):
                 idx = needed.nonzero().squeeze(1)
                 kv.keep(self.cache, 0, idx)

@@ -65,7 +65,9 @@ class LMDrafter:
         self.tokens = list(tokens)
         self.slots = {}
         if self.window is not None:
-            needed = self.window.needed(torch.tensor(self.slot_pos, dtype=torch.long), len(self.tokens) - 1)
+            # the next query is the first committed token not fed yet (the root, or earlier when the draft
+            # lags: a hybrid's n-gram side or an idle policy skipped it)
+            needed = self.window.needed(torch.tensor(self.slot_pos, dtype=torch.long), self.n_cached)
             if not bool(needed.all()):
                 idx = needed.nonzero().squeeze(1)
                 kv.keep(self.cache, 0, idx)

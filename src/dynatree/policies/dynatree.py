@@ -107,6 +107,7 @@ class DynaTreePolicy:
         self.backoff = 0  # idle iterations after the next probe if it does not pay either (0: drafting pays)
         self.idle_iterations = 0  # iterations this run verified the root alone by that rule (state())
         self._paid = True  # whether the last grown tree's drafting paid for itself
+        self._probe = False  # whether the last grown tree was a probe after an idle spell
 
     def calibrate(self, target: LoadedModel, context: list[int], masked_token: bool = False) -> None:
         """Called by the decoder before the prefill, outside its timings: the target's cost curve if
@@ -141,7 +142,7 @@ class DynaTreePolicy:
         self._grown = tree if greedy else None  # greedy: learn from the nodes cut here too (`_learn`)
         kept, rate, est = self._worth(tree, time.perf_counter() - start)
         self._paid = rate >= (1.0 - IDLE_SLACK) / self.curve.at(1)
-        if self.backoff and not kept and len(tree) > 1:  # a probe verifies its likeliest node: acceptance is learnt
+        if self._probe and not kept and len(tree) > 1:  # a probe verifies its likeliest node: acceptance is learnt
             kept = [max(range(1, len(tree)), key=lambda u: (est[u], -u))]
         return None if len(kept) == len(tree) - 1 else [0, *kept]
 
@@ -188,9 +189,10 @@ class DynaTreePolicy:
         if self.idle:  # the draft did not pay lately: the root alone, no drafter call
             self.idle -= 1
             self.idle_iterations += 1
+            self._probe = False
             return TreeBuilder(root_token).build()
         start, depth_limit = time.perf_counter(), min(c.d_max, max_depth)
-        self._paid = True
+        self._paid, self._probe = True, self.backoff > 0
         tree = grow_levels(
             drafter, root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max,
             expandable=expandable, breadth=breadth, tau=c.tau, cut=lambda tree: self._cut(tree, start, sampler is None),
@@ -205,7 +207,7 @@ class DynaTreePolicy:
         c = self.config
         if self.curve is not None:
             self._learn(tree, path)
-            if path and self.backoff:  # a probe was accepted: draft again from the next iteration
+            if path and self._probe:  # a probe was accepted: draft again from the next iteration
                 self.backoff = self.idle = 0
         if not c.history or tree.n_drafted == 0:
             return
