@@ -125,3 +125,19 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
         assert message in err and err.count("\n") == 1, (bad, err)
     assert main(["distill", "--out", str(tmp_path / "y"), "--unroll", "2"]) == 2
     assert "--unroll do not apply to --kind lm" in capsys.readouterr().err
+
+
+def test_lm_kind_takes_instruction_prompts_through_the_chat_template(tmp_path, prompts):
+    from dynatree import distill
+
+    target = chat_target()
+    cfg = distill.DistillConfig(layers=1, hidden=16, heads=2, ffn=32, corpus_tokens=0, gen_prompts=16, gen_tokens=12,
+                                prompts=str(prompts), chat=True, seq_len=16, top_k=4, steps=3, batch_size=2,
+                                checkpoint_every=3, eval_fraction=0.2, save_dtype="float32")
+    data = distill.build_data(target, cfg, progress=False)
+    assert data["info"]["instruction_prompts"]["used"] == 16
+    windows = data["sources"]["on_policy"]["tokens"]
+    assert int((windows == 3).sum()) >= 12  # the template's end-of-turn word after (most) prompts
+    assert int((windows == 4).sum()) >= 12  # and its generation prompt
+    with pytest.raises(DynaTreeError, match="--chat applies to --prompts"):
+        distill.DistillConfig(chat=True).validate()

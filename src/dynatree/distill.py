@@ -80,6 +80,12 @@ class DistillConfig:
                             "on CPUs with bf16); labels always come from the target as loaded. Empty: as loaded")
     save_dtype: str = option("float16", "dtype of the saved draft weights")
     seed: int = option(0, "seed for data order, initialisation and batches")
+    prompts: str = option("", "on-policy prompts instead of function headers: 'specbench' (all but the held-out "
+                          "questions), a prompts file, or several joined by commas; first turns, up to --gen-prompts; "
+                          "answers end at EOS (or --gen-tokens)")
+    chat: bool = option(False, "ask --prompts through the target's chat template")
+    holdout: int = option(10, "Spec-Bench questions per task left out of --prompts specbench (bench --n up to this "
+                          "stays unseen)")
 
     def validate(self) -> None:
         positive(self, "layers", "hidden", "heads", "ffn", "seq_len", "top_k", "steps", "batch_size",
@@ -99,13 +105,17 @@ class DistillConfig:
         resolve_dtype(self.save_dtype)
         if self.gen_dtype:
             resolve_dtype(self.gen_dtype)
+        if self.chat and not self.prompts:
+            raise DynaTreeError("--chat applies to --prompts (instruction prompts for the on-policy data)")
+        if self.holdout < 0:
+            raise DynaTreeError(f"--holdout must be at least 0, got {self.holdout}")
         if self.init_draft and not (Path(self.init_draft).expanduser() / "config.json").is_file():
             raise DynaTreeError(f"--init-draft {self.init_draft!r} is not a draft directory (no config.json)")
 
     def data_key(self) -> dict:
         """The fields that decide the labelled data (a resumed run must not mix data sets)."""
         keys = ("corpus", "corpus_tokens", "gen_prompts", "gen_tokens", "copy_tokens", "gen_dtype", "seq_len", "top_k",
-                "seed")
+                "seed", "prompts", "chat", "holdout")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -317,7 +327,7 @@ def build_data(target: LoadedModel, cfg: DistillConfig, progress: bool = True) -
     files = corpus_files(cfg.corpus)
     random.Random(cfg.seed).shuffle(files)
     texts, dropped, docs, n_tok = [], 0, [], 0
-    need_prompts = cfg.gen_prompts > 0 and cfg.gen_tokens > 0
+    need_prompts = cfg.gen_prompts > 0 and cfg.gen_tokens > 0 and not cfg.prompts
     for path in files:  # enough files for the corpus tokens, and a pool for prompts
         text = _read(path)
         if not text or not text.strip():
@@ -351,6 +361,8 @@ def build_data(target: LoadedModel, cfg: DistillConfig, progress: bool = True) -
         info["on_policy_prompts"] = len(prompts)
         if len(on_policy):
             parts.append(("on_policy", on_policy))
+    if cfg.prompts and cfg.gen_prompts > 0 and cfg.gen_tokens > 0:
+        parts.append(("on_policy", instruction_windows(target, cfg, info, progress)))
     if cfg.copy_tokens:  # spans from the training windows only, so held-out text stays unseen
         pool = [t for _, w in parts for t in w[: len(w) - _held_count(len(w), cfg.eval_fraction)].flatten().tolist()]
         parts.append(("copy", copy_windows(pool, cfg.copy_tokens // cfg.seq_len, cfg.seq_len, cfg.seed)))
@@ -363,6 +375,32 @@ def build_data(target: LoadedModel, cfg: DistillConfig, progress: bool = True) -
         info[f"{name}_tokens"] = w.numel()
     bar.close()
     return data
+
+
+def instruction_windows(target: LoadedModel, cfg: DistillConfig, info: dict, progress: bool) -> torch.Tensor:
+    """The target's greedy answers (EOS respected) to the first turns of --prompts (through its chat
+    template with --chat), prompt + answer, packed into windows."""
+    from tqdm.auto import tqdm
+
+    from .distill_eagle import _chat_ids, generate_batched, instruction_prompts
+
+    convs, sources = instruction_prompts(cfg.prompts, cfg.holdout)
+    random.Random(cfg.seed).shuffle(convs)
+    convs = convs[: cfg.gen_prompts]
+    tok = target.tokenizer
+    if cfg.chat and not getattr(tok, "chat_template", None):
+        raise DynaTreeError("--chat needs a tokenizer with a chat template; the target's has none")
+    prompts = [_chat_ids(tok, c[:1], []) if cfg.chat else tok(c[0], add_special_tokens=False).input_ids for c in convs]
+    bar = tqdm(total=len(prompts), desc="target answers", unit="q", disable=not progress, file=sys.stderr,
+               dynamic_ncols=True)
+    answers = generate_batched(target, prompts, cfg.gen_tokens, cfg.gen_batch, bar)
+    bar.close()
+    info["instruction_prompts"] = {"sources": sources, "used": len(prompts), "chat": cfg.chat}
+    sep = target.eos_ids[0] if target.eos_ids else None
+    windows = windows_of([p + a for p, a in zip(prompts, answers)], cfg.seq_len, sep)
+    if len(windows) == 0:
+        raise DynaTreeError(f"--prompts gave fewer than --seq-len {cfg.seq_len} tokens of prompts and answers")
+    return windows
 
 
 def _held_count(n: int, eval_fraction: float) -> int:
