@@ -91,6 +91,16 @@ def test_training_fits_the_data_and_the_head_drafts_exactly(tmp_path, prompts):
     assert record["stats"]["drafted_tokens"] > 0
     with pytest.raises(DynaTreeError, match="pass --resume"):
         distill_eagle(target, out, EagleConfig(**{**SMALL, "prompts": str(prompts)}), progress=False)
+    # --init-head continues it (sub-vocabulary and weights kept; a near-zero rate leaves them as they were)
+    again = tmp_path / "again"
+    distill_eagle(target, again, EagleConfig(**{**SMALL, "prompts": str(prompts), "init_head": str(out), "steps": 2,
+                                                "lr": 1e-12, "warmup": 1}), progress=False)
+    cont = load_head(again, dtype=torch.float32)
+    assert torch.equal(cont.vocab_ids, head.vocab_ids)
+    for (name, a), (_, b) in zip(head.state_dict().items(), cont.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
+    with pytest.raises(DynaTreeError, match="not a feature-head directory"):
+        EagleConfig(init_head=str(tmp_path)).validate()
 
 
 @pytest.fixture()

@@ -43,7 +43,7 @@ from . import env
 from .config import option, positive, require
 from .distill import _save_atomic
 from .errors import DynaTreeError
-from .featurehead import FeatureHead, HeadConfig, target_features, tokenizer_fingerprint
+from .featurehead import FeatureHead, HeadConfig, check_head, is_head_dir, load_head, target_features, tokenizer_fingerprint
 from .models import LoadedModel
 
 TOPICS = (
@@ -93,6 +93,8 @@ class EagleConfig:
     eval_fraction: float = option(0.05, "share of conversations held out to measure agreement")
     checkpoint_every: int = option(50, "steps between resumable checkpoints")
     seed: int = option(0, "seed of the self-written prompts, the split and the order")
+    init_head: str = option("", "continue training this head directory (its sizes and sub-vocabulary are kept; "
+                            "--ffn/--heads/--kv-heads/--draft-vocab are then ignored)")
 
     def validate(self) -> None:
         positive(self, "max_new_tokens", "l_max", "gen_batch", "label_batch", "draft_vocab", "unroll", "seq_len",
@@ -102,6 +104,8 @@ class EagleConfig:
         require(0.0 < self.eval_fraction < 1.0, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}")
         require(self.lr > 0 and 0 < self.decay <= 1 and self.feature_loss >= 0,
                 "--lr must be positive, --decay in (0, 1], --feature-loss at least 0")
+        require(not self.init_head or is_head_dir(Path(self.init_head).expanduser()),
+                f"--init-head {self.init_head!r} is not a feature-head directory (no feature_head.json)")
 
     def data_key(self) -> dict:
         return {k: getattr(self, k) for k in ("prompts", "holdout", "self_prompts", "max_new_tokens", "l_max", "seed")}
@@ -433,12 +437,18 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
         raise DynaTreeError("the data gave too few conversations to train on")
 
     counts = torch.bincount(torch.cat([data["labels"][i].long() for i in train]), minlength=target.vocab_size)
-    head_vocab = counts.argsort(descending=True)[: min(cfg.draft_vocab, target.vocab_size)].sort().values
+    start_from = None
+    if cfg.init_head:  # continue an existing head: its sub-vocabulary too
+        start_from = load_head(Path(cfg.init_head).expanduser(), name=cfg.init_head)
+        check_head(start_from, target)
+        head_vocab = start_from.vocab_ids.cpu()
+    else:
+        head_vocab = counts.argsort(descending=True)[: min(cfg.draft_vocab, target.vocab_size)].sort().values
     sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
     sub_index[head_vocab] = torch.arange(len(head_vocab))
     train_coverage = float(counts[head_vocab].sum() / counts.sum())
 
-    head = new_head(target, cfg, head_vocab)
+    head = new_head(target, cfg, head_vocab) if start_from is None else start_from.float().train()
     embed = target.model.get_input_embeddings()
     out_rows = target.model.get_output_embeddings().weight.detach()[head_vocab].float()
     params = [p for p in head.parameters() if p.requires_grad]
