@@ -161,6 +161,13 @@ BAD_INPUTS = {
     "onednn in float64": (["w5", "--linear", "onednn", "--dtype", "float64"], "cannot pack this model's linear layers"),
     "missing prompt file": (["--prompt-file", "/nonexistent/p.txt"], "cannot read prompt file"),
     "prompt twice": (["w5", "--prompt-file", "x"], "not both"),
+    # issue 37 item 6: an option that does not apply is an error, never dropped
+    "draft with ar": (["w5", "--method", "ar", "--draft", "ngram"], "--draft does not apply to ar"),
+    "draft with hf-ar": (["w5", "--method", "hf-ar", "--compare", "ar", "--draft", "x"], "--draft does not apply to hf-ar, ar"),
+    "ngram-max with ar": (["w5", "--method", "ar", "--ngram-max", "3"], "--ngram-max does not apply here"),
+    "ngram-max with hf-lookup": (["w5", "--method", "hf-lookup", "--ngram-max", "3"], "--ngram-max does not apply"),
+    "empty compare": (["w5", "--compare", ""], "--compare needs a comma-separated list"),
+    "blank compare": (["w5", "--compare", " , "], "--compare needs a comma-separated list"),
 }
 
 
@@ -214,6 +221,8 @@ def test_entry_point_exits_nonzero_without_traceback(saved_tiny):
     ({"prompt_ids": [5], "max_new_tokens": 0}, "max_new_tokens .* must be a positive integer, got 0"),
     ({"prompt_ids": [5], "seed": "abc"}, r"seed \(--seed\) must be an integer, got 'abc'"),
     ({"prompt_ids": [5], "ngram_max": 0}, r"ngram_max \(--ngram-max\) must be a positive integer"),
+    ({"prompt_ids": [5], "draft": "ngram"}, "--draft does not apply to 'ar': it drafts nothing"),
+    ({"prompt_ids": [5], "device": "meta"}, "device 'meta' given, but the target is already loaded on cpu"),
 ])
 def test_python_api_names_every_bad_argument(kwargs, message):
     """Issue 37: the API's bad arguments are DynaTreeErrors naming the argument, never raw exceptions."""

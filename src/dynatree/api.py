@@ -15,7 +15,8 @@ from .drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
 from .errors import DynaTreeError
 from .featurehead import FeatureHead, check_head, is_head_dir, load_head
 from .methods import get_method, is_lossy, make_config
-from .models import DEFAULT_TARGET, EMBEDDED_DRAFTS, LoadedModel, check_compatible, load_model, resolve_dtype
+from .models import (DEFAULT_TARGET, EMBEDDED_DRAFTS, LoadedModel, check_compatible, load_model, resolve_device,
+                     resolve_dtype)
 from .peers import hf_generate
 from .sampling import Sampler, SamplingConfig
 from .window import KVWindow
@@ -43,8 +44,6 @@ def _load_draft_model(spec: str, device: str, dtype: str, linear: str) -> Loaded
     """A draft LM, or a feature head (in the target's dtype) when the spec names one."""
     directory = head_dir(spec)
     if directory is not None:
-        from .models import resolve_device
-
         return load_head(directory, name=spec, device=resolve_device(device), dtype=resolve_dtype(dtype))
     return load_model(spec, device=device, dtype=dtype, linear=linear)
 
@@ -122,6 +121,8 @@ def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: s
     or 'ngram+SPEC' / Hybrid(...) (the name then starts with 'ngram+')."""
     need = get_method(method).draft
     if need == "none":
+        if draft not in (None, "auto"):
+            raise DynaTreeError(f"--draft does not apply to {method!r}: it drafts nothing")
         return None, None
     if draft in (None, "auto"):
         if need == "lm":
@@ -181,7 +182,7 @@ def generate(
     max_new_tokens: int = 128,
     ignore_eos: bool = False,
     chat: bool = False,
-    device: str = "cpu",
+    device: str | None = None,
     dtype: str = "float32",
     seed: int = 0,
     ngram_max: int = 4,
@@ -198,7 +199,8 @@ def generate(
     """Decode one prompt with one method and return its result record.
 
     `target`/`draft` take a model spec (alias, directory, .gguf file, hub id) or a model
-    already loaded with `load_model`; `draft` may also be "ngram", or "ngram+MODEL" /
+    already loaded with `load_model` (`device`, default cpu, is where a spec is loaded; with a
+    loaded target it may only repeat that model's device); `draft` may also be "ngram", or "ngram+MODEL" /
     `Hybrid(model)` for n-gram copying backed by a draft LM (`HybridDrafter`). `options` are the
     method's config fields (e.g. k=5 for linear, d0=4 for dynatree). Give either `prompt`
     (text) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
@@ -223,7 +225,14 @@ def generate(
         raise DynaTreeError(f"--kv-window is not available for {method!r} (transformers' own generate())")
     if compile and spec.policy_cls is None:
         raise DynaTreeError(f"--compile applies to dynatree's own methods; {method!r} runs transformers' generate() as is")
-    tgt = target if isinstance(target, LoadedModel) else load_model(target, device=device, dtype=dtype, linear=linear)
+    if isinstance(target, LoadedModel):
+        tgt = target
+        if device is not None and resolve_device(device) != tgt.device:
+            raise DynaTreeError(f"device {device!r} given, but the target is already loaded on {tgt.device}; "
+                                "load it there (load_model(..., device=...)) or leave device out")
+    else:
+        tgt = load_model(target, device=device or "cpu", dtype=dtype, linear=linear)
+    device = str(tgt.device)
     compile = tgt.compile if compile is None else compile
     draft_lm, draft_name = resolve_draft(method, draft, tgt, device, dtype, linear)
     if prompt_ids is None:

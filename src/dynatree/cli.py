@@ -16,7 +16,7 @@ import warnings
 from .config import field_type
 from .errors import DynaTreeError
 from .kernels import LINEAR_KERNELS
-from .methods import METHODS, is_lossy
+from .methods import METHODS, get_method, is_lossy
 from .models import DEFAULT_TARGET, EMBEDDED
 from .window import KVWindow
 
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON record instead of the streamed text")
     gen.add_argument("--compare", metavar="M1,M2", help="also run these methods on the same prompt (each after a short untimed run of every method) and print a table")
     gen.add_argument("--seed", type=int, default=0, help="random seed [0]")
-    gen.add_argument("--ngram-max", type=int, default=4, help="longest context the n-gram drafter matches [4]")
+    gen.add_argument("--ngram-max", type=int, default=None, help="longest context the n-gram drafter matches [4]")
     add_sampling_args(gen)
     gen.add_argument("--kv-window", metavar="SINK,RECENT",
                      help="attention-sink KV window: keep the first SINK and the last RECENT tokens (bounded memory)")
@@ -225,8 +225,23 @@ def cmd_generate(args) -> int:
     prompt = _read_prompt(args)
     KVWindow.parse(args.kv_window)  # malformed windows and sampling settings fail before any model loads
     sampling_config(**sampling_kwargs(args))
-    methods = [args.method] + ([m.strip() for m in args.compare.split(",") if m.strip()] if args.compare else [])
+    compared = [m.strip() for m in args.compare.split(",") if m.strip()] if args.compare is not None else []
+    if args.compare is not None and not compared:
+        raise DynaTreeError("--compare needs a comma-separated list of methods, got an empty one")
+    methods = [args.method] + compared
     given = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
+    for method in methods:
+        get_method(method)  # an unknown method fails before the checks below name it
+    drafting = [m for m in methods if METHODS[m].draft != "none"]
+    if args.draft is not None and not drafting:
+        raise DynaTreeError(f"--draft does not apply to {', '.join(methods)}: no drafter runs (drop it, or compare "
+                            "with a method that drafts)")
+    uses_ngram = [m for m in methods if METHODS[m].draft == "any" and METHODS[m].policy_cls is not None
+                  and (args.draft in (None, "auto", api.NGRAM) or str(args.draft).startswith(api.HYBRID))]
+    if args.ngram_max is not None and not uses_ngram:
+        raise DynaTreeError(f"--ngram-max does not apply here: no method runs dynatree's n-gram drafter "
+                            f"({', '.join(methods)}{' with --draft ' + args.draft if args.draft else ''})")
+    ngram_max = 4 if args.ngram_max is None else args.ngram_max
 
     def options_for(method: str) -> dict:
         return {k: v for k, v in given.items() if method in args.method_fields[k]}
@@ -254,8 +269,9 @@ def cmd_generate(args) -> int:
     if len(methods) > 1:  # a short discarded run of each, so no measured method pays a cold start
         for method in methods:
             warm = api.generate(
-                method=method, target=target, draft=draft, prompt_ids=prompt_ids, max_new_tokens=8, ignore_eos=True,
-                chat=args.chat, device=args.device, dtype=args.dtype, seed=args.seed, ngram_max=args.ngram_max,
+                method=method, target=target, draft=draft if method in drafting else None, prompt_ids=prompt_ids,
+                max_new_tokens=8, ignore_eos=True, chat=args.chat, device=args.device, dtype=args.dtype, seed=args.seed,
+                ngram_max=ngram_max,
                 kv_window=args.kv_window, compile=args.compile and method in ours, **sampling_kwargs(args),
                 **options_for(method),
             )
@@ -264,9 +280,9 @@ def cmd_generate(args) -> int:
     for i, method in enumerate(methods):
         stream = None if args.json or i > 0 else _TextStream(target.tokenizer, sys.stdout)
         record = api.generate(
-            method=method, target=target, draft=draft, prompt_ids=prompt_ids,
+            method=method, target=target, draft=draft if method in drafting else None, prompt_ids=prompt_ids,
             max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos, chat=args.chat,
-            device=args.device, dtype=args.dtype, seed=args.seed, ngram_max=args.ngram_max, on_tokens=stream,
+            device=args.device, dtype=args.dtype, seed=args.seed, ngram_max=ngram_max, on_tokens=stream,
             kv_window=args.kv_window, compile=args.compile and method in ours, **sampling_kwargs(args),
             **options_for(method),
         )
