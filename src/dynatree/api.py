@@ -102,11 +102,16 @@ def load_draft(spec, device: str = "cpu", dtype: str = "float32", linear: str = 
 def load_checked_draft(target: LoadedModel, spec: str, device: str, dtype: str, linear: str = "auto"):
     """A draft LM or feature head by spec, checked against `target` (one-line errors otherwise)."""
     draft = _load_draft_model(spec, device, dtype, linear)
+    _check_draft(target, draft)
+    return draft
+
+
+def _check_draft(target: LoadedModel, draft: LoadedModel | FeatureHead) -> None:
+    """A draft LM must share the target's tokenizer; a feature head must be built for the target."""
     if isinstance(draft, FeatureHead):
         check_head(draft, target)
     else:
         check_compatible(target, draft)
-    return draft
 
 
 def _hybrid_lm(lm):
@@ -140,13 +145,10 @@ def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: s
         lm, name = resolve_draft(method, _hybrid_lm(draft.lm), target, device, dtype, linear)
         return lm, HYBRID + name
     lm = draft if isinstance(draft, (LoadedModel, FeatureHead)) else _load_draft_model(draft, device, dtype, linear)
-    if isinstance(lm, FeatureHead):
-        if get_method(method).policy_cls is None:
-            raise DynaTreeError(f"{method!r} runs transformers' generate(), which takes a draft LM; feature head "
-                                f"{lm.name!r} drafts in dynatree's own methods only")
-        check_head(lm, target)
-    else:
-        check_compatible(target, lm)
+    if isinstance(lm, FeatureHead) and get_method(method).policy_cls is None:
+        raise DynaTreeError(f"{method!r} runs transformers' generate(), which takes a draft LM; feature head "
+                            f"{lm.name!r} drafts in dynatree's own methods only")
+    _check_draft(target, lm)
     return lm, lm.name
 
 

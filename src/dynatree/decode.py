@@ -185,11 +185,7 @@ class Decoder:
         """Drop the cache slots the KV window no longer lets any future query see."""
         if self.window is None:
             return
-        needed = self.window.needed(run.slot_pos, next_pos=len(run.seq) - 1)
-        if not bool(needed.all()):
-            idx = needed.nonzero().squeeze(1)
-            kv.keep(run.cache, 0, idx)
-            run.slot_pos = run.slot_pos[idx]
+        run.slot_pos = self.window.evict(run.cache, run.slot_pos, next_pos=len(run.seq) - 1)
 
 
 def _truncate(tokens: list[int], stop_ids: set[int], limit: int) -> list[int]:

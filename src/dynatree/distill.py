@@ -460,11 +460,33 @@ def evaluate(model, held: dict, device, batch: int) -> dict:
     return out
 
 
-def _lr(step: int, cfg: DistillConfig) -> float:
+def _lr(step: int, cfg, floor: float = 0.1) -> float:
+    """Linear warm-up over cfg.warmup steps to cfg.lr, then cosine decay to `floor` x cfg.lr at cfg.steps."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    return cfg.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def batches(items: list, batch_size: int, step: int, rng: random.Random):
+    """Endless batches of `items`, reshuffled by `rng` at each pass, resuming where a run stopped at
+    `step` would have left off (the shuffles it used are replayed, so a resumed run sees the same batches)."""
+    order: list = []
+    for _ in range(step * batch_size // len(items) + 1):
+        order = items[:]
+        rng.shuffle(order)
+    cursor = step * batch_size % len(items)
+    while True:
+        picked = []
+        while len(picked) < batch_size:
+            if cursor == len(order):
+                order = items[:]
+                rng.shuffle(order)
+                cursor = 0
+            take = order[cursor: cursor + batch_size - len(picked)]
+            picked += take
+            cursor += len(take)
+        yield picked
 
 
 def _save_atomic(obj, path: Path) -> None:
@@ -519,27 +541,13 @@ def distill(target: LoadedModel, out: Path, cfg: DistillConfig, resume: bool = F
         opt.load_state_dict(state["optimizer"])
         step, history, prior_s = state["step"], state["history"], state["train_s"]
 
-    rng = random.Random(cfg.seed)
-    order: list[tuple[str, int]] = []
-    for _ in range(step * cfg.batch_size // len(rows) + 1):  # replay the shuffles a resumed run has used
-        order = rows[:]
-        rng.shuffle(order)
-    cursor = step * cfg.batch_size % len(rows)
+    feed = batches(rows, cfg.batch_size, step, random.Random(cfg.seed))
     bar = tqdm(total=cfg.steps, initial=step, desc="distill", unit="step", disable=not progress, file=sys.stderr,
                dynamic_ncols=True)
     t0 = time.perf_counter()
     avg_loss = avg_agree = None
     while step < cfg.steps:
-        picked = []
-        while len(picked) < cfg.batch_size:
-            if cursor == len(order):
-                order = rows[:]
-                rng.shuffle(order)
-                cursor = 0
-            take = order[cursor: cursor + cfg.batch_size - len(picked)]
-            picked += take
-            cursor += len(take)
-        ids, top_ids, top_p = _batch(train, picked, device)
+        ids, top_ids, top_p = _batch(train, next(feed), device)
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
         loss, agree = distill_loss(model(ids).logits, top_ids, top_p)

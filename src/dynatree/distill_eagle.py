@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import random
 import sys
 import time
@@ -41,7 +40,7 @@ import torch.nn.functional as F
 
 from . import env
 from .config import option, positive, require
-from .distill import _save_atomic
+from .distill import _lr, _save_atomic, batches
 from .errors import DynaTreeError
 from .featurehead import FeatureHead, HeadConfig, check_head, is_head_dir, load_head, target_features, tokenizer_fingerprint
 from .models import LoadedModel
@@ -379,13 +378,6 @@ def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Ten
             "positions": positions, "head_vocab": head_vocab}
 
 
-def _lr(step: int, cfg: EagleConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
 @torch.no_grad()
 def evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab) -> dict:
     """Held-out top-1 agreement with the target per depth (pass), over all rows whose label the
@@ -464,29 +456,15 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
         opt.load_state_dict(state["optimizer"])
         step, history, prior_s = state["step"], state["history"], state["train_s"]
     head.train()
-    rng = random.Random(cfg.seed + 1)
-    order: list[int] = []
-    for _ in range(step * cfg.batch_size // len(train) + 1):  # replay the shuffles a resumed run used
-        order = train[:]
-        rng.shuffle(order)
-    cursor = step * cfg.batch_size % len(train)
+    feed = batches(train, cfg.batch_size, step, random.Random(cfg.seed + 1))
     bar = tqdm(total=cfg.steps, initial=step, desc="distill eagle", unit="step", disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
     t0 = time.perf_counter()
     avg = None
     while step < cfg.steps:
-        picked = []
-        while len(picked) < cfg.batch_size:
-            if cursor == len(order):
-                order = train[:]
-                rng.shuffle(order)
-                cursor = 0
-            take = order[cursor: cursor + cfg.batch_size - len(picked)]
-            picked += take
-            cursor += len(take)
-        batch = make_batch(data, picked, cfg.seq_len, sub_index, head_vocab)
+        batch = make_batch(data, next(feed), cfg.seq_len, sub_index, head_vocab)
         for group in opt.param_groups:
-            group["lr"] = _lr(step, cfg)
+            group["lr"] = _lr(step, cfg, floor=0.05)
         loss, stats = unrolled_loss(head, embed, out_rows, batch, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import cache as kv
 from .errors import DynaTreeError
 
 
@@ -67,6 +68,16 @@ class KVWindow:
     def needed(self, slot_pos: torch.Tensor, next_pos: int) -> torch.Tensor:
         """Cache slots any query at position >= next_pos can still see."""
         return (slot_pos < self.sink) | (slot_pos >= next_pos - self.recent)
+
+    def evict(self, cache, slot_pos: torch.Tensor, next_pos: int) -> torch.Tensor:
+        """Drop from `cache` the slots no query at position >= next_pos can see; the kept slots'
+        positions (`slot_pos`: the position of each cache slot, in order)."""
+        needed = self.needed(slot_pos, next_pos)
+        if bool(needed.all()):
+            return slot_pos
+        idx = needed.nonzero().squeeze(1)
+        kv.keep(cache, 0, idx)
+        return slot_pos[idx]
 
     def __str__(self) -> str:
         return f"{self.sink},{self.recent}"

@@ -77,11 +77,8 @@ class FeatureDrafter:
         self.slots, self.node_feat = {}, {}
         if self.window is not None:
             # the next query is the first committed position not fed yet (the root, or earlier when it lags)
-            needed = self.window.needed(torch.tensor(self.slot_pos, dtype=torch.long), self.n_fed)
-            if not bool(needed.all()):
-                idx = needed.nonzero().squeeze(1)
-                kv.keep(self.cache, 0, idx)
-                self.slot_pos = [self.slot_pos[i] for i in idx.tolist()]
+            self.slot_pos = self.window.evict(self.cache, torch.tensor(self.slot_pos, dtype=torch.long),
+                                              self.n_fed).tolist()
 
     def _feed_committed(self) -> torch.Tensor:
         """Feed committed positions n_fed .. root with their true features; the root's prediction."""

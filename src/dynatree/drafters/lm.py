@@ -67,11 +67,8 @@ class LMDrafter:
         if self.window is not None:
             # the next query is the first committed token not fed yet (the root, or earlier when the draft
             # lags: a hybrid's n-gram side or an idle policy skipped it)
-            needed = self.window.needed(torch.tensor(self.slot_pos, dtype=torch.long), self.n_cached)
-            if not bool(needed.all()):
-                idx = needed.nonzero().squeeze(1)
-                kv.keep(self.cache, 0, idx)
-                self.slot_pos = [self.slot_pos[i] for i in idx.tolist()]
+            self.slot_pos = self.window.evict(self.cache, torch.tensor(self.slot_pos, dtype=torch.long),
+                                              self.n_cached).tolist()
 
     def _feed_committed(self) -> torch.Tensor:
         """Feed the committed tokens not yet run through the draft (the root is always among them)."""
