@@ -12,6 +12,7 @@ from dynatree import cache as kv
 from dynatree.drafters import LMDrafter
 from dynatree.errors import DynaTreeError
 from dynatree.methods import METHODS
+from dynatree.models import cache_kwarg
 
 
 @torch.no_grad()
@@ -19,7 +20,8 @@ def plain_cache(model, tokens: list[int]):
     """Cache of plain decoding: the tokens fed one at a time, positions 0..n-1."""
     cache = kv.new_cache(model)
     for pos, token in enumerate(tokens):
-        model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]), **{cache_kwarg(model): cache},
+              use_cache=True)
     return cache
 
 
@@ -98,7 +100,7 @@ def test_slot_cache_grows_and_otherwise_writes_in_place(monkeypatch):
     theirs = DynamicCache(config=target.model.config)
     for pos, token in enumerate(tokens):
         target.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]),
-                     past_key_values=theirs, use_cache=True)
+                     **{cache_kwarg(target.model): theirs}, use_cache=True)
     assert all(type(layer) is kv.SlotLayer and layer.key_buf.shape[-2] == 32 for layer in ours.layers)
     assert_same_cache(ours, theirs)
     buffers = [layer.key_buf.data_ptr() for layer in ours.layers]

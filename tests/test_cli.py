@@ -167,6 +167,14 @@ BAD_INPUTS = {
     "ngram-max with ar": (["w5", "--method", "ar", "--ngram-max", "3"], "--ngram-max does not apply here"),
     "ngram-max with hf-lookup": (["w5", "--method", "hf-lookup", "--ngram-max", "3"], "--ngram-max does not apply"),
     "empty compare": (["w5", "--compare", ""], "--compare needs a comma-separated list"),
+    # issue 37: messages that said something else
+    "empty draft": (["w5", "--draft", ""], "the draft spec is empty"),
+    "ngram+ without a model": (["w5", "--draft", "ngram+"], "needs a draft model after 'ngram+'"),
+    "ngram+ngram": (["w5", "--draft", "ngram+ngram"], "needs a draft model after 'ngram+'"),
+    "value starting with a dash": (["w5", "--kv-window", "-1,8"], "a value that starts with '-' is written --kv-window=VALUE"),
+    "negative window": (["w5", "--kv-window=-1,8"], "--kv-window needs SINK >= 0"),
+    "one sampling option without --sample": (["w5", "--temperature", "0.5"], "--temperature applies only with --sample"),
+    "two without --sample": (["w5", "--top-k", "3", "--top-p", "0.5"], "--top-k, --top-p apply only with --sample"),
     "blank compare": (["w5", "--compare", " , "], "--compare needs a comma-separated list"),
 }
 
@@ -244,3 +252,25 @@ def test_compare_while_sampling_has_no_token_column_and_labels_lossy_rules(capsy
     code, _, err = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "6",
                            "--method", "linear", "--compare", "dynatree")
     assert "speedup over linear" in err  # no ar compared: the reference is said
+
+
+def test_compare_labels_what_changes_a_method(capsys, saved_tiny):
+    """Issue 37 item 7: --cost-aware (and --compile) rows say so, as the bench's presets do."""
+    code, _, err = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "6",
+                           "--method", "dynatree", "--cost-aware", "--compare", "ar,linear")
+    assert code == 0
+    rows = {line.split()[0] + (" " + line.split()[1] if line.split()[1].startswith("+") else ""): line
+            for line in err[err.index("method"):].splitlines()[2:]}
+    assert set(rows) == {"dynatree +cost-aware", "ar", "linear"}, rows
+
+
+def test_help_does_not_import_the_model_runtime():
+    """`dynatree --help` parses options without importing transformers' model code (issue 37: it took 3-4 s)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from dynatree.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('transformers.models.', "
+            "'dynatree.api', 'dynatree.decode'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

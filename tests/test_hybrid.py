@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import hf_greedy, noisy_copy, tiny
-from dynatree import DynaTreeError, Decoder, api, make_config
+from dynatree import DynaTreeError, Decoder, api, draftspec, make_config
 from dynatree.bench import presets, report, runner
 from dynatree.cli import main
 from dynatree.drafters import HybridDrafter, LMDrafter, NgramDrafter
@@ -164,3 +164,22 @@ def test_bench_runs_the_hybrid_beside_its_lm_and_reports_it_with_that_draft(tmp_
     section = report.draft_section(res, 8, 800)
     assert "| dynatree[ngram+tiny-draft] |" in section and "| dynatree[tiny-draft] |" in section
     assert "| dynatree[ngram+tiny-draft] +cost-aware |" in section
+    # one measured prompt: a sample deviation of one value is undefined, so none is shown (issue 37)
+    md = report.render(res)
+    assert "(1 prompt)" in md and not [line for line in md.splitlines() if "± " in line and "values: mean ±" not in line], md
+
+
+@pytest.mark.parametrize("spec, ngram, model", [
+    (None, True, None), ("auto", True, None), ("ngram", True, None), ("ngram+d", True, "d"), ("d", False, "d"),
+    ("ngram+ngram+d", True, "ngram+d"),  # a model whose name starts with 'ngram+' (parsed once, left to the loader)
+])
+def test_one_parser_reads_every_draft_spec(spec, ngram, model):
+    parsed = draftspec.parse(spec)
+    assert (parsed.ngram, parsed.model, parsed.model_alone) == (ngram, model, model is not None and not ngram)
+
+
+@pytest.mark.parametrize("spec, message", [("", "is empty"), ("  ", "is empty"), ("ngram+", "needs a draft model"),
+                                           ("ngram+ngram", "needs a draft model"), (3, "must be a string")])
+def test_bad_draft_specs_are_named(spec, message):
+    with pytest.raises(DynaTreeError, match=message):
+        draftspec.parse(spec)

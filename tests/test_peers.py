@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import ARCHS, noisy_copy, tiny
-from dynatree import generate
+from dynatree import DynaTreeError, generate
+from dynatree.models import LoadedModel
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -37,3 +38,54 @@ def test_peer_stops_at_eos_like_ours():
     for method in ("ar", "hf-ar", "hf-lookup", "dynatree"):
         rec = generate(method=method, target=stopped, prompt_ids=prompt, max_new_tokens=30)
         assert rec["new_token_ids"] == full[: full.index(eos) + 1], method
+
+
+def _lm(vocab: int, seed: int = 1) -> LoadedModel:
+    """A tiny Llama draft with the shared 96-token tokenizer but an embedding of `vocab` rows."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from conftest import config, tokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config("llama", vocab=vocab)).to(torch.float64).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer(), name=f"draft-{vocab}-rows", eos_ids=[2])
+
+
+def test_a_draft_with_a_padded_output_layer_runs_everywhere():
+    """Model families pad their output layers differently (49280 vs 49152 rows with one tokenizer):
+    dynatree's methods draft with it, and hf-assisted runs transformers' universal assisted decoding
+    (greedy) instead of raising its 'different tokenizers' ValueError."""
+    target, padded = tiny("llama", eos_ids=[]), _lm(128)
+    prompt = [5, 6, 7, 5, 6, 7, 5]
+    ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True)
+    for method in ("hf-assisted", "dynatree", "linear", "fixed-tree"):
+        rec = generate(method=method, target=target, draft=padded, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True)
+        assert rec["new_token_ids"] == ar["new_token_ids"], method
+        assert rec["run"]["hf_universal_assisted"] is (method == "hf-assisted")
+    for method in ("dynatree", "specinfer"):  # sampled, the draft's extra rows are never proposed
+        rec = generate(method=method, target=target, draft=padded, prompt_ids=prompt, max_new_tokens=20, sample=True, seed=3)
+        assert all(0 <= t < 96 for t in rec["new_token_ids"])
+    with pytest.raises(DynaTreeError, match="hf-assisted cannot sample with draft 'draft-128-rows'.*128 rows.*96"):
+        generate(method="hf-assisted", target=target, draft=padded, prompt_ids=prompt, max_new_tokens=4, sample=True)
+
+
+def test_a_draft_lm_reads_target_ids_beyond_its_embedding_as_proposals_only():
+    """A target padded beyond the tokenizer may (with random weights) commit a padding id the draft
+    has no row for: the draft reads it as id 0 and output stays exact."""
+    padded = _lm(160, seed=0)
+    target = LoadedModel(model=padded.model, tokenizer=padded.tokenizer, name="padded-target", eos_ids=[])
+    draft = _lm(96)
+    prompt = [5, 6, 7, 5, 6, 7, 5]
+    ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=40, ignore_eos=True)["new_token_ids"]
+    assert any(t >= 96 for t in ar), "the test needs the target to commit a padding id"
+    for method in ("dynatree", "linear"):
+        rec = generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=40, ignore_eos=True)
+        assert rec["new_token_ids"] == ar, method
+
+
+def test_a_draft_whose_embedding_does_not_cover_its_tokenizer_is_refused():
+    small = _lm(40)
+    for method in ("dynatree", "hf-assisted"):
+        with pytest.raises(DynaTreeError, match="draft 'draft-40-rows' has 40 embedding rows but its tokenizer has 96"):
+            generate(method=method, target=tiny("llama"), draft=small, prompt_ids=[5, 6, 70], max_new_tokens=4)

@@ -232,7 +232,7 @@ def test_seeded_runs_are_reproducible():
     ({"sample": True, "top_p": 0.0}, "--top-p must be in (0, 1]"),
     ({"sample": True, "top_p": 1.5}, "--top-p must be in (0, 1]"),
     ({"sample": True, "top_k": 0}, "--top-k must be at least 1"),
-    ({"temperature": 0.7}, "apply only with --sample"),
+    ({"temperature": 0.7}, "--temperature applies only with --sample"),
 ])
 def test_bad_sampling_settings(kwargs, message):
     with pytest.raises(DynaTreeError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):

@@ -1,22 +1,35 @@
-"""dynatree: exact tree-based speculative decoding for HuggingFace causal LMs."""
+"""dynatree: exact tree-based speculative decoding for HuggingFace causal LMs.
 
-from .api import encode_prompt, generate
-from .decode import Decoder
-from .errors import DynaTreeError
-from .methods import METHODS, make_config
-from .models import DEFAULT_TARGET, LoadedModel, load_model
-from .tree import Tree, TreeBuilder
+The names below are imported on first use (PEP 562), so `import dynatree.cli` and
+`dynatree --help` do not pay for torch and transformers before they are needed.
+"""
 
-__all__ = [
-    "DEFAULT_TARGET",
-    "METHODS",
-    "Decoder",
-    "DynaTreeError",
-    "LoadedModel",
-    "Tree",
-    "TreeBuilder",
-    "encode_prompt",
-    "generate",
-    "load_model",
-    "make_config",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "encode_prompt": "api",
+    "generate": "api",
+    "Decoder": "decode",
+    "DynaTreeError": "errors",
+    "METHODS": "methods",
+    "make_config": "methods",
+    "DEFAULT_TARGET": "models",
+    "LoadedModel": "models",
+    "load_model": "models",
+    "Tree": "tree",
+    "TreeBuilder": "tree",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dynatree' has no attribute {name!r}")
+    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

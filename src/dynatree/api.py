@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -12,33 +11,14 @@ import torch
 from . import env
 from .decode import Decoder
 from .drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
+from .draftspec import HYBRID, NGRAM, Hybrid, head_dir, parse  # noqa: F401 (NGRAM, HYBRID, Hybrid re-exported)
 from .errors import DynaTreeError
-from .featurehead import FeatureHead, check_head, is_head_dir, load_head
+from .featurehead import FeatureHead, check_head, load_head
 from .methods import get_method, is_lossy, make_config
-from .models import (DEFAULT_TARGET, EMBEDDED_DRAFTS, LoadedModel, check_compatible, load_model, resolve_device,
-                     resolve_dtype)
-from .peers import hf_generate
-from .sampling import Sampler, SamplingConfig
+from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model, resolve_device, resolve_dtype
+from .peers import hf_generate, universal_assisted
+from .sampling import Sampler, sampling_config  # noqa: F401 (sampling_config re-exported)
 from .window import KVWindow
-
-NGRAM = "ngram"
-HYBRID = "ngram+"  # --draft ngram+MODEL: n-gram copying where the text repeats, the draft LM elsewhere
-
-
-@dataclasses.dataclass(frozen=True)
-class Hybrid:
-    """A draft LM (loaded, or a spec) used together with the n-gram drafter (`HybridDrafter`)."""
-
-    lm: LoadedModel | FeatureHead | str
-
-
-def head_dir(spec) -> Path | None:
-    """The directory of a feature head (featurehead.py) a --draft spec names, else None."""
-    if not isinstance(spec, str):
-        return None
-    path = EMBEDDED_DRAFTS.get(spec, Path(spec).expanduser())
-    return path if is_head_dir(path) else None
-
 
 def _load_draft_model(spec: str, device: str, dtype: str, linear: str) -> LoadedModel | FeatureHead:
     """A draft LM, or a feature head (in the target's dtype) when the spec names one."""
@@ -71,32 +51,16 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = False, history=()) -> lis
     return list(ids)
 
 
-def sampling_config(sample: bool, temperature=None, top_k=None, top_p=None) -> SamplingConfig | None:
-    """The validated sampling settings, or None for greedy decoding."""
-    if not sample:
-        given = [f"--{n}" for n, v in (("temperature", temperature), ("top-k", top_k), ("top-p", top_p)) if v is not None]
-        if given:
-            raise DynaTreeError(f"{', '.join(given)} apply only with --sample (greedy decoding otherwise)")
-        return None
-    if top_k is not None and top_k < 1:
-        raise DynaTreeError(f"--top-k must be at least 1, got {top_k} (leave it out to disable top-k)")
-    config = SamplingConfig(
-        temperature=1.0 if temperature is None else float(temperature),
-        top_k=0 if top_k is None else int(top_k),
-        top_p=1.0 if top_p is None else float(top_p),
-    )
-    config.validate()
-    return config
-
-
 def load_draft(spec, device: str = "cpu", dtype: str = "float32", linear: str = "auto"):
     """A --draft value with its model loaded once: None/'auto'/'ngram' as they are, 'ngram+SPEC' as
     Hybrid(loaded model), any other spec as the loaded model (no compatibility check here)."""
-    if spec in (None, "auto", NGRAM) or isinstance(spec, (LoadedModel, FeatureHead, Hybrid)):
+    if spec in (None, "auto") or isinstance(spec, (LoadedModel, FeatureHead, Hybrid)):
         return spec
-    if spec.startswith(HYBRID):
-        return Hybrid(_load_draft_model(_hybrid_lm(spec[len(HYBRID):]), device, dtype, linear))
-    return _load_draft_model(spec, device, dtype, linear)
+    parsed = parse(spec)
+    if parsed.model is None:
+        return NGRAM
+    model = _load_draft_model(parsed.model, device, dtype, linear)
+    return Hybrid(model) if parsed.ngram else model
 
 
 def load_checked_draft(target: LoadedModel, spec: str, device: str, dtype: str, linear: str = "auto"):
@@ -114,13 +78,6 @@ def _check_draft(target: LoadedModel, draft: LoadedModel | FeatureHead) -> None:
         check_compatible(target, draft)
 
 
-def _hybrid_lm(lm):
-    """The draft LM part of a hybrid drafter, which must name a model."""
-    if lm in ("", NGRAM):
-        raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}")
-    return lm
-
-
 def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: str, linear: str = "auto"):
     """(draft LM or None, draft name or None) for a method: 'ngram', a spec, a LoadedModel,
     or 'ngram+SPEC' / Hybrid(...) (the name then starts with 'ngram+')."""
@@ -133,16 +90,20 @@ def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: s
         if need == "lm":
             raise DynaTreeError(f"method {method!r} needs a draft language model: pass --draft MODEL")
         return None, NGRAM
-    if draft == NGRAM:
-        if need == "lm":
-            raise DynaTreeError(f"method {method!r} needs a draft language model, not the n-gram drafter")
-        return None, NGRAM
-    if isinstance(draft, str) and draft.startswith(HYBRID):
-        draft = Hybrid(draft[len(HYBRID):])
+    if isinstance(draft, str):
+        parsed = parse(draft)
+        if parsed.model is None:
+            if need == "lm":
+                raise DynaTreeError(f"method {method!r} needs a draft language model, not the n-gram drafter")
+            return None, NGRAM
+        if parsed.ngram:
+            draft = Hybrid(parsed.model)
     if isinstance(draft, Hybrid):
         if need == "lm":
             raise DynaTreeError(f"method {method!r} takes a draft language model alone, not {HYBRID}MODEL")
-        lm, name = resolve_draft(method, _hybrid_lm(draft.lm), target, device, dtype, linear)
+        if isinstance(draft.lm, str):
+            parse(HYBRID + draft.lm)  # an empty model or 'ngram' is an error
+        lm, name = resolve_draft(method, draft.lm, target, device, dtype, linear)
         return lm, HYBRID + name
     lm = draft if isinstance(draft, (LoadedModel, FeatureHead)) else _load_draft_model(draft, device, dtype, linear)
     if isinstance(lm, FeatureHead) and get_method(method).policy_cls is None:
@@ -303,6 +264,8 @@ def generate(
             if draft_lm is not None and spec.policy_cls is not None else None,
             "draft_linear_note": draft_lm.linear_note if isinstance(draft_lm, LoadedModel) else None,
             "seed": seed,
+            # transformers re-tokenizes text between draft and target (output layers of different sizes)
+            "hf_universal_assisted": method == "hf-assisted" and universal_assisted(tgt, draft_lm),
             "ngram_max": ngram_max if draft_name == NGRAM or (draft_name or "").startswith(HYBRID) else None,
             "kv_window": str(window) if window is not None else None,
             "sampling": dataclasses.asdict(sampling) if sampling is not None else None,

@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
-import warnings
 
 from .config import field_type
 from .errors import DynaTreeError
 from .kernels import LINEAR_KERNELS
 from .methods import METHODS, get_method, is_lossy
-from .models import DEFAULT_TARGET, EMBEDDED
+from .embedded import DEFAULT_TARGET, EMBEDDED
 from .window import KVWindow
 
 EXIT_USAGE = 2
@@ -25,6 +25,9 @@ EXIT_USAGE = 2
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage dump
+        flag = re.fullmatch(r"argument (--[\w-]+)(?:/-\w)?: expected one argument", message)
+        if flag:  # argparse takes a value that starts with '-' (such as -1,8) for an option
+            message += f" (a value that starts with '-' is written {flag[1]}=VALUE)"
         raise DynaTreeError(message)
 
 
@@ -194,17 +197,23 @@ def compile_note(stats: dict) -> str:
     return note
 
 
+def record_label(record: dict) -> str:
+    """A run's method with what changes it: "+cost-aware", "+compile", "(lossy)"."""
+    return (record["method"] + (" +cost-aware" if record["config"].get("cost_aware") else "")
+            + (" +compile" if record["run"]["compile"] else "") + (" (lossy)" if record["run"]["lossy"] else ""))
+
+
 def comparison_table(records: list[dict]) -> str:
     """One row per method; speedup over `ar` (over the first method when ar is not compared, said in the
     header). Sampled runs are not comparable token by token: no token column, lossy rules labelled."""
     base = next((r for r in records if r["method"] == "ar"), records[0])
     sampled = base["run"]["sampling"] is not None
-    same = "same tokens as " + base["method"] if not sampled else "tokens (sampled)"
-    rows = [("method", "draft", "tok/s", f"speedup over {base['method']}", "L", "accept", "TTFT ms", "TPOT ms", same)]
+    same = "same tokens as " + record_label(base) if not sampled else "tokens (sampled)"
+    rows = [("method", "draft", "tok/s", f"speedup over {record_label(base)}", "L", "accept", "TTFT ms", "TPOT ms", same)]
     for r in records:
         s = r["stats"]
         rows.append((
-            r["method"] + (" (lossy)" if r["run"]["lossy"] else ""), r["draft"] or "-", f"{s['tokens_per_s']:.1f}",
+            record_label(r), r["draft"] or "-", f"{s['tokens_per_s']:.1f}",
             f"{s['tokens_per_s'] / base['stats']['tokens_per_s']:.2f}x", f"{s['tokens_per_iter']:.2f}",
             "-" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.1f}%",
             f"{1000 * s['ttft_s']:.0f}", "-" if s["tpot_s"] is None else f"{1000 * s['tpot_s']:.1f}",
@@ -219,6 +228,9 @@ def comparison_table(records: list[dict]) -> str:
 def cmd_generate(args) -> int:
     from . import api
     from .api import sampling_config
+    from .draftspec import parse as parse_draft
+    from .models import LoadedModel
+    from .peers import universal_assisted
     from .methods import make_config
     from .models import load_model
 
@@ -237,7 +249,7 @@ def cmd_generate(args) -> int:
         raise DynaTreeError(f"--draft does not apply to {', '.join(methods)}: no drafter runs (drop it, or compare "
                             "with a method that drafts)")
     uses_ngram = [m for m in methods if METHODS[m].draft == "any" and METHODS[m].policy_cls is not None
-                  and (args.draft in (None, "auto", api.NGRAM) or str(args.draft).startswith(api.HYBRID))]
+                  and parse_draft(args.draft).ngram]
     if args.ngram_max is not None and not uses_ngram:
         raise DynaTreeError(f"--ngram-max does not apply here: no method runs dynatree's n-gram drafter "
                             f"({', '.join(methods)}{' with --draft ' + args.draft if args.draft else ''})")
@@ -263,6 +275,10 @@ def cmd_generate(args) -> int:
     draft = args.draft
     if any(METHODS[m].draft != "none" for m in methods):
         draft = api.load_draft(draft, device=args.device, dtype=args.dtype, linear=args.linear)
+        if "hf-assisted" in methods and isinstance(draft, LoadedModel) and universal_assisted(target, draft):
+            print(f"note: hf-assisted: the draft's output layer has {draft.vocab_size} rows and the target's "
+                  f"{target.vocab_size}, so transformers runs universal assisted decoding (it re-tokenizes "
+                  "the draft's text each iteration; slower than plain assisted decoding)", file=sys.stderr)
     prompt_ids = api.encode_prompt(target.tokenizer, prompt, args.chat)
 
     warm_compile: dict[str, float] = {}  # compiling done in a method's warm-up: reported with its record
@@ -306,9 +322,6 @@ def main(argv: list[str] | None = None) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
-        # recent transformers releases rename the forward's `past_key_values` argument; the old name
-        # still works, so the deprecation notice printed on every run is noise to a CLI user
-        warnings.filterwarnings("ignore", message=".*past_key_values.* is deprecated", category=FutureWarning)
         transformers.utils.logging.disable_progress_bar()
         args = build_parser().parse_args(argv)
         args.argv = list(argv) if argv is not None else sys.argv[1:]  # recorded in result files

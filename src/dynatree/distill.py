@@ -558,10 +558,11 @@ def distill(target: LoadedModel, out: Path, cfg: DistillConfig, resume: bool = F
         step += 1
         avg_loss = loss.item() if avg_loss is None else 0.95 * avg_loss + 0.05 * loss.item()
         avg_agree = agree.item() if avg_agree is None else 0.95 * avg_agree + 0.05 * agree.item()
-        bar.set_postfix_str(f"loss {avg_loss:.3f} | agreement {avg_agree:.1%}", refresh=False)
+        bar.set_postfix_str(f"moving avg: loss {avg_loss:.3f} | agreement {avg_agree:.1%}", refresh=False)
         bar.update(1)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            history.append({"step": step, "train_loss": avg_loss, "train_agreement": avg_agree,
+            # training figures are moving averages (weight 0.05 per step); held-out ones are exact
+            history.append({"step": step, "train_loss_moving_avg": avg_loss, "train_agreement_moving_avg": avg_agree,
                             "held_out": evaluate(model, held, device, cfg.batch_size)})
             _save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                           "history": history, "config": dataclasses.asdict(cfg),

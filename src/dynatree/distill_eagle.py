@@ -40,9 +40,10 @@ import torch.nn.functional as F
 
 from . import env
 from .config import option, positive, require
+from .draftspec import is_head_dir
 from .distill import _lr, _save_atomic, batches
 from .errors import DynaTreeError
-from .featurehead import FeatureHead, HeadConfig, check_head, is_head_dir, load_head, target_features, tokenizer_fingerprint
+from .featurehead import FeatureHead, HeadConfig, check_head, load_head, target_features, tokenizer_fingerprint
 from .models import LoadedModel
 
 TOPICS = (
@@ -473,11 +474,13 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
         step += 1
         agree = [h / max(t, 1) for h, t in stats]
         avg = agree if avg is None else [0.95 * a + 0.05 * b for a, b in zip(avg, agree)]
-        bar.set_postfix_str(f"loss {loss.item():.3f} | agreement by depth " + " ".join(f"{a:.0%}" for a in avg),
+        bar.set_postfix_str(f"step loss {loss.item():.3f} | moving avg agreement by depth "
+                            + " ".join(f"{a:.0%}" for a in avg),
                             refresh=False)
         bar.update(1)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            history.append({"step": step, "train_loss": loss.item(), "train_agreement_avg": avg,
+            # the step's own loss, and agreement as a moving average (weight 0.05 per step)
+            history.append({"step": step, "train_step_loss": loss.item(), "train_agreement_moving_avg": avg,
                             "held_out": evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab)})
             _save_atomic({"model": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
                           "config": dataclasses.asdict(cfg), "train_s": prior_s + time.perf_counter() - t0}, ckpt_path)

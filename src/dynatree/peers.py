@@ -22,6 +22,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from .attention import stock_attention
+from .errors import DynaTreeError
 from .config import in_open_unit, option, positive, require
 from .kernels import stock_linears
 from .models import LoadedModel
@@ -32,7 +33,7 @@ from .stats import Clock, PeakMemory, Stats
 class HfArConfig:
     """transformers' plain greedy generate()."""
 
-    def generate_kwargs(self, draft) -> dict:
+    def generate_kwargs(self, draft, target) -> dict:
         return {}
 
 
@@ -52,8 +53,11 @@ class HfAssistedConfig:
         )
         in_open_unit(self, "assistant_confidence")
 
-    def generate_kwargs(self, draft: LoadedModel) -> dict:
-        return {
+    def generate_kwargs(self, draft: LoadedModel, target: LoadedModel) -> dict:
+        kwargs = {}
+        if universal_assisted(target, draft):
+            kwargs.update(tokenizer=target.tokenizer, assistant_tokenizer=draft.tokenizer)
+        return kwargs | {
             "assistant_model": draft.model,
             "num_assistant_tokens": self.num_assistant_tokens,
             "num_assistant_tokens_schedule": self.assistant_schedule,
@@ -71,11 +75,21 @@ class HfLookupConfig:
     def validate(self) -> None:
         positive(self, "prompt_lookup_num_tokens", "max_matching_ngram_size")
 
-    def generate_kwargs(self, draft) -> dict:
+    def generate_kwargs(self, draft, target) -> dict:
         return {
             "prompt_lookup_num_tokens": self.prompt_lookup_num_tokens,
             "max_matching_ngram_size": self.max_matching_ngram_size,
         }
+
+
+def universal_assisted(target: LoadedModel, draft: LoadedModel) -> bool:
+    """Whether transformers runs hf-assisted as universal assisted decoding: it takes output layers of
+    different sizes (model families pad differently, e.g. 49280 vs 49152 rows) for different tokenizers
+    and then re-tokenizes the draft's text for the target each iteration, even when the tokenizers are
+    the same (dynatree's check_compatible requires that). Slower than plain assisted decoding; noted."""
+    def size(m: LoadedModel) -> int:
+        return m.model.config.get_text_config().vocab_size
+    return size(target) != size(draft)
 
 
 class _Stamps(BaseStreamer):
@@ -117,7 +131,12 @@ def hf_generate(
         ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
         received.append(int(ids.shape[1]))
 
-    extra = config.generate_kwargs(draft)
+    if sampling is not None and draft is not None and universal_assisted(target, draft):
+        raise DynaTreeError(
+            f"hf-assisted cannot sample with draft {draft.name!r}: its output layer has {draft.vocab_size} rows and the "
+            f"target's {target.vocab_size}, for which transformers runs universal speculative decoding, which fails "
+            f"when sampling; use greedy decoding, or dynatree's methods (they sample with this draft)")
+    extra = config.generate_kwargs(draft, target)
     if sampling is None:
         extra["do_sample"] = False
     else:  # the same temperature -> top-k -> top-p chain as dynatree's; seeded by the caller

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import option, require
+from .errors import DynaTreeError
 from .tree import Tree
 
 
@@ -144,3 +145,22 @@ def sample_accept(tree: Tree, probs: torch.Tensor, generator: torch.Generator) -
             return path, sample(p, generator)
         path.append(accepted)
         node = accepted
+
+
+def sampling_config(sample: bool, temperature=None, top_k=None, top_p=None) -> SamplingConfig | None:
+    """The validated sampling settings, or None for greedy decoding."""
+    if not sample:
+        given = [f"--{n}" for n, v in (("temperature", temperature), ("top-k", top_k), ("top-p", top_p)) if v is not None]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise DynaTreeError(f"{', '.join(given)} {verb} only with --sample (greedy decoding otherwise)")
+        return None
+    if top_k is not None and top_k < 1:
+        raise DynaTreeError(f"--top-k must be at least 1, got {top_k} (leave it out to disable top-k)")
+    config = SamplingConfig(
+        temperature=1.0 if temperature is None else float(temperature),
+        top_k=0 if top_k is None else int(top_k),
+        top_p=1.0 if top_p is None else float(top_p),
+    )
+    config.validate()
+    return config

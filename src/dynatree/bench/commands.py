@@ -7,13 +7,13 @@ import itertools
 import time
 from pathlib import Path
 
-from ..api import HYBRID, NGRAM, Hybrid
+from ..draftspec import HYBRID, NGRAM, Hybrid, parse
 from ..errors import DynaTreeError, check_out_dir
 from ..methods import get_method, make_config
 from .data import DATASETS, L_MAX, SPEC_BENCH_TASKS
 from .presets import PRESETS, dataset_default, method_variants, protocol_defaults, sampling_defaults, variants
 from .results import load
-from .runner import Protocol, Variant
+from .plan import Protocol, Variant, check_variants
 
 DRAFT_HELP = ("comma-separated drafters: 'ngram', draft model specs sharing the target's tokenizer, feature heads "
               "(smollm2-135m-eagle, or a directory from distill --kind eagle), and/or 'ngram+DRAFT' (n-gram copying "
@@ -119,7 +119,7 @@ def _protocol(args, preset: str) -> Protocol:
 def _drafts(args) -> list[str]:
     preset = getattr(args, "preset", None)
     if args.draft is None and preset in ("draft", "perf") and not getattr(args, "methods", None):
-        from ..models import DEFAULT_DRAFTS
+        from ..embedded import DEFAULT_DRAFTS
 
         if args.target in DEFAULT_DRAFTS:
             shipped = DEFAULT_DRAFTS[args.target]
@@ -138,8 +138,8 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     from ..api import load_checked_draft
     from ..models import load_model
     from . import report, runner
-    drafts = _drafts(args)
-    runner.check_variants(variant_list)
+    drafts = [parse(d) for d in _drafts(args)]  # a bad spec fails before any model loads
+    check_variants(variant_list)
     protocol.validate()
     texts = runner.load_all(protocol)  # fail fast, before loading models
     out = args.out or Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -147,14 +147,11 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
     lms, loaded = {}, {}
     for spec in drafts:
-        if spec == NGRAM:
+        if spec.model is None:
             continue
-        inner = spec[len(HYBRID):] if spec.startswith(HYBRID) else spec
-        if inner in ("", NGRAM):
-            raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}, got {spec!r}")
-        if inner not in loaded:  # one copy of a draft LM (or feature head) used alone and in ngram+
-            loaded[inner] = load_checked_draft(target, inner, args.device, args.dtype, args.linear)
-        lms[spec] = Hybrid(loaded[inner]) if inner != spec else loaded[inner]
+        if spec.model not in loaded:  # one copy of a draft LM (or feature head) used alone and in ngram+
+            loaded[spec.model] = load_checked_draft(target, spec.model, args.device, args.dtype, args.linear)
+        lms[spec.text] = Hybrid(loaded[spec.model]) if spec.ngram else loaded[spec.model]
     runner.run(experiment, variant_list, protocol, target, lms, out_dir=out, progress=not args.no_progress,
                command=["dynatree", *args.argv], texts=texts)
     paths = report.write(out)
@@ -213,6 +210,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    get_method(args.method)  # an unknown method is named before its options are checked
     drafts = _drafts(args)
     grid = _given_options(args)
     for name in grid:

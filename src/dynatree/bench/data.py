@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DynaTreeError
+from ..wording import counted
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ def load_texts(source: str, n: int, min_chars: int | None = None, turns: str = "
         prompts = _file(path, min_chars or 0)
     elif Path(source).exists():
         raise DynaTreeError(f"data set {source!r} is a directory; give a prompts file")
+    elif "/" in source or Path(source).suffix:  # meant as a file
+        raise DynaTreeError(f"data set file {source!r} does not exist")
     else:
         raise DynaTreeError(
             f"unknown data set {source!r}: choose one of {', '.join(DATASETS)} (specbench:TASK,... for some "
@@ -109,7 +112,7 @@ def load_texts(source: str, n: int, min_chars: int | None = None, turns: str = "
             "{\"prompt\": ...} per line, or plain text with blank-line-separated paragraphs)"
         )
     if len(prompts) < n:
-        raise DynaTreeError(f"{source!r} has {len(prompts)} usable prompts, fewer than the {n} asked for (--n)")
+        raise DynaTreeError(f"{source!r} has {counted(len(prompts), 'usable prompt')}, fewer than the {n} asked for (--n)")
     return prompts[:n]
 
 

@@ -103,7 +103,7 @@ def ablation(results: dict, out: Path) -> Path:
                   key=lambda a: tags[a["variant"]]["stage"])
     labels = [a["variant"] for a in aggs]
     fig, (ax1, ax3) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.bar(labels, [a["mean"]["tokens_per_s"] for a in aggs], yerr=[a["std"]["tokens_per_s"] for a in aggs],
+    ax1.bar(labels, [a["mean"]["tokens_per_s"] for a in aggs], yerr=[a["std"]["tokens_per_s"] or 0 for a in aggs],
             capsize=3, color="tab:blue")
     ax1.set_ylabel("throughput (tokens/s)")
     ax2 = ax1.twinx()
@@ -157,7 +157,7 @@ def sensitivity(results: dict, out: Path) -> Path:
                              (axes[2], "depth", "(c) depth (D0, D_max)")):
         rows = by_group(group)
         ax.errorbar(range(len(rows)), [a["mean"]["tokens_per_s"] for a in rows],
-                    yerr=[a["std"]["tokens_per_s"] for a in rows], fmt="o", capsize=3)
+                    yerr=[a["std"]["tokens_per_s"] or 0 for a in rows], fmt="o", capsize=3)
         ax.set_xticks(range(len(rows)), [tags[a["variant"]]["value"] for a in rows], rotation=30)
         ax.set_title(title)
         ax.set_ylabel("tokens/s")
@@ -189,7 +189,7 @@ def quality_bars(results: dict, out: Path) -> Path:
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(variants))], labels, rotation=30, ha="right")
     if len(sets) > 1:
         axes[0].legend(fontsize=8)
-    fig.suptitle(f"{results['target']}, T={setting[0]}")
+    fig.suptitle(f"{results['target']} on {', '.join(map(str, sets))}, T={setting[0]}")
     return _save(fig, out / "quality.png")
 
 

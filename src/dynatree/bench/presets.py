@@ -39,10 +39,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from ..api import HYBRID, NGRAM, head_dir
+from ..draftspec import head_dir, parse
 from ..errors import DynaTreeError
 from ..methods import get_method
-from .runner import Variant
+from .plan import Variant
 
 ALIASES = {"latency": "main", "efficiency": "main", "memory": "main"}
 PRESETS = ["main", "perf", "draft", "latency", "efficiency", "memory", "ablation", "length", "prompt-length", "fixed-sweep",
@@ -129,8 +129,10 @@ def _wetap_variants(preset: str, first: str) -> list[Variant]:
     return out
 
 
-def _labelled(method: str, draft: str, drafts: list[str]) -> str:
-    return method if len(drafts) == 1 else f"{method}[{draft}]"
+def _labelled(method: str, draft: str | None, drafts: list[str], options: dict | None = None) -> str:
+    """The method, its drafter when several are compared, and "+cost-aware" when that option is on."""
+    label = method if draft is None or len(drafts) == 1 else f"{method}[{draft}]"
+    return label + (" +cost-aware" if (options or {}).get("cost_aware") else "")
 
 
 def method_variants(methods: list[str], drafts: list[str], options: dict[str, dict] | None = None,
@@ -141,12 +143,12 @@ def method_variants(methods: list[str], drafts: list[str], options: dict[str, di
     `strict` (the user asked for it), and skipped otherwise (a preset's "where it applies").
     """
     options = options or {}
-    lms = [d for d in drafts if d != NGRAM and not d.startswith(HYBRID)]  # draft LMs alone (for hf-assisted)
+    lms = [d for d in drafts if parse(d).model_alone]  # draft models alone (for hf-assisted)
     out = []
     for method in methods:
         need = get_method(method).draft
         if need == "none":
-            out.append(Variant(method, method, options.get(method, {})))
+            out.append(Variant(_labelled(method, None, drafts, options.get(method)), method, options.get(method, {})))
         else:
             usable = lms if need == "lm" else drafts
             if get_method(method).policy_cls is None:  # transformers' generate() takes draft LMs, not feature heads
@@ -157,8 +159,8 @@ def method_variants(methods: list[str], drafts: list[str], options: dict[str, di
                                         f"head {heads[0]!r} drafts in dynatree's own methods only")
             if not usable and strict:
                 raise DynaTreeError(f"method {method!r} needs a draft language model: pass --draft MODEL")
-            out += [Variant(_labelled(method, d, drafts if need == "any" else lms), method, options.get(method, {}), d)
-                    for d in usable]
+            out += [Variant(_labelled(method, d, drafts if need == "any" else lms, options.get(method)), method,
+                            options.get(method, {}), d) for d in usable]
     return out
 
 
@@ -210,7 +212,7 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
                     for v in method_variants(["ar"], drafts) + cost_aware]
         return eager + cost_aware + compiled
     if preset == "draft":
-        if not [d for d in drafts if d != NGRAM and not d.startswith(HYBRID)]:
+        if not [d for d in drafts if parse(d).model_alone]:
             raise DynaTreeError("--preset draft needs a draft language model (or feature head): pass --draft MODEL")
         return method_variants(["ar", "linear", "dynatree", "hf-lookup"], drafts) + \
             method_variants(["hf-assisted"], drafts, strict=False) + _cost_aware(method_variants(["dynatree"], drafts))

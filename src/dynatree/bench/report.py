@@ -6,12 +6,15 @@ import statistics
 from pathlib import Path
 
 from .. import cpu
+from ..wording import counted
 from .results import by_category, limit_gaps, load, ratios_to, task_order
 
 
 def _pm(mean, std, scale=1.0, digits=1) -> str:
     if mean is None:
         return "-"
+    if std is None:  # one measured prompt: no deviation to show
+        return f"{mean * scale:.{digits}f}"
     return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
 
 
@@ -127,7 +130,7 @@ def draft_section(results: dict, t_new: int, l_max: int) -> str:
         rows = [q for q in quality if q["draft"] == draft]
         med = lambda key: statistics.median(q[key] for q in rows)  # noqa: E731
         agree = [q["agreement"] for q in rows]
-        out.append(f"Draft `{draft}` ({len(rows)} prompts): top-1 agreement with the target {100 * med('agreement'):.1f}% "
+        out.append(f"Draft `{draft}` ({counted(len(rows), 'prompt')}): top-1 agreement with the target {100 * med('agreement'):.1f}% "
                    f"(median; {100 * min(agree):.1f}-{100 * max(agree):.1f}%); one draft step {med('draft_ms'):.1f} ms vs "
                    f"one target step {med('target_ms'):.1f} ms = **{med('cost_ratio'):.3f}** of a target forward "
                    f"(1/{1 / med('cost_ratio'):.1f}).")
@@ -260,11 +263,11 @@ def header(results: dict) -> str:
              f"{', ' + e['gpu'] if e.get('gpu') else ''}, {e['cpu_count']} CPUs, {e['torch_threads']} torch threads",
              f"- CPU support: {cpu.summary(e['cpu_support']) if e.get('cpu_support') else 'not recorded'}",
              f"- versions: {versions}; Python {e['python']}",
-             f"- protocol: data set `{p['dataset']}`, {p['n']} prompts{per_task} of which the first {p['warmup']} are "
+             f"- protocol: data set `{p['dataset']}`, {counted(p['n'], 'prompt')}{per_task} of which the first {p['warmup']} are "
              f"warm-up (excluded){turns}, T = {', '.join(map(str, p['max_new_tokens']))} new tokens"
              f"{' (EOS ignored)' if p['ignore_eos'] else ''}, prompts cut to L_max = {', '.join(map(str, p['l_max']))} tokens"
              f"{', chat template' if p['chat'] else ''}",
-             "- values: mean ± sample std over the measured prompts; speedup = mean throughput / mean throughput "
+             "- values: mean ± sample std over the measured prompts (the mean alone with one); speedup = mean throughput / mean throughput "
              "of the row's plain-decoding reference in this run (the `over` column: `ar` of the same compile "
              "setting and KV window; per-prompt ratio median and range in brackets)", ""]
     if p.get("sample"):
@@ -292,7 +295,7 @@ def exactness(results: dict) -> str:
     if not bad:
         return ("Exactness: every measured run produced exactly the tokens of `ar` (under the same KV window) on "
                 "the same prompt." + note)
-    rows = ", ".join(f"{a['variant']} ({a['mismatches']}/{a['n']} prompts, T={a['max_new_tokens']})" for a in bad)
+    rows = ", ".join(f"{a['variant']} ({a['mismatches']}/{counted(a['n'], 'prompt')}, T={a['max_new_tokens']})" for a in bad)
     return (f"Exactness: tokens differ from `ar` in {rows}. In float32 this can come from near-tied logits "
             "(the tests check exactness in float64); investigate if it persists." + note)
 

@@ -27,10 +27,11 @@ STATS = ["tokens_per_s", "ttft_s", "tpot_s", "acceptance_rate", "tokens_per_iter
 
 
 def mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation; the deviation of a single value is undefined (None)."""
     values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     if not values:
         return None, None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 def _setting(r: dict) -> tuple:

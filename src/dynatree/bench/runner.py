@@ -23,112 +23,23 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import env
-from ..api import HYBRID, NGRAM, Hybrid, generate, sampling_config
+from ..api import generate
+from ..draftspec import Hybrid, parse
 from ..errors import DynaTreeError
 from ..hardware import decode_limit, read_bandwidth
-from ..methods import get_method, make_config
+from ..methods import make_config
 from ..featurehead import FeatureHead
 from ..models import LoadedModel
 from ..quality import teacher_forced
-from ..window import KVWindow
 from . import draftcheck
-from .data import SPEC_BENCH, Prompt, load_texts, spec_bench_tasks, tokenize
+from .data import Prompt, load_texts, tokenize
+from .plan import Protocol, Variant, check_variants  # noqa: F401 (re-exported)
 from .results import aggregate, save
 
 SCHEMA = 1
-
-
-@dataclass
-class Variant:
-    label: str  # unique name in tables and plots
-    method: str
-    options: dict = field(default_factory=dict)  # method config fields
-    draft: str | None = None  # "ngram", a draft model spec, or None (methods without a draft)
-    tags: dict = field(default_factory=dict)  # what the variant varies, for plots (e.g. {"depth": 8})
-    kv_window: str | None = None  # "SINK,RECENT" attention-sink KV window (overrides the protocol's)
-    compile: bool = False  # run the target's decode steps through torch.compile (our methods only)
-
-
-@dataclass
-class Protocol:
-    dataset: str  # data set name or prompts file
-    n: int = 10  # prompts, warm-up included
-    warmup: int = 2  # first prompts run but left out of the aggregates
-    max_new_tokens: list[int] = field(default_factory=lambda: [1500])  # T; several for length scaling
-    l_max: list[int] = field(default_factory=lambda: [800])  # prompt cap in tokens; several for sensitivity
-    ignore_eos: bool = True  # force T tokens, as the papers do
-    chat: bool = False  # wrap prompts in the tokenizer's chat template
-    turns: str = "first"  # multi-turn questions: ask the first turn only, or "all" (one record per turn)
-    min_chars: int | None = None  # paragraph filter override (None: the data set's own)
-    kv_window: str | None = None  # "SINK,RECENT" KV window for every variant without its own
-    sample: bool = False  # sampling mode (lossless verification; WETAP's beam rule is lossy)
-    temperature: float | None = None  # sampling settings (None: off / 1.0), as `dynatree generate`
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0  # prompt i is sampled with seed + i by every variant
-    ppl: bool = True  # score every continuation's perplexity under the target (one extra pass, untimed)
-    # measure the memory-bandwidth limit of plain decoding (hardware.py): at the start and beside every ar run
-    bandwidth_limit: bool = False
-
-    @property
-    def datasets(self) -> list[str]:
-        """The data sets, comma-separated; Spec-Bench task names after `specbench:TASK` are more tasks
-        of it (`specbench:qa,rag,humaneval` is Spec-Bench's qa and rag, then HumanEval; a file
-        named like a task: ./rag)."""
-        out: list[str] = []
-        for item in (d.strip() for d in self.dataset.split(",")):
-            if not item:
-                continue
-            if out and out[-1].startswith(SPEC_BENCH + ":") and _is_task(item):
-                out[-1] += "," + item
-            else:
-                out.append(item)
-        return out
-
-    def sampling(self):
-        return sampling_config(self.sample, self.temperature, self.top_k, self.top_p)
-
-    def validate(self) -> None:
-        if not self.datasets:
-            raise DynaTreeError("--dataset is empty")
-        self.sampling()
-        if self.n < 1 or self.warmup < 0 or self.warmup >= self.n:
-            raise DynaTreeError(f"need --n >= 1 and 0 <= --warmup < --n, got n={self.n}, warmup={self.warmup}")
-        if any(t < 1 for t in self.max_new_tokens) or any(l < 1 for l in self.l_max):
-            raise DynaTreeError("--max-new-tokens and --l-max values must be positive")
-        KVWindow.parse(self.kv_window)
-        if self.turns not in ("first", "all"):
-            raise DynaTreeError(f"--turns must be first or all, got {self.turns!r}")
-        if self.turns == "all" and not self.chat:
-            raise DynaTreeError("--turns all asks later turns with the earlier ones as chat history: add --chat")
-
-
-def _is_task(name: str) -> bool:
-    try:
-        spec_bench_tasks(name)
-    except DynaTreeError:
-        return False
-    return True
-
-
-def check_variants(variants: list[Variant]) -> None:
-    labels = [v.label for v in variants]
-    if len(set(labels)) != len(labels):
-        raise DynaTreeError(f"variant labels must be unique, got {labels}")
-    if "ar" not in labels:
-        raise DynaTreeError("a benchmark needs the 'ar' variant: speedups are measured against it in the same run")
-    for v in variants:
-        make_config(v.method, **v.options)  # fails early on a bad option
-        KVWindow.parse(v.kv_window)
-        need = get_method(v.method).draft
-        if need == "lm" and (v.draft in (None, NGRAM) or v.draft.startswith(HYBRID)):
-            raise DynaTreeError(f"variant {v.label!r}: method {v.method!r} needs a draft language model alone")
-        if v.compile and get_method(v.method).policy_cls is None:
-            raise DynaTreeError(f"variant {v.label!r}: --compile applies to dynatree's own methods, not {v.method!r}")
 
 
 def run(
@@ -297,7 +208,7 @@ def draft_lms(drafts: dict) -> dict[str, LoadedModel | FeatureHead]:
     out = {}
     for spec, d in drafts.items():
         if isinstance(d, Hybrid):
-            spec, d = spec[len(HYBRID):], d.lm
+            spec, d = parse(spec).model, d.lm
         if isinstance(d, (LoadedModel, FeatureHead)):
             out.setdefault(spec, d)
     return out

@@ -1,9 +1,25 @@
-"""Drafters propose next-token candidates for tree nodes (see `base.Drafter`)."""
+"""Drafters propose next-token candidates for tree nodes (see `base.Drafter`).
 
-from .base import Drafter, Proposal
-from .feature import FeatureDrafter
-from .hybrid import HybridDrafter
-from .lm import LMDrafter
-from .ngram import NgramDrafter
+Imported on first use (PEP 562): the policies need only `base`, and the feature head's drafter
+pulls in transformers' Llama modules."""
 
-__all__ = ["Drafter", "Proposal", "FeatureDrafter", "HybridDrafter", "LMDrafter", "NgramDrafter"]
+from importlib import import_module
+
+_EXPORTS = {
+    "Drafter": "base",
+    "Proposal": "base",
+    "FeatureDrafter": "feature",
+    "HybridDrafter": "hybrid",
+    "LMDrafter": "lm",
+    "NgramDrafter": "ngram",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dynatree.drafters' has no attribute {name!r}")
+    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
