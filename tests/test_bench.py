@@ -11,7 +11,7 @@ import torch
 
 from conftest import tiny, tokenizer
 from dynatree import DynaTreeError, api
-from dynatree.bench import data, plots, presets, report, results, runner
+from dynatree.bench import commands, data, plots, presets, report, results, runner
 from dynatree.cli import main
 from dynatree.quality import perplexity, teacher_forced
 
@@ -448,9 +448,14 @@ def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
     (["sweep", "--method", "nope", "--depth", "1"], "unknown method 'nope'"),
     (["bench", "--methods", "ar", "--dataset", "/nonexistent/q.jsonl"], "data set file '/nonexistent/q.jsonl' does not exist"),
     (["bench", "--methods", "ar,dynatree", "--draft", "ngram+"], "needs a draft model after 'ngram+'"),
+    (["bench", "--methods", "ar,dynatree", "--draft", ","], "--draft takes comma-separated draft specs without empty"),
+    (["bench", "--methods", "ar,dynatree", "--draft", ""], "--draft takes comma-separated draft specs without empty"),
+    (["bench", "--methods", "ar,dynatree", "--draft", "ngram,,x"], "without empty items"),
+    (["sweep", "--method", "fixed-tree", "--depth", "1", "--draft", ","], "without empty items"),
+    (["bench", "--methods", "ar", "--dataset", "/dev/null"], "data set '/dev/null' is not a regular file"),
     (["sweep", "--depth", "1,x"], "invalid int value 'x'"),
     (["report", "/nonexistent/dir"], "no results file"),
-    (["bench", "--temperature", "0.5"], "apply only when sampling (--sample)"),
+    (["bench", "--temperature", "0.5"], "--temperature applies only with --sample"),
     (["bench", "--preset", "wetap-main", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
     (["bench", "--preset", "wetap-main", "--temperature", "0"], "--temperature must be > 0"),
     (["bench", "--preset", "wetap-main", "--top-k", "0"], "--top-k must be at least 1"),
@@ -468,6 +473,15 @@ def test_bench_bad_input(capsys, argv, message):
     code = main(argv)
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_cost_aware_given_to_a_preset_relabels_its_rows(monkeypatch):
+    """Issue 37 item 7: `bench --preset main --cost-aware` rows are 'dynatree +cost-aware', not plain 'dynatree'."""
+    seen = {}
+    monkeypatch.setattr(commands, "_execute", lambda args, experiment, variants, protocol: seen.update(
+        {v.label: v.options for v in variants}) or 0)
+    assert main(["bench", "--preset", "main", "--cost-aware", "--draft", "ngram"]) == 0
+    assert seen["dynatree +cost-aware"] == {"cost_aware": True} and "dynatree" not in seen
 
 
 def test_method_variants_label_cost_aware_rows_as_presets_do():

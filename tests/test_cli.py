@@ -11,6 +11,7 @@ import torch
 from transformers import BertConfig, BertForMaskedLM
 
 from conftest import tiny, tokenizer
+from dynatree.draftspec import Hybrid
 from dynatree.cli import main
 
 STATS_KEYS = {"new_tokens", "iterations", "acceptance_rate", "tokens_per_iter", "accepted_len",
@@ -209,6 +210,21 @@ def test_draft_with_other_vocabulary(capsys, saved_tiny, other_vocab_dir):
     assert code == 2 and "different vocabularies" in err, err
 
 
+def test_draft_whose_embedding_does_not_cover_its_tokenizer(capsys, saved_tiny, tmp_path, prompt_file):
+    """Issue 37 item 4: a draft whose config vocab_size (40) is below its tokenizer's 96 tokens is named
+    as such by the CLI and the bench, not an IndexError in the draft's forward."""
+    small = tiny("llama", seed=4, dtype=torch.float32, vocab=40)
+    small.model.save_pretrained(tmp_path / "small")
+    tokenizer().save_pretrained(tmp_path / "small")
+    capsys.readouterr()  # transformers' saving progress
+    expected = f"draft '{tmp_path / 'small'}' has 40 embedding rows but its tokenizer has 96 tokens"
+    for argv in (["generate", "w5", "--method", "linear"], ["bench", "--methods", "ar,linear", "--n", "1", "--warmup", "0",
+                                                             "--dataset", str(prompt_file)]):
+        code, _, err = run_cli(capsys, *argv, "--target", str(saved_tiny), "--draft", str(tmp_path / "small"),
+                               *(["--out", str(tmp_path / "out")] if argv[0] == "bench" else []))
+        assert code == 2 and expected in err and err.count("\n") == 1, err
+
+
 def test_entry_point_exits_nonzero_without_traceback(saved_tiny):
     proc = subprocess.run([sys.executable, "-m", "dynatree.cli", "generate", "w5", "--target", str(saved_tiny),
                            "--d0", "9"], capture_output=True, text=True, timeout=120)
@@ -231,6 +247,12 @@ def test_entry_point_exits_nonzero_without_traceback(saved_tiny):
     ({"prompt_ids": [5], "ngram_max": 0}, r"ngram_max \(--ngram-max\) must be a positive integer"),
     ({"prompt_ids": [5], "draft": "ngram"}, "--draft does not apply to 'ar': it drafts nothing"),
     ({"prompt_ids": [5], "device": "meta"}, "device 'meta' given, but the target is already loaded on cpu"),
+    ({"prompt_ids": [5], "method": "dynatree", "draft": 3}, "draft must be a spec string .*got int"),
+    ({"prompt_ids": [5], "method": "dynatree", "draft": ["ngram"]}, "draft must be a spec string .*got list"),
+    ({"prompt_ids": [5], "method": "dynatree", "draft": Hybrid(3)}, r"Hybrid\(\.\.\.\) takes a draft model spec or a loaded model, got int"),
+    ({"prompt_ids": [5], "method": "dynatree", "draft": Hybrid("")}, "needs a draft model after 'ngram\\+'"),
+    ({"prompt_ids": [5], "method": "dynatree", "draft": "ngram+ngram+x"}, "takes one draft model"),
+    ({"prompt_ids": [5], "method": "hf-assisted", "draft": ""}, "the draft spec is empty"),
 ])
 def test_python_api_names_every_bad_argument(kwargs, message):
     """Issue 37: the API's bad arguments are DynaTreeErrors naming the argument, never raw exceptions."""
@@ -238,7 +260,7 @@ def test_python_api_names_every_bad_argument(kwargs, message):
     from dynatree.errors import DynaTreeError
 
     with pytest.raises(DynaTreeError, match=message):
-        api.generate(method="ar", target=tiny("llama"), **{"max_new_tokens": 2, **kwargs})
+        api.generate(target=tiny("llama"), **{"method": "ar", "max_new_tokens": 2, **kwargs})
 
 
 def test_compare_while_sampling_has_no_token_column_and_labels_lossy_rules(capsys, saved_tiny):
@@ -265,12 +287,16 @@ def test_compare_labels_what_changes_a_method(capsys, saved_tiny):
 
 
 def test_help_does_not_import_the_model_runtime():
-    """`dynatree --help` parses options without importing transformers' model code (issue 37: it took 3-4 s)."""
-    import subprocess
-    import sys
-
-    code = ("import sys; from dynatree.cli import build_parser; build_parser(); "
-            "print(sorted(m for m in sys.modules if m.startswith(('transformers.models.', "
-            "'dynatree.api', 'dynatree.decode'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]", out
+    """`dynatree --help` parses options without importing transformers' model code or the engine
+    (issue 37: it took 3-4 s)."""
+    code = ("import sys\n"
+            "from dynatree.cli import main\n"
+            "for argv in (['--help'], ['generate', '--help'], ['bench', '--help'], ['distill', '--help']):\n"
+            "    try:\n"
+            "        main(argv)\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('transformers.models.', 'dynatree.api', "
+            "'dynatree.decode'))), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "usage: dynatree" in done.stdout and done.stderr.strip().splitlines()[-1] == "[]", done.stderr

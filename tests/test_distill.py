@@ -48,6 +48,8 @@ def test_distillation_lowers_the_loss_and_writes_a_loadable_draft(tmp_path, corp
     assert after["loss"] < before["loss"] - 0.2
     assert after["agreement"] > before["agreement"]
     assert [h["step"] for h in summary["history"]] == [10, 20, 30]
+    # training figures are labelled moving averages; held-out ones are exact (issue 37)
+    assert {"train_loss_moving_avg", "train_agreement_moving_avg", "held_out"} <= set(summary["history"][-1])
 
     on_disk = json.loads((out / "distill.json").read_text())
     assert on_disk["config"]["hidden"] == 16 and on_disk["data"]["corpus_tokens"] == 1184  # 37 windows of 32

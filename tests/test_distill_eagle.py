@@ -128,6 +128,7 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
                          (["--prompts", str(empty)], "holds no prompts"),
                          (["--prompts", str(binary)], "UTF-8"),
                          (["--prompts", str(tmp_path)], "is a directory"),
+                         (["--prompts", "/dev/null"], "is not a regular file"),
                          (["--prompts", str(tmp_path / "nope")], "neither 'specbench' nor an existing file")]:
         args = [*argv[:6], str(tmp_path / "x"), *argv[7:], *bad]
         assert main(args) == 2, bad

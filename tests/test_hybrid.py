@@ -171,7 +171,6 @@ def test_bench_runs_the_hybrid_beside_its_lm_and_reports_it_with_that_draft(tmp_
 
 @pytest.mark.parametrize("spec, ngram, model", [
     (None, True, None), ("auto", True, None), ("ngram", True, None), ("ngram+d", True, "d"), ("d", False, "d"),
-    ("ngram+ngram+d", True, "ngram+d"),  # a model whose name starts with 'ngram+' (parsed once, left to the loader)
 ])
 def test_one_parser_reads_every_draft_spec(spec, ngram, model):
     parsed = draftspec.parse(spec)
@@ -179,7 +178,8 @@ def test_one_parser_reads_every_draft_spec(spec, ngram, model):
 
 
 @pytest.mark.parametrize("spec, message", [("", "is empty"), ("  ", "is empty"), ("ngram+", "needs a draft model"),
-                                           ("ngram+ngram", "needs a draft model"), (3, "must be a string")])
+                                           ("ngram+ngram", "needs a draft model"), ("ngram+ngram+d", "takes one draft model"),
+                                           (3, "draft must be a spec string")])
 def test_bad_draft_specs_are_named(spec, message):
     with pytest.raises(DynaTreeError, match=message):
         draftspec.parse(spec)

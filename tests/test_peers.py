@@ -6,6 +6,7 @@ import pytest
 
 from conftest import ARCHS, noisy_copy, tiny
 from dynatree import DynaTreeError, generate
+from dynatree.bench import draftcheck, report, results, runner
 from dynatree.models import LoadedModel
 
 
@@ -66,8 +67,35 @@ def test_a_draft_with_a_padded_output_layer_runs_everywhere():
     for method in ("dynatree", "specinfer"):  # sampled, the draft's extra rows are never proposed
         rec = generate(method=method, target=target, draft=padded, prompt_ids=prompt, max_new_tokens=20, sample=True, seed=3)
         assert all(0 <= t < 96 for t in rec["new_token_ids"])
-    with pytest.raises(DynaTreeError, match="hf-assisted cannot sample with draft 'draft-128-rows'.*128 rows.*96"):
+    with pytest.raises(DynaTreeError, match=r"hf-assisted cannot sample with draft 'draft-128-rows': its vocabulary size \(128\) differs from the target's \(96\)"):
         generate(method="hf-assisted", target=target, draft=padded, prompt_ids=prompt, max_new_tokens=4, sample=True)
+
+
+def test_the_bench_checks_and_notes_hf_assisted_with_a_padded_draft(tmp_path, prompt_file, capfd):
+    """Sampled, it fails before any run (not in the middle of one); greedy, the report says transformers
+    ran universal assisted decoding; transformers' own notices about its internal calls stay quiet."""
+    target, padded = tiny("llama", eos_ids=[]), _lm(128)
+    variants = [runner.Variant("ar", "ar"), runner.Variant("hf-assisted", "hf-assisted", {}, "padded")]
+    sampled = runner.Protocol(dataset=str(prompt_file), n=2, warmup=0, max_new_tokens=[6], sample=True)
+    with pytest.raises(DynaTreeError, match="hf-assisted cannot sample with draft 'draft-128-rows'.*\\(128\\).*\\(96\\)"):
+        runner.run("custom", variants, sampled, target, {"padded": padded}, out_dir=tmp_path / "s", progress=False)
+    assert not (tmp_path / "s" / "results.json").exists() or not results.load(tmp_path / "s")["records"]
+    greedy = runner.Protocol(dataset=str(prompt_file), n=2, warmup=0, max_new_tokens=[6])
+    res = runner.run("custom", variants, greedy, target, {"padded": padded}, out_dir=tmp_path / "g", progress=False)
+    assert all(r["matches_ar"] for r in res["records"])
+    assert "hf-assisted: the draft's vocabulary size differs from the target's, so transformers ran universal" \
+        in report.render(res)
+    assert "generation_config" not in capfd.readouterr().err
+
+
+def test_draft_checks_read_padding_ids_like_the_drafter():
+    """bench's agreement and step-cost checks feed a draft LM the target's ids as LMDrafter does."""
+    padded = _lm(160, seed=0)
+    target = LoadedModel(model=padded.model, tokenizer=padded.tokenizer, name="padded-target", eos_ids=[])
+    draft = _lm(96)
+    ids = [5, 6, 7, 120, 130, 8, 9, 150, 10, 11]
+    m = draftcheck.measure(target, draft, ids[:4], ids[4:])
+    assert 0 <= m["agreement"] <= 1 and m["draft_ms"] > 0
 
 
 def test_a_draft_lm_reads_target_ids_beyond_its_embedding_as_proposals_only():

@@ -11,7 +11,7 @@ import torch
 from . import env
 from .decode import Decoder
 from .drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
-from .draftspec import HYBRID, NGRAM, Hybrid, head_dir, parse  # noqa: F401 (NGRAM, HYBRID, Hybrid re-exported)
+from .draftspec import AUTO, HYBRID, NGRAM, Hybrid, head_dir, parse  # noqa: F401 (NGRAM, HYBRID, Hybrid re-exported)
 from .errors import DynaTreeError
 from .featurehead import FeatureHead, check_head, load_head
 from .methods import get_method, is_lossy, make_config
@@ -54,7 +54,7 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = False, history=()) -> lis
 def load_draft(spec, device: str = "cpu", dtype: str = "float32", linear: str = "auto"):
     """A --draft value with its model loaded once: None/'auto'/'ngram' as they are, 'ngram+SPEC' as
     Hybrid(loaded model), any other spec as the loaded model (no compatibility check here)."""
-    if spec in (None, "auto") or isinstance(spec, (LoadedModel, FeatureHead, Hybrid)):
+    if spec in AUTO or isinstance(spec, (LoadedModel, FeatureHead, Hybrid)):
         return spec
     parsed = parse(spec)
     if parsed.model is None:
@@ -79,38 +79,38 @@ def _check_draft(target: LoadedModel, draft: LoadedModel | FeatureHead) -> None:
 
 
 def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: str, linear: str = "auto"):
-    """(draft LM or None, draft name or None) for a method: 'ngram', a spec, a LoadedModel,
-    or 'ngram+SPEC' / Hybrid(...) (the name then starts with 'ngram+')."""
+    """(draft LM or head, or None; draft name or None) for a method: None/'auto'/'ngram', a spec
+    ('MODEL', 'ngram+MODEL'), a loaded model or head, or Hybrid(model or spec) (the name then
+    starts with 'ngram+'). Loads and checks the model against the target."""
     need = get_method(method).draft
     if need == "none":
-        if draft not in (None, "auto"):
+        if draft not in AUTO:
             raise DynaTreeError(f"--draft does not apply to {method!r}: it drafts nothing")
         return None, None
-    if draft in (None, "auto"):
-        if need == "lm":
-            raise DynaTreeError(f"method {method!r} needs a draft language model: pass --draft MODEL")
-        return None, NGRAM
-    if isinstance(draft, str):
-        parsed = parse(draft)
+    if not isinstance(draft, (LoadedModel, FeatureHead, Hybrid)):
+        parsed = parse(draft)  # a bad spec or type is a one-line error naming it
         if parsed.model is None:
             if need == "lm":
-                raise DynaTreeError(f"method {method!r} needs a draft language model, not the n-gram drafter")
+                raise DynaTreeError(f"method {method!r} needs a draft language model: pass --draft MODEL"
+                                    if draft in AUTO else
+                                    f"method {method!r} needs a draft language model, not the n-gram drafter")
             return None, NGRAM
-        if parsed.ngram:
-            draft = Hybrid(parsed.model)
-    if isinstance(draft, Hybrid):
+        draft = Hybrid(parsed.model) if parsed.ngram else parsed.model
+    hybrid = isinstance(draft, Hybrid)
+    if hybrid:
         if need == "lm":
             raise DynaTreeError(f"method {method!r} takes a draft language model alone, not {HYBRID}MODEL")
-        if isinstance(draft.lm, str):
-            parse(HYBRID + draft.lm)  # an empty model or 'ngram' is an error
-        lm, name = resolve_draft(method, draft.lm, target, device, dtype, linear)
-        return lm, HYBRID + name
+        draft = draft.lm
+        if isinstance(draft, str):
+            parse(HYBRID + draft)  # the same rules as --draft ngram+MODEL
+        elif not isinstance(draft, (LoadedModel, FeatureHead)):
+            raise DynaTreeError(f"Hybrid(...) takes a draft model spec or a loaded model, got {type(draft).__name__}")
     lm = draft if isinstance(draft, (LoadedModel, FeatureHead)) else _load_draft_model(draft, device, dtype, linear)
     if isinstance(lm, FeatureHead) and get_method(method).policy_cls is None:
         raise DynaTreeError(f"{method!r} runs transformers' generate(), which takes a draft LM; feature head "
                             f"{lm.name!r} drafts in dynatree's own methods only")
     _check_draft(target, lm)
-    return lm, lm.name
+    return lm, (HYBRID if hybrid else "") + lm.name
 
 
 def _is_int(value) -> bool:
@@ -203,7 +203,7 @@ def generate(
             raise DynaTreeError(f"prompt must be a string (or give prompt_ids), got {type(prompt).__name__}")
         prompt_ids = encode_prompt(tgt.tokenizer, prompt, chat)
     else:
-        prompt_ids = _token_ids(prompt_ids, tgt.vocab_size)
+        prompt_ids = _token_ids(prompt_ids, min(tgt.vocab_size, tgt.embedding_rows))
     for model in filter(None, (tgt, draft_lm)):
         limit = model.context_length
         if window is not None:

@@ -24,9 +24,15 @@ EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)  # for error()
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):  # one line, no usage dump
         flag = re.fullmatch(r"argument (--[\w-]+)(?:/-\w)?: expected one argument", message)
-        if flag:  # argparse takes a value that starts with '-' (such as -1,8) for an option
+        argv = getattr(self, "_argv", [])
+        after = argv[argv.index(flag[1]) + 1: argv.index(flag[1]) + 2] if flag and flag[1] in argv else []
+        if after and after[0].startswith("-"):  # argparse took a value such as -1,8 for an option
             message += f" (a value that starts with '-' is written {flag[1]}=VALUE)"
         raise DynaTreeError(message)
 
@@ -229,8 +235,7 @@ def cmd_generate(args) -> int:
     from . import api
     from .api import sampling_config
     from .draftspec import parse as parse_draft
-    from .models import LoadedModel
-    from .peers import universal_assisted
+    from .peers import universal_note
     from .methods import make_config
     from .models import load_model
 
@@ -245,6 +250,7 @@ def cmd_generate(args) -> int:
     for method in methods:
         get_method(method)  # an unknown method fails before the checks below name it
     drafting = [m for m in methods if METHODS[m].draft != "none"]
+    parse_draft(args.draft)  # a bad spec is named before any model loads
     if args.draft is not None and not drafting:
         raise DynaTreeError(f"--draft does not apply to {', '.join(methods)}: no drafter runs (drop it, or compare "
                             "with a method that drafts)")
@@ -275,10 +281,6 @@ def cmd_generate(args) -> int:
     draft = args.draft
     if any(METHODS[m].draft != "none" for m in methods):
         draft = api.load_draft(draft, device=args.device, dtype=args.dtype, linear=args.linear)
-        if "hf-assisted" in methods and isinstance(draft, LoadedModel) and universal_assisted(target, draft):
-            print(f"note: hf-assisted: the draft's output layer has {draft.vocab_size} rows and the target's "
-                  f"{target.vocab_size}, so transformers runs universal assisted decoding (it re-tokenizes "
-                  "the draft's text each iteration; slower than plain assisted decoding)", file=sys.stderr)
     prompt_ids = api.encode_prompt(target.tokenizer, prompt, args.chat)
 
     warm_compile: dict[str, float] = {}  # compiling done in a method's warm-up: reported with its record
@@ -307,6 +309,8 @@ def cmd_generate(args) -> int:
         records.append(record)
         if stream:
             print(flush=True)
+    if any(r["run"]["hf_universal_assisted"] for r in records):
+        print(f"note: {universal_note(target, draft)}", file=sys.stderr)
     if args.json:
         print(json.dumps(records[0] if len(records) == 1 else records, indent=None))
     elif len(records) == 1:

@@ -143,6 +143,8 @@ def instruction_prompts(spec: str, holdout: int) -> tuple[list[list[str]], dict]
                 raise DynaTreeError(f"--prompts {part!r} holds no prompts")
             convs += found
             info[part] = {"conversations": len(found)}
+        elif Path(part).exists():
+            raise DynaTreeError(f"--prompts {part!r} is not a regular file; give a prompts file")
         else:
             raise DynaTreeError(f"--prompts {part!r}: neither 'specbench' nor an existing file")
     return convs, info

@@ -48,13 +48,16 @@ def parse(spec: str | None) -> DraftSpec:
     if spec in AUTO or spec == NGRAM:
         return DraftSpec(NGRAM, True, None)
     if not isinstance(spec, str):
-        raise DynaTreeError(f"a draft spec must be a string, got {type(spec).__name__}")
+        raise DynaTreeError(f"draft must be a spec string ('ngram', a model, 'ngram+MODEL'), a loaded model or "
+                            f"feature head, or Hybrid(...), got {type(spec).__name__}")
     if not spec.strip():
         raise DynaTreeError("the draft spec is empty: pass 'ngram', a draft model, or 'ngram+MODEL'")
     if spec.startswith(HYBRID):
         model = spec[len(HYBRID):]
         if model.strip() in ("", NGRAM):
             raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}, got {spec!r}")
+        if model.startswith(HYBRID):
+            raise DynaTreeError(f"{HYBRID}MODEL takes one draft model, got {spec!r}")
         return DraftSpec(spec, True, model)
     return DraftSpec(spec, False, spec)
 

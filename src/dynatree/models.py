@@ -117,6 +117,18 @@ class LoadedModel:
         return None
 
     @property
+    def embedding_rows(self) -> int:
+        """Rows of the input embedding: the token ids the model can read."""
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
+    def readable(self, ids: list[int]) -> list[int]:
+        """`ids` with those the model has no embedding row for read as id 0. Only a draft meets such
+        ids (padding rows of a larger target output layer, beyond every tokenizer string; check_embedding
+        guarantees the tokenizer is covered), and only to shape its proposals, never what is committed."""
+        rows = self.embedding_rows
+        return [t if t < rows else 0 for t in ids]
+
+    @property
     def vocab_size(self) -> int:
         """Rows of the output layer (may exceed the tokenizer's size because of padding)."""
         return int(self.model.get_output_embeddings().weight.shape[0])
@@ -249,7 +261,6 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer),
                          compile=compile, linear_note=note)
     check_causal(loaded)
-    check_embedding(loaded)
     return loaded
 
 
@@ -427,15 +438,10 @@ def cache_kwarg(module: torch.nn.Module) -> str:
     return "cache" if _forward_takes_cache(type(module)) else "past_key_values"
 
 
-def embedding_rows(loaded: LoadedModel) -> int:
-    """Rows of the input embedding: the token ids the model can read."""
-    return int(loaded.model.get_input_embeddings().weight.shape[0])
-
-
-def check_embedding(loaded: LoadedModel, role: str = "model") -> None:
+def check_embedding(loaded: LoadedModel, role: str = "draft") -> None:
     """Fail unless the model can read every token of its tokenizer (a config `vocab_size` smaller than
     the tokenizer would raise IndexError in the middle of decoding)."""
-    rows, tokens = embedding_rows(loaded), len(loaded.tokenizer)
+    rows, tokens = loaded.embedding_rows, len(loaded.tokenizer)
     if rows < tokens:
         raise DynaTreeError(f"{role} {loaded.name!r} has {rows} embedding rows but its tokenizer has {tokens} tokens: "
                             f"it cannot read every token (its config's vocab_size is smaller than the tokenizer)")

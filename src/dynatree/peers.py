@@ -16,6 +16,7 @@ generation runs to max_new_tokens (`eos_token_id=None`), never by suppressing EO
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -82,14 +83,33 @@ class HfLookupConfig:
         }
 
 
+def _config_vocab(model: LoadedModel) -> int:
+    return model.model.config.get_text_config().vocab_size
+
+
 def universal_assisted(target: LoadedModel, draft: LoadedModel) -> bool:
-    """Whether transformers runs hf-assisted as universal assisted decoding: it takes output layers of
-    different sizes (model families pad differently, e.g. 49280 vs 49152 rows) for different tokenizers
-    and then re-tokenizes the draft's text for the target each iteration, even when the tokenizers are
-    the same (dynatree's check_compatible requires that). Slower than plain assisted decoding; noted."""
-    def size(m: LoadedModel) -> int:
-        return m.model.config.get_text_config().vocab_size
-    return size(target) != size(draft)
+    """Whether transformers runs hf-assisted as universal assisted decoding: it takes configs with
+    different vocabulary sizes (model families pad output layers differently, e.g. 49280 vs 49152
+    rows) for different tokenizers and then re-tokenizes the draft's text for the target each
+    iteration, even when the tokenizers are the same (dynatree's check_compatible requires that).
+    Slower than plain assisted decoding; noted wherever it runs."""
+    return _config_vocab(target) != _config_vocab(draft)
+
+
+def universal_note(target: LoadedModel, draft: LoadedModel) -> str:
+    return (f"hf-assisted: the draft's vocabulary size ({_config_vocab(draft)}) differs from the target's "
+            f"({_config_vocab(target)}), so transformers runs universal assisted decoding (it re-tokenizes the "
+            "draft's text each iteration; slower than plain assisted decoding)")
+
+
+def check_assisted(target: LoadedModel, draft, sampling) -> None:
+    """hf-assisted cannot sample with such a draft: transformers' universal speculative decoding fails then."""
+    if sampling is not None and isinstance(draft, LoadedModel) and universal_assisted(target, draft):
+        raise DynaTreeError(
+            f"hf-assisted cannot sample with draft {draft.name!r}: its vocabulary size ({_config_vocab(draft)}) "
+            f"differs from the target's ({_config_vocab(target)}), for which transformers runs universal "
+            "speculative decoding, which fails when sampling; use greedy decoding, or dynatree's methods "
+            "(they sample with this draft)")
 
 
 class _Stamps(BaseStreamer):
@@ -112,6 +132,20 @@ class _Stamps(BaseStreamer):
         pass
 
 
+@contextlib.contextmanager
+def _notices_off():
+    """transformers' own generate() logs notices about its internal calls (the assistant's
+    generation_config, for one) that the caller cannot act on; errors still show."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 @torch.no_grad()
 def hf_generate(
     target: LoadedModel,
@@ -131,11 +165,7 @@ def hf_generate(
         ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
         received.append(int(ids.shape[1]))
 
-    if sampling is not None and draft is not None and universal_assisted(target, draft):
-        raise DynaTreeError(
-            f"hf-assisted cannot sample with draft {draft.name!r}: its output layer has {draft.vocab_size} rows and the "
-            f"target's {target.vocab_size}, for which transformers runs universal speculative decoding, which fails "
-            f"when sampling; use greedy decoding, or dynatree's methods (they sample with this draft)")
+    check_assisted(target, draft, sampling)
     extra = config.generate_kwargs(draft, target)
     if sampling is None:
         extra["do_sample"] = False
@@ -145,7 +175,7 @@ def hf_generate(
     # the baselines run the attention and the linear kernels transformers gets by default
     # (see attention.stock_attention, kernels.stock_linears)
     models = (target.model, draft.model if draft is not None else None)
-    with stock_attention(*models), stock_linears(*models):
+    with stock_attention(*models), stock_linears(*models), _notices_off():
         hook = target.model.register_forward_pre_hook(count, with_kwargs=True)
         try:
             memory, clock = PeakMemory(device), Clock(device)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..draftspec import HYBRID, NGRAM, Hybrid, parse
 from ..errors import DynaTreeError, check_out_dir
+from ..sampling import sampling_config
 from ..methods import get_method, make_config
 from .data import DATASETS, L_MAX, SPEC_BENCH_TASKS
 from .presets import PRESETS, dataset_default, method_variants, protocol_defaults, sampling_defaults, variants
@@ -92,8 +93,8 @@ def _protocol(args, preset: str) -> Protocol:
     l_default = [max(L_MAX.get(d.strip().partition(":")[0], 800) for d in dataset.split(","))]
     defaults = sampling_defaults(preset) if not args.greedy else None
     sample = bool(args.sample) or defaults is not None
-    if not sample and any(v is not None for v in (args.temperature, args.top_k, args.top_p)):
-        raise DynaTreeError("--temperature, --top-k and --top-p apply only when sampling (--sample)")
+    if not sample:
+        sampling_config(False, args.temperature, args.top_k, args.top_p)  # names the options given, if any
     defaults = defaults or {}
     return Protocol(
         dataset=dataset,
@@ -127,7 +128,14 @@ def _drafts(args) -> list[str]:
         if preset == "draft":
             raise DynaTreeError(f"the draft preset needs a draft LM for {args.target!r}: pass --draft ngram,MODEL "
                                 "(train one with `dynatree distill`)")
-    return [d.strip() for d in (args.draft or NGRAM).split(",") if d.strip()]
+    if args.draft is None:
+        return [NGRAM]
+    items = [d.strip() for d in args.draft.split(",")]
+    if not any(items) or not all(items):
+        raise DynaTreeError(f"--draft takes comma-separated draft specs without empty items, got {args.draft!r}")
+    for item in items:
+        parse(item)  # a bad spec is named before any model loads
+    return items
 
 
 def _given_options(args) -> dict:
@@ -197,6 +205,8 @@ def cmd_bench(args) -> int:
                         f"--{k.replace('_', '-')} {val} conflicts with preset {args.preset!r}: its variant "
                         f"{w.label!r} sets {k}={w.options[k]}; run your own set with --methods instead")
             v.options = {**v.options, **mine}
+            if v.options.get("cost_aware") and not v.label.endswith("+cost-aware"):
+                v.label += " +cost-aware"  # as the presets' own cost-aware rows are labelled
     if args.compile:  # every variant of ours, under its own label
         ours = [v for v in variant_list if get_method(v.method).policy_cls is not None]
         if not ours:

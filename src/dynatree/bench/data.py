@@ -101,8 +101,10 @@ def load_texts(source: str, n: int, min_chars: int | None = None, turns: str = "
         if _is_question_file(path):
             return spec_bench(path, n, None, turns, path.name)
         prompts = _file(path, min_chars or 0)
-    elif Path(source).exists():
+    elif Path(source).is_dir():
         raise DynaTreeError(f"data set {source!r} is a directory; give a prompts file")
+    elif Path(source).exists():
+        raise DynaTreeError(f"data set {source!r} is not a regular file; give a prompts file")
     elif "/" in source or Path(source).suffix:  # meant as a file
         raise DynaTreeError(f"data set file {source!r} does not exist")
     else:

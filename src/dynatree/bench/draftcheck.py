@@ -51,7 +51,7 @@ def agreement(target: LoadedModel, draft: LoadedModel | FeatureHead, prompt_ids:
     known = target_picks is not None and draft.vocab_size >= target.vocab_size
     picks = [torch.tensor(target_picks)] if known else []
     for model in (draft,) if known else (target, draft):
-        ids = torch.tensor([prompt_ids + new_ids[:-1]], device=model.device)
+        ids = torch.tensor([model.readable(prompt_ids + new_ids[:-1])], device=model.device)
         logits = model.model(ids, use_cache=False, logits_to_keep=n).logits[0, -n:, :vocab]
         picks.append(logits.argmax(-1).cpu())
     return float((picks[0] == picks[1]).float().mean())
@@ -76,8 +76,9 @@ def step_costs(target: LoadedModel, draft: LoadedModel | FeatureHead, ids: list[
         step["draft"] = head_step
     else:
         draft_cache = kv.new_cache(draft.model)
-        draft.forward(draft_cache, ids[:start], list(range(start)), None, last_only=True)
-        step["draft"] = lambda i: draft.forward(draft_cache, [ids[i]], [i], None, last_only=True)
+        readable = draft.readable(ids)
+        draft.forward(draft_cache, readable[:start], list(range(start)), None, last_only=True)
+        step["draft"] = lambda i: draft.forward(draft_cache, [readable[i]], [i], None, last_only=True)
     times: dict[str, list[float]] = {"target": [], "draft": []}
     for i in range(start, len(ids)):
         for name in ("target", "draft"):

@@ -274,6 +274,11 @@ def header(results: dict) -> str:
         lines.insert(-1, f"- sampling: temperature {p.get('temperature') or 1.0}, top-k {p.get('top_k') or 'off'}, "
                          f"top-p {p.get('top_p') or 'off'}; prompt i sampled with seed {p.get('seed', 0)} + i by every "
                          "variant; PPL = perplexity of each continuation under the target (paper 004, eq. 11)")
+    universal = [v["label"] for v in results["variants"] if v.get("hf_universal_assisted")]
+    if universal:
+        lines.insert(-1, f"- {', '.join(universal)}: the draft's vocabulary size differs from the target's, so "
+                         "transformers ran universal assisted decoding (re-tokenizing the draft's text each "
+                         "iteration; slower than plain assisted decoding)")
     window = p.get("kv_window")
     lines += ["**Variants**", "", _table(["Label", "Method", "Draft", "KV window", "Config"],
               [[v["label"], v["method"], v["draft"] or "-", v.get("kv_window") or window or "-",

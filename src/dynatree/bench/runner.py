@@ -33,6 +33,7 @@ from ..hardware import decode_limit, read_bandwidth
 from ..methods import make_config
 from ..featurehead import FeatureHead
 from ..models import LoadedModel
+from ..peers import check_assisted, universal_assisted
 from ..quality import teacher_forced
 from . import draftcheck
 from .data import Prompt, load_texts, tokenize
@@ -84,6 +85,11 @@ def run(
                for number, (d, _, _) in enumerate(settings))
     bar = _Progress(runs * len(variants), enabled=progress)
     sampling = protocol.sampling()
+    for v, row in zip(variants, results["variants"]):  # checked before any run, not in the middle of one
+        if v.method == "hf-assisted":
+            check_assisted(target, drafts.get(v.draft), sampling)
+            row["hf_universal_assisted"] = isinstance(drafts.get(v.draft), LoadedModel) and \
+                universal_assisted(target, drafts[v.draft])
     scored: dict[str, tuple] = {}  # sha1 of prompt + tokens -> (PPL, target argmaxes); greedy runs repeat sequences
     answers: dict[tuple, list[str]] = {}  # (setting, question) -> ar's answer to each turn so far
     try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .. import cache as kv
-from ..models import LoadedModel, embedding_rows
+from ..models import LoadedModel
 from ..tree import TreeBuilder, additive_mask
 from ..window import KVWindow
 from .base import Proposal
@@ -30,10 +30,6 @@ class LMDrafter:
         self.model = draft.model
         self.name = draft.name
         self.vocab_limit = vocab_limit  # only ids the target can score are proposed
-        # ids the draft has no embedding row for (padding rows of a larger target output layer, beyond
-        # every tokenizer string; check_embedding guarantees the tokenizer is covered) are read as id 0:
-        # they only shape proposals, never what is committed
-        self.rows = embedding_rows(draft)
         self.window = window
 
     def reset(self, tokens: list[int], hidden=None) -> None:
@@ -80,7 +76,7 @@ class LMDrafter:
         n, cached = end - start, len(self.slot_pos)
         allowed = torch.cat([torch.ones(n, cached, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
         positions = list(range(start, end))
-        logits = self.draft.forward(self.cache, self._readable(self.tokens[start:end]), positions,
+        logits = self.draft.forward(self.cache, self.draft.readable(self.tokens[start:end]), positions,
                                     self._mask(allowed, positions, self.slot_pos + positions))
         self.slot_pos.extend(range(start, end))
         self.n_cached = end
@@ -101,14 +97,11 @@ class LMDrafter:
         root_pos = len(self.tokens) - 1
         positions = [root_pos + tree.depths[node] for node in nodes]
         key_pos = self.slot_pos + [pos for _, pos in sorted(self.slots.values())] + positions
-        logits = self.draft.forward(self.cache, self._readable([tree.tokens[node] for node in nodes]), positions,
+        logits = self.draft.forward(self.cache, self.draft.readable([tree.tokens[node] for node in nodes]), positions,
                                     self._mask(allowed, positions, key_pos))
         for row, (node, pos) in enumerate(zip(nodes, positions)):
             self.slots[node] = (base + row, pos)
         return logits
-
-    def _readable(self, ids: list[int]) -> list[int]:
-        return [t if t < self.rows else 0 for t in ids]
 
     def _mask(self, allowed: torch.Tensor, query_pos: list[int], key_pos: list[int]) -> torch.Tensor:
         if self.window is not None:
