@@ -113,6 +113,14 @@ def test_prompt_file_and_stdin(capsys, saved_tiny, tmp_path, monkeypatch):
     code, out, _ = run_cli(capsys, "generate", "--prompt-file", "-", "--target", str(saved_tiny), "--json",
                            "--max-new-tokens", "3")
     assert code == 0 and json.loads(out)["prompt_tokens"] == 5
+    # issue 29: binary input is a one-line error, not a UnicodeDecodeError (file) or TypeError (stdin)
+    binary = tmp_path / "b.bin"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(binary), "--target", str(saved_tiny))
+    assert code == 2 and f"prompt file '{binary}' is not UTF-8 text (byte 0)" in err and err.count("\n") == 1, err
+    monkeypatch.setattr(sys, "stdin", open(binary, encoding="utf-8", errors="surrogateescape"))
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", "-", "--target", str(saved_tiny))
+    assert code == 2 and "the prompt on stdin is not UTF-8 text (byte 0)" in err, err
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import pytest
 from conftest import ARCHS, noisy_copy, tiny
 from dynatree import DynaTreeError, generate
 from dynatree.bench import draftcheck, report, results, runner
+from dynatree.draftspec import Hybrid
 from dynatree.models import LoadedModel
 
 
@@ -96,6 +97,19 @@ def test_draft_checks_read_padding_ids_like_the_drafter():
     ids = [5, 6, 7, 120, 130, 8, 9, 150, 10, 11]
     m = draftcheck.measure(target, draft, ids[:4], ids[4:])
     assert 0 <= m["agreement"] <= 1 and m["draft_ms"] > 0
+
+
+def test_a_draft_with_a_smaller_output_layer_samples_with_every_method():
+    """Issue 29: a draft LM with fewer output rows than the target (as Qwen2.5-0.5B for -7B) crashed every
+    method with --sample (the residual and the hybrid's distribution had the draft's width)."""
+    padded = _lm(160, seed=0)
+    target = LoadedModel(model=padded.model, tokenizer=padded.tokenizer, name="padded-target", eos_ids=[])
+    draft = _lm(96)
+    for method in ("linear", "dynatree", "fixed-tree", "specinfer", "specexec", "opt-tree", "wetap"):
+        for d in (draft, Hybrid(draft)):
+            rec = generate(prompt_ids=[5, 6, 7, 5, 6, 7], method=method, target=target, draft=d, max_new_tokens=24,
+                           sample=True, seed=1, ignore_eos=True)
+            assert len(rec["new_token_ids"]) == 24, (method, d)
 
 
 def test_a_draft_lm_reads_target_ids_beyond_its_embedding_as_proposals_only():

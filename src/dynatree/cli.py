@@ -155,10 +155,15 @@ def _read_prompt(args) -> str:
             raise DynaTreeError("no prompt given (pass it as an argument or with --prompt-file)")
         return args.prompt
     if args.prompt_file == "-":
-        return sys.stdin.read()
+        try:  # the bytes, decoded strictly (the text layer may let undecodable bytes through as surrogates)
+            return sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DynaTreeError(f"the prompt on stdin is not UTF-8 text (byte {exc.start})") from None
     try:
         with open(args.prompt_file, encoding="utf-8") as f:
             return f.read()
+    except UnicodeDecodeError as exc:
+        raise DynaTreeError(f"prompt file {args.prompt_file!r} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise DynaTreeError(f"cannot read prompt file {args.prompt_file!r}: {exc.strerror}") from None
 

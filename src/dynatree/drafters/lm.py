@@ -49,7 +49,12 @@ class LMDrafter:
             logits = self._feed_nodes(tree, nodes)
         probs = torch.softmax(logits[:, : self.vocab_limit].float(), dim=-1)
         top = probs.topk(min(k, probs.shape[-1]), dim=-1)
-        return Proposal(ids=top.indices.cpu(), probs=top.values.cpu(), dist=probs.cpu() if full else None)
+        dist = None
+        if full:  # over the target's ids: a draft with a smaller output layer gives its missing ids 0
+            dist = probs.new_zeros(len(probs), self.vocab_limit)
+            dist[:, : probs.shape[1]] = probs
+            dist = dist.cpu()
+        return Proposal(ids=top.indices.cpu(), probs=top.values.cpu(), dist=dist)
 
     def commit(self, tokens: list[int], path: list[int], hidden=None) -> None:
         committed_slots = len(self.slot_pos)
