@@ -54,6 +54,38 @@ def test_data_is_the_targets_greedy_answers_labelled_by_one_pass(prompts):
         assert torch.equal(labels.long(), out.logits[0].argmax(-1))
 
 
+def test_a_stopped_build_resumes_from_its_parts_and_a_larger_one_reuses_them(tmp_path, prompts, monkeypatch):
+    """Data is built and saved `chunk` conversations at a time: a build stopped in its third chunk
+    keeps two; the next run builds only the rest; asking for more self-written questions later
+    reuses every part and question block that does not change (the data equals a fresh build's)."""
+    import dynatree.distill_eagle as de
+
+    target, parts = chat_target(), tmp_path / "parts"
+    cfg = EagleConfig(**{**SMALL, "prompts": str(prompts), "chunk": 4, "self_prompts": 3})
+    real_label, calls = de.label, []
+
+    def failing_label(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the session ends in the third chunk
+        return real_label(*args, **kwargs)
+    monkeypatch.setattr(de, "label", failing_label)
+    with pytest.raises(KeyboardInterrupt):
+        build_data(target, cfg, progress=False, parts=parts)
+    monkeypatch.setattr(de, "label", real_label)
+    assert len(list(parts.glob("part-*.pt"))) == 2 and len(list(parts.glob("questions-*.json"))) == 1
+    data = build_data(target, cfg, progress=False, parts=parts)
+    assert data["info"]["chunks"] == {"total": 5, "reused": 2}  # 16 file prompts + 3 questions, 4 per chunk
+    fresh = build_data(target, cfg, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(data["tokens"], fresh["tokens"]))
+    assert all(torch.equal(a, b) for a, b in zip(data["labels"], fresh["labels"]))
+    more = build_data(target, EagleConfig(**{**SMALL, "prompts": str(prompts), "chunk": 4, "self_prompts": 6}),
+                      progress=False, parts=parts)
+    assert more["info"]["chunks"]["reused"] == 4  # the file prompts' chunks; the questions' chunk changed
+    assert len(list(parts.glob("questions-*.json"))) == 2  # block 1 written, block 0 reused
+    assert all(torch.equal(a, b) for a, b in zip(more["tokens"][:16], data["tokens"][:16]))  # the file prompts'
+
+
 def test_spec_bench_benchmark_questions_are_held_out():
     convs, info = instruction_prompts("specbench", holdout=10)
     asked = {c[0] for c in convs}

@@ -21,13 +21,15 @@ cross-entropy against the target's next token (pass j weighted `decay`^(j-1)) pl
 `feature_loss` x smooth-L1 of pass 1's predicted feature against the target's. The
 decoder layer starts from the target's last layer when the shapes agree.
 
-`out/` holds while training `data.pt` (conversations, features, labels; reused on resume) and
-`checkpoint.pt`; at the end the head (`--draft out/` loads it), `distill.json` and a README.
+`out/` holds while training `data/` (the data in parts of `chunk` conversations, saved as each is
+built: a stopped build resumes, and a larger one, e.g. more `--self-prompts` into the same `--out`
+with `--resume`, reuses them; an older run's single `data.pt` is still read) and `checkpoint.pt`; at the end the head (`--draft out/` loads it), `distill.json` and a README.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 import sys
@@ -76,6 +78,10 @@ class EagleConfig:
     max_new_tokens: int = option(256, "longest answer per turn (EOS ends it sooner)")
     l_max: int = option(1024, "longest prompt (with history) in tokens; longer ones are left out")
     gen_batch: int = option(16, "conversations per batched target generation")
+    chunk: int = option(64, "conversations answered and labelled per saved data part: a stopped build "
+                        "resumes from its parts, a larger one reuses them")
+    data_dir: str = option("", "directory of the data parts (default OUT/data); give one directory to several "
+                           "runs to reuse what each built (parts are named by what determines them)")
     label_batch: int = option(4, "conversations per teacher-forced target pass")
     draft_vocab: int = option(8192, "most frequent target tokens of the data the head proposes from")
     ffn: int = option(0, "inner size of the head's MLP (0: the target's)")
@@ -97,13 +103,15 @@ class EagleConfig:
                             "--ffn/--heads/--kv-heads/--draft-vocab are then ignored)")
 
     def validate(self) -> None:
-        positive(self, "max_new_tokens", "l_max", "gen_batch", "label_batch", "draft_vocab", "unroll", "seq_len",
+        positive(self, "max_new_tokens", "l_max", "gen_batch", "chunk", "label_batch", "draft_vocab", "unroll", "seq_len",
                  "steps", "batch_size", "checkpoint_every")
         require(self.holdout >= 0 and self.self_prompts >= 0, "--holdout and --self-prompts must be at least 0")
         require(min(self.ffn, self.heads, self.kv_heads) >= 0, "--ffn, --heads and --kv-heads must be at least 0")
         require(0.0 < self.eval_fraction < 1.0, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}")
         require(self.lr > 0 and 0 < self.decay <= 1 and self.feature_loss >= 0,
                 "--lr must be positive, --decay in (0, 1], --feature-loss at least 0")
+        require(not self.data_dir or not Path(self.data_dir).expanduser().exists()
+                or Path(self.data_dir).expanduser().is_dir(), f"--data-dir {self.data_dir!r} is not a directory")
         require(not self.init_head or is_head_dir(Path(self.init_head).expanduser()),
                 f"--init-head {self.init_head!r} is not a feature-head directory (no feature_head.json)")
 
@@ -192,20 +200,48 @@ def generate_batched(target: LoadedModel, prompts: list[list[int]], max_new: int
     return out
 
 
-def self_written(target: LoadedModel, n: int, cfg: EagleConfig, bar=None) -> list[list[str]]:
-    """`n` questions the target writes from (topic, kind of request) seeds, sampled."""
+def self_written(target: LoadedModel, n: int, cfg: EagleConfig, bar=None, parts: Path | None = None) -> list[list[str]]:
+    """`n` questions the target writes from (topic, kind of request) seeds, sampled, in blocks of
+    `gen_batch` seeds each sampled with its own seed: the first blocks of a larger `n` are those of a
+    smaller one, so with `parts` (a directory of saved blocks) a build asked for more questions
+    reuses the blocks written before and a stopped build resumes."""
     rng = random.Random(cfg.seed)
     seeds = [(t, a) for t in TOPICS for a in ASKS]
     rng.shuffle(seeds)
     seeds = (seeds * (n // len(seeds) + 1))[:n]
-    prompts = [_chat_ids(target.tokenizer, [a.format(topic=t)], []) for t, a in seeds]
-    answers = generate_batched(target, prompts, 80, cfg.gen_batch, bar, sample=True, seed=cfg.seed)
     out = []
-    for ids in answers:
-        text = target.tokenizer.decode(ids, skip_special_tokens=True).strip().strip('"').strip()
-        if 15 <= len(text) <= 600:
-            out.append([text])
+    for block, start in enumerate(range(0, n, cfg.gen_batch)):
+        asked = seeds[start: start + cfg.gen_batch]
+        path = _part_path(parts, "questions", [target.name, asked, cfg.seed, block], ".json")
+        if path is not None and path.exists():
+            texts = json.loads(path.read_text())
+            if bar is not None:
+                bar.update(len(asked))
+        else:
+            prompts = [_chat_ids(target.tokenizer, [a.format(topic=t)], []) for t, a in asked]
+            answers = generate_batched(target, prompts, 80, cfg.gen_batch, bar, sample=True,
+                                       seed=cfg.seed * 1_000_003 + block)
+            texts = [target.tokenizer.decode(ids, skip_special_tokens=True).strip().strip('"').strip()
+                     for ids in answers]
+            texts = [t for t in texts if 15 <= len(t) <= 600]
+            if path is not None:
+                _write_atomic(path, json.dumps(texts))
+        out += [[t] for t in texts]
     return out
+
+
+def _part_path(parts: Path | None, kind: str, key, suffix: str) -> Path | None:
+    """Where a saved piece of data lives: named by a hash of everything that determines it."""
+    if parts is None:
+        return None
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return parts / f"{kind}-{digest}{suffix}"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: EagleConfig, bar=None) -> list[list[int]]:
@@ -246,31 +282,51 @@ def label(target: LoadedModel, sequences: list[list[int]], batch: int, bar=None)
     return feats, labels
 
 
-def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True) -> dict:
+def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, parts: Path | None = None) -> dict:
+    """Conversations, the target's answers, features and labels. Conversations are answered and
+    labelled `chunk` at a time; with `parts` (a directory) each chunk is saved as it completes and
+    found again by a hash of its conversations and options, so a stopped build resumes where it
+    stopped and a larger build (more --self-prompts, another prompts file) reuses what was built."""
     from tqdm.auto import tqdm
 
     def bar(total, desc, unit):
         return tqdm(total=total, desc=desc, unit=unit, disable=not progress, file=sys.stderr, dynamic_ncols=True)
 
+    if parts is not None:
+        parts.mkdir(parents=True, exist_ok=True)
     convs, info = instruction_prompts(cfg.prompts, cfg.holdout)
     if cfg.self_prompts:
         b = bar(cfg.self_prompts, "target writes questions", "q")
-        written = self_written(target, cfg.self_prompts, cfg, b)
+        written = self_written(target, cfg.self_prompts, cfg, b, parts)
         b.close()
         info["self"] = {"conversations": len(written), "asked_for": cfg.self_prompts}
         convs += written
     if not convs:
         raise DynaTreeError("no instruction prompts: give --prompts or --self-prompts")
-    b = bar(sum(len(c) for c in convs), "target answers", "turn")
-    sequences = answer_conversations(target, convs, cfg, b)
+    data = {"key": cfg.data_key(), "info": info, "tokens": [], "features": [], "labels": []}
+    b = bar(sum(len(c) for c in convs), "target answers and labels", "turn")
+    reused = 0
+    for start in range(0, len(convs), cfg.chunk):
+        chunk = convs[start: start + cfg.chunk]
+        path = _part_path(parts, "part", [target.name, chunk, cfg.max_new_tokens, cfg.l_max], ".pt")
+        if path is not None and path.exists():
+            part = torch.load(path, weights_only=True)
+            b.update(sum(len(c) for c in chunk))
+            reused += 1
+        else:
+            sequences = answer_conversations(target, chunk, cfg, b)
+            feats, labels = label(target, sequences, cfg.label_batch)
+            part = {"tokens": [torch.tensor(s, dtype=torch.int32) for s in sequences], "features": feats,
+                    "labels": labels}
+            if path is not None:
+                _save_atomic(part, path)
+        for name in ("tokens", "features", "labels"):
+            data[name] += part[name]
     b.close()
-    b = bar(sum(len(s) for s in sequences), "target labels", "tok")
-    feats, labels = label(target, sequences, cfg.label_batch, b)
-    b.close()
-    info["sequences"] = len(sequences)
-    info["tokens"] = sum(len(s) for s in sequences)
-    return {"key": cfg.data_key(), "info": info, "tokens": [torch.tensor(s, dtype=torch.int32) for s in sequences],
-            "features": feats, "labels": labels}
+    info["sequences"] = len(data["tokens"])
+    info["tokens"] = sum(len(s) for s in data["tokens"])
+    info["chunks"] = {"total": -(-len(convs) // cfg.chunk), "reused": reused}
+    return data
 
 
 # ---------------------------------------------------------------- head and training
@@ -414,15 +470,17 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
         raise DynaTreeError(f"{out} already holds a head or a checkpoint; pass --resume to continue it, "
                             "or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
+    # data.pt: the whole data set of an earlier build (kept for the runs that have one); else the
+    # parts in out/data/, built now where missing
     data = torch.load(data_path, weights_only=False) if data_path.exists() else None
     if data is not None and data["key"] != cfg.data_key():
         raise DynaTreeError(f"{data_path} was built with other data options ({data['key']}); "
                             "use the same options or another --out")
     if data is None:
         t0 = time.perf_counter()
-        data = build_data(target, cfg, progress)
-        data["info"]["build_s"] = time.perf_counter() - t0
-        _save_atomic(data, data_path)
+        parts = Path(cfg.data_dir).expanduser() if cfg.data_dir else out / "data"
+        data = build_data(target, cfg, progress, parts=parts)
+        data["info"]["build_s"] = time.perf_counter() - t0  # this run's (reused parts cost nothing)
     n = len(data["tokens"])
     idx = list(range(n))
     random.Random(cfg.seed).shuffle(idx)
