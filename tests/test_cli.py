@@ -11,7 +11,9 @@ import torch
 from transformers import BertConfig, BertForMaskedLM
 
 from conftest import tiny, tokenizer
+from dynatree.models import LoadedModel
 from dynatree.draftspec import Hybrid
+from dynatree.window import KVWindow
 from dynatree.cli import main
 
 STATS_KEYS = {"new_tokens", "iterations", "acceptance_rate", "tokens_per_iter", "accepted_len",
@@ -184,6 +186,7 @@ BAD_INPUTS = {
     "negative window": (["w5", "--kv-window=-1,8"], "--kv-window needs SINK >= 0"),
     "one sampling option without --sample": (["w5", "--temperature", "0.5"], "--temperature applies only with --sample"),
     "two without --sample": (["w5", "--top-k", "3", "--top-p", "0.5"], "--top-k, --top-p apply only with --sample"),
+    "padded draft spec": (["w5", "--draft", " ngram+ "], "needs a draft model after 'ngram+'"),
     "blank compare": (["w5", "--compare", " , "], "--compare needs a comma-separated list"),
 }
 
@@ -233,6 +236,19 @@ def test_draft_whose_embedding_does_not_cover_its_tokenizer(capsys, saved_tiny, 
         assert code == 2 and expected in err and err.count("\n") == 1, err
 
 
+def test_hf_assisted_with_a_padded_draft_runs_and_says_how(capsys, saved_tiny, tmp_path):
+    """Issue 37 item 4: transformers' 'different tokenizers' ValueError was a traceback; now the run
+    completes (universal assisted decoding) and a note after it says so."""
+    padded = tiny("llama", seed=4, dtype=torch.float32, vocab=128)
+    padded.model.save_pretrained(tmp_path / "padded")
+    tokenizer().save_pretrained(tmp_path / "padded")
+    capsys.readouterr()  # transformers' saving progress
+    code, _, err = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--method", "hf-assisted",
+                           "--draft", str(tmp_path / "padded"), "--max-new-tokens", "6")
+    assert code == 0 and "note: hf-assisted: the draft's vocabulary size (128) differs from the target's (96)" in err
+    assert err.index("note: hf-assisted") > err.index("[hf-assisted]")  # after the run's stats line, err
+
+
 def test_entry_point_exits_nonzero_without_traceback(saved_tiny):
     proc = subprocess.run([sys.executable, "-m", "dynatree.cli", "generate", "w5", "--target", str(saved_tiny),
                            "--d0", "9"], capture_output=True, text=True, timeout=120)
@@ -253,7 +269,7 @@ def test_entry_point_exits_nonzero_without_traceback(saved_tiny):
     ({"prompt_ids": [5], "max_new_tokens": 0}, "max_new_tokens .* must be a positive integer, got 0"),
     ({"prompt_ids": [5], "seed": "abc"}, r"seed \(--seed\) must be an integer, got 'abc'"),
     ({"prompt_ids": [5], "ngram_max": 0}, r"ngram_max \(--ngram-max\) must be a positive integer"),
-    ({"prompt_ids": [5], "draft": "ngram"}, "--draft does not apply to 'ar': it drafts nothing"),
+    ({"prompt_ids": [5], "draft": "ngram"}, r"draft \(--draft\) does not apply to 'ar': it drafts nothing"),
     ({"prompt_ids": [5], "device": "meta"}, "device 'meta' given, but the target is already loaded on cpu"),
     ({"prompt_ids": [5], "method": "dynatree", "draft": 3}, "draft must be a spec string .*got int"),
     ({"prompt_ids": [5], "method": "dynatree", "draft": ["ngram"]}, "draft must be a spec string .*got list"),
@@ -261,6 +277,15 @@ def test_entry_point_exits_nonzero_without_traceback(saved_tiny):
     ({"prompt_ids": [5], "method": "dynatree", "draft": Hybrid("")}, "needs a draft model after 'ngram\\+'"),
     ({"prompt_ids": [5], "method": "dynatree", "draft": "ngram+ngram+x"}, "takes one draft model"),
     ({"prompt_ids": [5], "method": "hf-assisted", "draft": ""}, "the draft spec is empty"),
+    # the same rule for every argument's type (second review of issue 37)
+    ({"prompt_ids": [5], "sample": True, "temperature": "hot"}, r"temperature \(--temperature\) must be a number, got 'hot'"),
+    ({"prompt_ids": [5], "sample": True, "top_k": "3"}, r"top_k \(--top-k\) must be an integer, got '3'"),
+    ({"prompt_ids": [5], "sample": True, "top_k": 2.5}, r"top_k \(--top-k\) must be an integer, got 2.5"),
+    ({"prompt_ids": [5], "sample": True, "top_p": True}, r"top_p \(--top-p\) must be a number, got True"),
+    ({"prompt_ids": [5], "kv_window": 8}, r"kv_window \(--kv-window\) must be 'SINK,RECENT' or a KVWindow, got int"),
+    ({"prompt_ids": [5], "kv_window": KVWindow(4, 2)}, r"--kv-window sink \(4\) must be smaller"),
+    ({"prompt_ids": [5], "method": "hf-ar", "kv_window": "1,4"}, r"kv_window \(--kv-window\) is not available"),
+    ({"prompt_ids": [5], "device": 1.5}, r"device \(--device\) must be a string"),
 ])
 def test_python_api_names_every_bad_argument(kwargs, message):
     """Issue 37: the API's bad arguments are DynaTreeErrors naming the argument, never raw exceptions."""
@@ -269,6 +294,25 @@ def test_python_api_names_every_bad_argument(kwargs, message):
 
     with pytest.raises(DynaTreeError, match=message):
         api.generate(target=tiny("llama"), **{"method": "ar", "max_new_tokens": 2, **kwargs})
+
+
+def test_api_target_of_another_type_and_a_prompt_the_target_cannot_read():
+    from dynatree import api
+    from dynatree.errors import DynaTreeError
+
+    with pytest.raises(DynaTreeError, match="target must be a model spec string or a LoadedModel, got int"):
+        api.generate("w5", target=3)
+    # a target whose config vocab_size (40) is below its tokenizer (96 tokens): a one-line error, not IndexError
+    short = LoadedModel(model=tiny("llama", seed=4, vocab=40).model, tokenizer=tokenizer(), name="short", eos_ids=[2])
+    with pytest.raises(DynaTreeError, match="the prompt encodes to token 70, which 'short' cannot read"):
+        api.generate("w5 w70", method="ar", target=short, max_new_tokens=2)
+    with pytest.raises(DynaTreeError, match=r"prompt_ids\[1\] = 70 is not a token id of the target \(0\.\.39\)"):
+        api.generate(prompt_ids=[5, 70], method="ar", target=short, max_new_tokens=2)
+
+
+def test_the_equals_hint_only_for_values_that_start_with_a_dash(capsys, saved_tiny):
+    code, _, err = run_cli(capsys, "generate", "w5", "--target", str(saved_tiny), "--draft", "--sample")
+    assert code == 2 and "expected one argument" in err and "=VALUE" not in err, err
 
 
 def test_compare_while_sampling_has_no_token_column_and_labels_lossy_rules(capsys, saved_tiny):

@@ -37,7 +37,7 @@ def test_compiled_decoding_equals_plain_greedy(method, arch, dtype):
 
 
 def test_compile_is_rejected_for_transformers_methods(saved_tiny, capsys):
-    with pytest.raises(DynaTreeError, match="--compile applies to dynatree's own methods"):
+    with pytest.raises(DynaTreeError, match=r"compile \(--compile\) applies to dynatree's own methods"):
         api.generate(method="hf-ar", target=tiny("llama"), prompt_ids=[5, 6], max_new_tokens=2, compile=True)
     with pytest.raises(DynaTreeError, match="--compile applies"):
         runner.check_variants([runner.Variant("ar", "ar"), runner.Variant("hf-ar", "hf-ar", compile=True)])

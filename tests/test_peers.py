@@ -89,6 +89,17 @@ def test_the_bench_checks_and_notes_hf_assisted_with_a_padded_draft(tmp_path, pr
     assert "generation_config" not in capfd.readouterr().err
 
 
+def test_transformers_notice_about_its_own_assistant_call_is_not_shown(capfd):
+    """transformers logs (once per process) a deprecation notice about how its generate() calls the
+    assistant; the caller cannot act on it, so hf_generate holds it back (and only it)."""
+    import logging
+
+    logging.Logger.warning_once.cache_clear()  # so the notice is due in this test whatever ran before
+    generate(method="hf-assisted", target=tiny("llama", eos_ids=[]), draft=_lm(128), prompt_ids=[5, 6, 7],
+             max_new_tokens=8, ignore_eos=True)
+    assert "generation_config" not in capfd.readouterr().err
+
+
 def test_draft_checks_read_padding_ids_like_the_drafter():
     """bench's agreement and step-cost checks feed a draft LM the target's ids as LMDrafter does."""
     padded = _lm(160, seed=0)

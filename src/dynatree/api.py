@@ -10,7 +10,7 @@ import torch
 
 from . import env
 from .decode import Decoder
-from .drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
+from .drafters.factory import make_drafter
 from .draftspec import AUTO, HYBRID, NGRAM, Hybrid, head_dir, parse  # noqa: F401 (NGRAM, HYBRID, Hybrid re-exported)
 from .errors import DynaTreeError
 from .featurehead import FeatureHead, check_head, load_head
@@ -85,7 +85,7 @@ def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: s
     need = get_method(method).draft
     if need == "none":
         if draft not in AUTO:
-            raise DynaTreeError(f"--draft does not apply to {method!r}: it drafts nothing")
+            raise DynaTreeError(f"draft (--draft) does not apply to {method!r}: it drafts nothing")
         return None, None
     if not isinstance(draft, (LoadedModel, FeatureHead, Hybrid)):
         parsed = parse(draft)  # a bad spec or type is a one-line error naming it
@@ -182,12 +182,22 @@ def generate(
         raise DynaTreeError(f"seed (--seed) must be an integer, got {seed!r}")
     if prompt is not None and prompt_ids is not None:
         raise DynaTreeError("give either prompt (text) or prompt_ids (token ids), not both")
-    window = kv_window if isinstance(kv_window, KVWindow) or kv_window is None else KVWindow.parse(kv_window)
+    if isinstance(kv_window, KVWindow):
+        window = kv_window.validated()
+    elif kv_window is None or isinstance(kv_window, str):
+        window = KVWindow.parse(kv_window)
+    else:
+        raise DynaTreeError(f"kv_window (--kv-window) must be 'SINK,RECENT' or a KVWindow, got {type(kv_window).__name__}")
     sampling = sampling_config(sample, temperature, top_k, top_p)
     if window is not None and spec.policy_cls is None:
-        raise DynaTreeError(f"--kv-window is not available for {method!r} (transformers' own generate())")
+        raise DynaTreeError(f"kv_window (--kv-window) is not available for {method!r} (transformers' own generate())")
     if compile and spec.policy_cls is None:
-        raise DynaTreeError(f"--compile applies to dynatree's own methods; {method!r} runs transformers' generate() as is")
+        raise DynaTreeError(f"compile (--compile) applies to dynatree's own methods; {method!r} runs transformers' "
+                            "generate() as is")
+    if not isinstance(target, (str, LoadedModel)):
+        raise DynaTreeError(f"target must be a model spec string or a LoadedModel, got {type(target).__name__}")
+    if device is not None and not isinstance(device, str):
+        raise DynaTreeError(f"device (--device) must be a string such as 'cpu' or 'cuda', got {device!r}")
     if isinstance(target, LoadedModel):
         tgt = target
         if device is not None and resolve_device(device) != tgt.device:
@@ -202,6 +212,11 @@ def generate(
         if not isinstance(prompt, str):
             raise DynaTreeError(f"prompt must be a string (or give prompt_ids), got {type(prompt).__name__}")
         prompt_ids = encode_prompt(tgt.tokenizer, prompt, chat)
+        readable = min(tgt.vocab_size, tgt.embedding_rows)
+        beyond = [t for t in prompt_ids if t >= readable]
+        if beyond:  # one rule with prompt_ids: every prompt token is a row the target can read
+            raise DynaTreeError(f"the prompt encodes to token {beyond[0]}, which {tgt.name!r} cannot read (its embedding "
+                                f"and output layer cover ids 0..{readable - 1}, its tokenizer {len(tgt.tokenizer)} tokens)")
     else:
         prompt_ids = _token_ids(prompt_ids, min(tgt.vocab_size, tgt.embedding_rows))
     for model in filter(None, (tgt, draft_lm)):
@@ -220,17 +235,8 @@ def generate(
         new_ids, stats = hf_generate(tgt, config, prompt_ids, max_new_tokens, ignore_eos, draft_lm, on_tokens, sampling)
     else:
         policy = spec.policy_cls(config)
-        if draft_name is None:
-            drafter = None
-        elif draft_lm is None:
-            drafter = NgramDrafter(max_n=ngram_max, vocab_size=tgt.vocab_size)
-        else:
-            if isinstance(draft_lm, FeatureHead):
-                drafter = FeatureDrafter(draft_lm, tgt, window=window)
-            else:
-                drafter = LMDrafter(draft_lm, vocab_limit=tgt.vocab_size, window=window)
-            if draft_name.startswith(HYBRID):
-                drafter = HybridDrafter(NgramDrafter(max_n=ngram_max, vocab_size=tgt.vocab_size), drafter)
+        drafter = None if draft_name is None else make_drafter(
+            draft_lm, draft_name == NGRAM or draft_name.startswith(HYBRID), tgt, ngram_max, window)
         sampler = Sampler(sampling, seed) if sampling is not None else None
         before, tgt.compile = tgt.compile, compile  # for this call only
         try:

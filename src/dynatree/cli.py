@@ -32,7 +32,8 @@ class _Parser(argparse.ArgumentParser):
         flag = re.fullmatch(r"argument (--[\w-]+)(?:/-\w)?: expected one argument", message)
         argv = getattr(self, "_argv", [])
         after = argv[argv.index(flag[1]) + 1: argv.index(flag[1]) + 2] if flag and flag[1] in argv else []
-        if after and after[0].startswith("-"):  # argparse took a value such as -1,8 for an option
+        if after and after[0].startswith("-") and after[0].split("=")[0] not in self._option_string_actions:
+            # argparse took a value such as -1,8 for an option
             message += f" (a value that starts with '-' is written {flag[1]}=VALUE)"
         raise DynaTreeError(message)
 
@@ -314,8 +315,6 @@ def cmd_generate(args) -> int:
         records.append(record)
         if stream:
             print(flush=True)
-    if any(r["run"]["hf_universal_assisted"] for r in records):
-        print(f"note: {universal_note(target, draft)}", file=sys.stderr)
     if args.json:
         print(json.dumps(records[0] if len(records) == 1 else records, indent=None))
     elif len(records) == 1:
@@ -323,6 +322,8 @@ def cmd_generate(args) -> int:
     else:
         print(file=sys.stderr)
         print(comparison_table(records), file=sys.stderr)
+    if any(r["run"]["hf_universal_assisted"] for r in records):
+        print(f"note: {universal_note(target, draft)}", file=sys.stderr)
     return 0
 
 

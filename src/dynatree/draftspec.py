@@ -45,6 +45,8 @@ class Hybrid:
 
 def parse(spec: str | None) -> DraftSpec:
     """`spec` as a DraftSpec; an empty spec, or `ngram+` without a model after it, is a one-line error."""
+    if isinstance(spec, str):
+        spec = spec.strip()
     if spec in AUTO or spec == NGRAM:
         return DraftSpec(NGRAM, True, None)
     if not isinstance(spec, str):
@@ -53,12 +55,12 @@ def parse(spec: str | None) -> DraftSpec:
     if not spec.strip():
         raise DynaTreeError("the draft spec is empty: pass 'ngram', a draft model, or 'ngram+MODEL'")
     if spec.startswith(HYBRID):
-        model = spec[len(HYBRID):]
-        if model.strip() in ("", NGRAM):
+        model = spec[len(HYBRID):].strip()
+        if model in ("", NGRAM):
             raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}, got {spec!r}")
         if model.startswith(HYBRID):
             raise DynaTreeError(f"{HYBRID}MODEL takes one draft model, got {spec!r}")
-        return DraftSpec(spec, True, model)
+        return DraftSpec(HYBRID + model, True, model)
     return DraftSpec(spec, False, spec)
 
 

@@ -17,6 +17,11 @@ def check_out_dir(path) -> None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise DynaTreeError(f"--out {str(path)!r} is an existing file, not a directory; give a directory")
+    import os
+
     parent = next((p for p in path.absolute().parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise DynaTreeError(f"--out {str(path)!r}: {str(parent)!r} is a file, not a directory")
+    nearest = path if path.exists() else parent
+    if nearest is not None and not os.access(nearest, os.W_OK | os.X_OK):
+        raise DynaTreeError(f"--out {str(path)!r}: {str(nearest)!r} is not writable")

@@ -134,16 +134,18 @@ class _Stamps(BaseStreamer):
 
 @contextlib.contextmanager
 def _notices_off():
-    """transformers' own generate() logs notices about its internal calls (the assistant's
-    generation_config, for one) that the caller cannot act on; errors still show."""
-    from transformers.utils import logging as hf_logging
+    """transformers' generate() calls itself for the assistant with a generation_config and
+    arguments together, then logs a deprecation notice about that call, which its caller cannot
+    act on. Only that module's notices are held back, and only here; errors still show."""
+    import logging
 
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    log = logging.getLogger("transformers.generation.utils")
+    level = log.level
+    log.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        hf_logging.set_verbosity(level)
+        log.setLevel(level)
 
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ sampling from the target, for two kinds of children:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -155,6 +156,12 @@ def sampling_config(sample: bool, temperature=None, top_k=None, top_p=None) -> S
             verb = "applies" if len(given) == 1 else "apply"
             raise DynaTreeError(f"{', '.join(given)} {verb} only with --sample (greedy decoding otherwise)")
         return None
+    for name, value, kind in (("temperature", temperature, "a number"), ("top_k", top_k, "an integer"),
+                              ("top_p", top_p, "a number")):
+        integral = isinstance(value, numbers.Integral)
+        if value is not None and (isinstance(value, bool) or not (integral if kind == "an integer"
+                                                                  else isinstance(value, numbers.Real))):
+            raise DynaTreeError(f"{name} (--{name.replace('_', '-')}) must be {kind}, got {value!r}")
     if top_k is not None and top_k < 1:
         raise DynaTreeError(f"--top-k must be at least 1, got {top_k} (leave it out to disable top-k)")
     config = SamplingConfig(

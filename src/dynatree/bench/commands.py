@@ -133,9 +133,19 @@ def _drafts(args) -> list[str]:
     items = [d.strip() for d in args.draft.split(",")]
     if not any(items) or not all(items):
         raise DynaTreeError(f"--draft takes comma-separated draft specs without empty items, got {args.draft!r}")
-    for item in items:
-        parse(item)  # a bad spec is named before any model loads
-    return items
+    return list(dict.fromkeys(parse(item).text for item in items))  # canonical ('auto' is 'ngram'); bad ones named now
+
+
+def _check_drafts_used(args, drafts: list[str], variant_list: list[Variant]) -> None:
+    """A --draft the user gave that no variant of the run drafts with is an error, never dropped."""
+    if args.draft is None:
+        return
+    used = {v.draft for v in variant_list}
+    unused = [d for d in drafts if d not in used]
+    if unused:
+        raise DynaTreeError(f"--draft {unused[0]!r} is used by no variant of this run (its methods "
+                            f"{', '.join(dict.fromkeys(v.method for v in variant_list))} draft with "
+                            f"{', '.join(sorted(filter(None, used))) or 'nothing'}); drop it or add a method that drafts")
 
 
 def _given_options(args) -> dict:
@@ -186,8 +196,10 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
 def cmd_bench(args) -> int:
     drafts = _drafts(args)
     given = _given_options(args)
-    if args.methods:
+    if args.methods is not None:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        if not methods:
+            raise DynaTreeError(f"--methods needs a comma-separated list of methods, got {args.methods!r}")
         methods = methods if "ar" in methods else ["ar", *methods]
         per_method = {m: {k: v for k, v in given.items() if m in args.method_fields[k]} for m in methods}
         experiment, variant_list = "custom", method_variants(methods, drafts, per_method)
@@ -216,6 +228,7 @@ def cmd_bench(args) -> int:
     unused = [k for k in given if not any(v.method in args.method_fields[k] for v in variant_list)]
     if unused:
         raise DynaTreeError(f"option --{unused[0].replace('_', '-')} applies to none of the methods in this run")
+    _check_drafts_used(args, drafts, variant_list)
     return _execute(args, experiment, variant_list, _protocol(args, args.preset if not args.methods else "main"))
 
 
@@ -234,6 +247,7 @@ def cmd_sweep(args) -> int:
         options = dict(zip(names, values))
         label = " ".join(f"{n}={v}" for n, v in options.items())
         variant_list.append(Variant(label, args.method, options, drafts[0], dict(options), compile=args.compile))
+    _check_drafts_used(args, drafts, variant_list)
     preset = "fixed-sweep" if args.method == "fixed-tree" else "dynatree-sensitivity"
     return _execute(args, f"sweep-{args.method}", variant_list, _protocol(args, preset))
 

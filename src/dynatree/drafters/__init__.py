@@ -12,6 +12,7 @@ _EXPORTS = {
     "HybridDrafter": "hybrid",
     "LMDrafter": "lm",
     "NgramDrafter": "ngram",
+    "make_drafter": "factory",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,26 @@
+"""The one place a resolved draft becomes a drafter (`api.resolve_draft` resolves the spec)."""
+
+from __future__ import annotations
+
+from ..featurehead import FeatureHead
+from ..models import LoadedModel
+from ..window import KVWindow
+from .base import Drafter
+from .feature import FeatureDrafter
+from .hybrid import HybridDrafter
+from .lm import LMDrafter
+from .ngram import NgramDrafter
+
+
+def make_drafter(model: LoadedModel | FeatureHead | None, ngram: bool, target: LoadedModel, ngram_max: int,
+                 window: KVWindow | None = None) -> Drafter:
+    """The n-gram drafter (`model` None), a draft LM's or a feature head's drafter, or, with `ngram`
+    and a model, both (`HybridDrafter`: n-gram copying where the text repeats, the model elsewhere)."""
+    ngrams = NgramDrafter(max_n=ngram_max, vocab_size=target.vocab_size) if ngram or model is None else None
+    if model is None:
+        return ngrams
+    if isinstance(model, FeatureHead):
+        own = FeatureDrafter(model, target, window=window)
+    else:
+        own = LMDrafter(model, vocab_limit=target.vocab_size, window=window)
+    return HybridDrafter(ngrams, own) if ngram else own
