@@ -30,9 +30,9 @@ NEW = 3  # tokens per run: the first from the prefill, two more through tree ver
 
 
 @functools.cache
-def small(seed: int, noise: float = 0.0) -> LoadedModel:
+def small(seed: int, noise: float = 0.0, vocab: int = V) -> LoadedModel:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.5,
                       bos_token_id=0, eos_token_id=0, pad_token_id=0)
     model = AutoModelForCausalLM.from_config(cfg).double().eval()
@@ -40,7 +40,7 @@ def small(seed: int, noise: float = 0.0) -> LoadedModel:
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(noise * p.std() * torch.randn_like(p))
-    return LoadedModel(model=model, tokenizer=tokenizer(V), name=f"small-{seed}-{noise}", eos_ids=[])
+    return LoadedModel(model=model, tokenizer=tokenizer(V), name=f"small-{seed}-{noise}-{vocab}", eos_ids=[])
 
 
 @functools.cache
@@ -96,7 +96,13 @@ def empirical(method: str, drafter_kind: str | None, options: dict, runs: int = 
                    "feature": FeatureDrafter(small_head(), target),
                    "lm": LMDrafter(small(0, 0.3), vocab_limit=V),
                    "hybrid": HybridDrafter(NgramDrafter(max_n=3, vocab_size=V), LMDrafter(small(0, 0.3), vocab_limit=V),
-                                           min_match=3)}[drafter_kind]
+                                           min_match=3),
+                   # a draft LM whose output layer is smaller than the target's (issue 29: Qwen2.5-0.5B has
+                   # 151,936 rows, -7B 152,064): it never proposes the last id, and reads it as id 0
+                   "narrow": LMDrafter(small(1, vocab=V - 1), vocab_limit=V),
+                   "hybrid-narrow": HybridDrafter(NgramDrafter(max_n=3, vocab_size=V),
+                                                  LMDrafter(small(1, vocab=V - 1), vocab_limit=V), min_match=3),
+                   }[drafter_kind]
         policy = METHODS[method].policy_cls(make_config(method, **options))
         run = Decoder(target, policy, drafter, sampler=Sampler(CONFIG, seed)).generate(PROMPT, NEW, ignore_eos=True)
         key = tuple(run.new_tokens)
@@ -125,6 +131,9 @@ CASES = [
     ("wetap", "feature", {"depth": 2, "budget": 5, "w_min": 2, "w_max": 4, "verify": "exact"}),
     ("linear", "feature", {"k": 2}),
     ("wetap", "lm", {"depth": 2, "budget": 5, "w_min": 2, "w_max": 4, "verify": "exact"}),
+    ("dynatree", "narrow", {"d0": 1, "d_max": 2, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02}),
+    ("specinfer", "narrow", {"width": 2, "depth": 2}),
+    ("specinfer", "hybrid-narrow", {"width": 2, "depth": 2}),
 ]
 
 
