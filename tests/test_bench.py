@@ -558,7 +558,7 @@ def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(t
     assert "Draft `tiny-draft` (2 prompts): top-1 agreement with the target 100.0%" in section
     assert "| dynatree[tiny-draft] |" in section and "| linear[tiny-draft] |" in section
     assert "vs hf-assisted with this draft (hf-assisted)" in section
-    aggs = {a["variant"]: a for a in report.at(res, 8, 800)}
+    aggs = {a["variant"]: a for a in results.at(res, 8, 800)}
     spec = {v["label"]: v["draft"] for v in res["variants"]}
     pairs = {a: report._ngram_twin(aggs[a], list(aggs.values()), spec)
              for a in ("dynatree[tiny-draft]", "dynatree[tiny-draft] +cost-aware")}

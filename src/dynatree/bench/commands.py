@@ -13,7 +13,7 @@ from ..sampling import sampling_config
 from ..methods import get_method, make_config
 from .data import DATASETS, L_MAX, SPEC_BENCH_TASKS
 from .presets import PRESETS, dataset_default, method_variants, protocol_defaults, sampling_defaults, variants
-from .results import load
+from .results import at, datasets, load, marked_lossy, settings
 from .plan import Protocol, Variant, check_variants
 
 DRAFT_HELP = ("comma-separated drafters: 'ngram', draft model specs sharing the target's tokenizer, feature heads "
@@ -63,7 +63,7 @@ def _protocol_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench_commands(sub) -> None:
-    from ..cli import _method_options, add_model_args
+    from ..cli_args import add_model_args, method_options
 
     bench = sub.add_parser("bench", help="run a benchmark preset or a list of methods",
                            description="Run the papers' experiments (presets) or any list of methods on a data set; "
@@ -72,7 +72,7 @@ def add_bench_commands(sub) -> None:
     bench.add_argument("--methods", metavar="M1,M2", help="run these methods instead of the preset's variants ('ar' is added)")
     add_model_args(bench, DRAFT_HELP)
     _protocol_args(bench)
-    bench.set_defaults(method_fields=_method_options(bench), run=cmd_bench)
+    bench.set_defaults(method_fields=method_options(bench), run=cmd_bench)
 
     sweep = sub.add_parser("sweep", help="run a grid over one method's options",
                            description="Every combination of the comma-separated option values, next to 'ar'. "
@@ -80,7 +80,7 @@ def add_bench_commands(sub) -> None:
     sweep.add_argument("--method", default="fixed-tree", help="the method whose options are swept [fixed-tree]")
     add_model_args(sweep, DRAFT_HELP)
     _protocol_args(sweep)
-    sweep.set_defaults(method_fields=_method_options(sweep, as_lists=True), run=cmd_sweep)
+    sweep.set_defaults(method_fields=method_options(sweep, as_lists=True), run=cmd_sweep)
 
     report = sub.add_parser("report", help="rebuild report.md and plots from a results directory")
     report.add_argument("directory", type=Path, help="directory holding results.json")
@@ -174,7 +174,7 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
                command=["dynatree", *args.argv], texts=texts)
     paths = report.write(out)
     results = load(out)
-    setting = max(report.settings(results))
+    setting = max(settings(results))
     if any(v["label"] == "hf-ar" for v in results["variants"]):
         print(report.perf_section(results, *setting) + "\n")
     if results.get("draft_quality"):
@@ -182,13 +182,13 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     tasks = report.category_table(results, *setting)
     if tasks:
         print(tasks + "\n")
-    if results["protocol"].get("ppl") or len(report.datasets(results)) > 1:
+    if results["protocol"].get("ppl") or len(datasets(results)) > 1:
         print(report.quality_table(results, *setting) + "\n")
-    sets, marked = report.datasets(results), report.marked_lossy(results)
-    for t_new, l_max in report.settings(results):  # every data set and setting, each labelled
+    sets, marked = datasets(results), marked_lossy(results)
+    for t_new, l_max in settings(results):  # every data set and setting, each labelled
         for dataset in sets:
             print(f"-- {dataset}, T = {t_new}, L_max = {l_max}")
-            print(report.main_tables(report.at(results, t_new, l_max, dataset), marked).split("\n\n**Latency**")[0])
+            print(report.main_tables(at(results, t_new, l_max, dataset), marked).split("\n\n**Latency**")[0])
     print(f"\nwrote {', '.join(str(p) for p in [out / 'results.json', *paths])}")
     return 0
 

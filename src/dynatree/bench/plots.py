@@ -9,8 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .report import at, datasets, marked_lossy, settings  # noqa: E402
-from .results import by_category, task_order  # noqa: E402
+from .results import at, by_category, datasets, marked_lossy, settings, task_order  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from .. import cpu
 from ..wording import counted
-from .results import by_category, limit_gaps, load, ratios_to, task_order
+from .results import (at, by_category, datasets, limit_gaps, load, lossy, marked_lossy, ratios_to, settings,
+                      task_order)
 
 
 def _pm(mean, std, scale=1.0, digits=1) -> str:
@@ -22,33 +23,6 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def settings(results: dict) -> list[tuple[int, int]]:
-    return list(dict.fromkeys((a["max_new_tokens"], a["l_max"]) for a in results["aggregates"]))
-
-
-def datasets(results: dict) -> list[str | None]:
-    return list(dict.fromkeys(a.get("dataset") for a in results["aggregates"]))
-
-
-def at(results: dict, t_new: int, l_max: int, dataset: str | None = None) -> list[dict]:
-    """Aggregates of one setting on one data set (the run's first when not given)."""
-    dataset = dataset if dataset is not None else datasets(results)[0]
-    return [a for a in results["aggregates"]
-            if (a["max_new_tokens"], a["l_max"], a.get("dataset")) == (t_new, l_max, dataset)]
-
-
-def lossy(results: dict) -> list[str]:
-    """Variants whose verification does not keep the target's distribution when sampling."""
-    from ..methods import is_lossy, make_config
-
-    return [v["label"] for v in results["variants"] if is_lossy(make_config(v["method"], **v["config"]))]
-
-
-def marked_lossy(results: dict) -> set[str]:
-    """The variants to label "(lossy)": lossy rules, in a sampling run (greedy, every rule is exact)."""
-    return set(lossy(results)) if results["protocol"].get("sample") else set()
 
 
 def quality_table(results: dict, t_new: int, l_max: int) -> str:

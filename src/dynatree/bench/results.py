@@ -191,3 +191,33 @@ def load(path: Path) -> dict:
         results["aggregates"] = aggregate([r for r in results["records"] if "matches_ar" in r],
                                           [v["label"] for v in results["variants"]])
     return results
+
+
+# ---------------------------------------------------------------- queries the tables and plots share
+
+
+def settings(results: dict) -> list[tuple[int, int]]:
+    return list(dict.fromkeys((a["max_new_tokens"], a["l_max"]) for a in results["aggregates"]))
+
+
+def datasets(results: dict) -> list[str | None]:
+    return list(dict.fromkeys(a.get("dataset") for a in results["aggregates"]))
+
+
+def at(results: dict, t_new: int, l_max: int, dataset: str | None = None) -> list[dict]:
+    """Aggregates of one setting on one data set (the run's first when not given)."""
+    dataset = dataset if dataset is not None else datasets(results)[0]
+    return [a for a in results["aggregates"]
+            if (a["max_new_tokens"], a["l_max"], a.get("dataset")) == (t_new, l_max, dataset)]
+
+
+def lossy(results: dict) -> list[str]:
+    """Variants whose verification does not keep the target's distribution when sampling."""
+    from ..methods import is_lossy, make_config
+
+    return [v["label"] for v in results["variants"] if is_lossy(make_config(v["method"], **v["config"]))]
+
+
+def marked_lossy(results: dict) -> set[str]:
+    """The variants to label "(lossy)": lossy rules, in a sampling run (greedy, every rule is exact)."""
+    return set(lossy(results)) if results["protocol"].get("sample") else set()
