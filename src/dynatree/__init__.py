@@ -4,7 +4,7 @@ The names below are imported on first use (PEP 562), so `import dynatree.cli` an
 `dynatree --help` do not pay for torch and transformers before they are needed.
 """
 
-from importlib import import_module
+from .lazy import lazy_exports
 
 _EXPORTS = {
     "encode_prompt": "api",
@@ -23,13 +23,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dynatree' has no attribute {name!r}")
-    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -208,17 +208,17 @@ def generate(
     device = str(tgt.device)
     compile = tgt.compile if compile is None else compile
     draft_lm, draft_name = resolve_draft(method, draft, tgt, device, dtype, linear)
+    readable = min(tgt.vocab_size, tgt.embedding_rows)  # every prompt token must be a row the target reads
     if prompt_ids is None:
         if not isinstance(prompt, str):
             raise DynaTreeError(f"prompt must be a string (or give prompt_ids), got {type(prompt).__name__}")
         prompt_ids = encode_prompt(tgt.tokenizer, prompt, chat)
-        readable = min(tgt.vocab_size, tgt.embedding_rows)
         beyond = [t for t in prompt_ids if t >= readable]
-        if beyond:  # one rule with prompt_ids: every prompt token is a row the target can read
+        if beyond:
             raise DynaTreeError(f"the prompt encodes to token {beyond[0]}, which {tgt.name!r} cannot read (its embedding "
                                 f"and output layer cover ids 0..{readable - 1}, its tokenizer {len(tgt.tokenizer)} tokens)")
     else:
-        prompt_ids = _token_ids(prompt_ids, min(tgt.vocab_size, tgt.embedding_rows))
+        prompt_ids = _token_ids(prompt_ids, readable)
     for model in filter(None, (tgt, draft_lm)):
         limit = model.context_length
         if window is not None:

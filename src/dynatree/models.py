@@ -438,12 +438,12 @@ def cache_kwarg(module: torch.nn.Module) -> str:
     return "cache" if _forward_takes_cache(type(module)) else "past_key_values"
 
 
-def check_embedding(loaded: LoadedModel, role: str = "draft") -> None:
+def check_embedding(loaded: LoadedModel) -> None:
     """Fail unless the model can read every token of its tokenizer (a config `vocab_size` smaller than
     the tokenizer would raise IndexError in the middle of decoding)."""
     rows, tokens = loaded.embedding_rows, len(loaded.tokenizer)
     if rows < tokens:
-        raise DynaTreeError(f"{role} {loaded.name!r} has {rows} embedding rows but its tokenizer has {tokens} tokens: "
+        raise DynaTreeError(f"draft {loaded.name!r} has {rows} embedding rows but its tokenizer has {tokens} tokens: "
                             f"it cannot read every token (its config's vocab_size is smaller than the tokenizer)")
 
 
@@ -456,7 +456,7 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
             f"draft {draft.name!r} and target {target.name!r} have different vocabularies "
             f"({len(d_vocab)} vs {len(t_vocab)} tokens, {differing} differ); the draft must share the target's tokenizer"
         )
-    check_embedding(draft, "draft")
+    check_embedding(draft)
     if draft.device != target.device:
         raise DynaTreeError(f"draft is on {draft.device} but target on {target.device}; use one --device")
 

@@ -3,7 +3,7 @@
 Imported on first use (PEP 562): the policies need only `base`, and the feature head's drafter
 pulls in transformers' Llama modules."""
 
-from importlib import import_module
+from ..lazy import lazy_exports
 
 _EXPORTS = {
     "Drafter": "base",
@@ -18,9 +18,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dynatree.drafters' has no attribute {name!r}")
-    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
