@@ -17,7 +17,8 @@ from .featurehead import FeatureHead, check_head, load_head
 from .methods import get_method, is_lossy, make_config
 from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model, resolve_device, resolve_dtype
 from .peers import hf_generate, universal_assisted
-from .sampling import Sampler, sampling_config  # noqa: F401 (sampling_config re-exported)
+from .sampling import Sampler, SamplingConfig, sampling_config  # noqa: F401 (sampling_config re-exported)
+from .stats import Stats
 from .window import KVWindow
 
 def _load_draft_model(spec: str, device: str, dtype: str, linear: str) -> LoadedModel | FeatureHead:
@@ -135,7 +136,90 @@ def _token_ids(ids, vocab_size: int) -> list[int]:
     return [int(t) for t in ids]
 
 
-def generate(
+@dataclasses.dataclass
+class Prepared:
+    """One validated `generate()` request with its models loaded: everything a decode needs.
+
+    `prepare()` builds it (all argument checks, model loading, prompt encoding; no forward pass),
+    `decoder()` gives a fresh seeded decoder for one run of it, `record()` the result record.
+    The server prepares each request in its handler (bad requests fail there) and decodes it later
+    on its worker thread, one `Decoder.steps` iteration at a time.
+    """
+
+    method: str
+    config: object  # the method's validated config dataclass
+    target: LoadedModel
+    draft: LoadedModel | FeatureHead | None  # the draft LM or feature head; None: n-gram drafter or none
+    draft_name: str | None  # None (no drafter), 'ngram', a model name, or 'ngram+NAME'
+    prompt_ids: list[int]
+    max_new_tokens: int
+    ignore_eos: bool
+    chat: bool  # the prompt went through the chat template (recorded only)
+    seed: int
+    ngram_max: int
+    window: KVWindow | None
+    sampling: SamplingConfig | None  # None: greedy
+    compile: bool  # decode steps through torch.compile (dynatree's own methods only)
+
+    @property
+    def ours(self) -> bool:
+        """Dynatree's own decoder runs it (not transformers' generate())."""
+        return get_method(self.method).policy_cls is not None
+
+    @property
+    def uses_ngram(self) -> bool:
+        return self.draft_name is not None and (self.draft_name == NGRAM or self.draft_name.startswith(HYBRID))
+
+    def decoder(self) -> Decoder:
+        """A fresh policy, drafter and sampler for one run, seeded by `seed` (dynatree's methods only)."""
+        torch.manual_seed(self.seed)
+        policy = get_method(self.method).policy_cls(self.config)
+        drafter = None if self.draft_name is None else make_drafter(
+            self.draft, self.uses_ngram, self.target, self.ngram_max, self.window)
+        sampler = Sampler(self.sampling, self.seed) if self.sampling is not None else None
+        return Decoder(self.target, policy, drafter, self.window, sampler)
+
+    def record(self, new_ids: list[int], stats: Stats, policy_state: dict | None = None) -> dict:
+        """The result record of a run (the JSON of `dynatree generate --json`)."""
+        tgt, draft, ours = self.target, self.draft, self.ours
+        record = {
+            "method": self.method,
+            "target": tgt.name,
+            "draft": self.draft_name,
+            "prompt_tokens": len(self.prompt_ids),
+            "new_token_ids": new_ids,
+            "text": tgt.tokenizer.decode(new_ids, skip_special_tokens=True),
+            "stats": stats.record(),
+            "config": dataclasses.asdict(self.config),
+            "run": {
+                "max_new_tokens": self.max_new_tokens,
+                "ignore_eos": self.ignore_eos,
+                "chat": self.chat,
+                "device": str(tgt.device),
+                "dtype": str(tgt.dtype).removeprefix("torch."),
+                "compile": self.compile and ours,
+                "linear": tgt.linear if ours else "stock",  # hf-* run stock_linears
+                "linear_note": tgt.linear_note if ours else None,  # why not oneDNN, if so
+                # a feature head's few linears run stock kernels
+                "draft_linear": (draft.linear if isinstance(draft, LoadedModel) else "stock")
+                if draft is not None and ours else None,
+                "draft_linear_note": draft.linear_note if isinstance(draft, LoadedModel) else None,
+                "seed": self.seed,
+                # transformers re-tokenizes text between draft and target (output layers of different sizes)
+                "hf_universal_assisted": self.method == "hf-assisted" and universal_assisted(tgt, draft),
+                "ngram_max": self.ngram_max if self.uses_ngram else None,
+                "kv_window": str(self.window) if self.window is not None else None,
+                "sampling": dataclasses.asdict(self.sampling) if self.sampling is not None else None,
+                "lossy": self.sampling is not None and is_lossy(self.config),
+            },
+            "env": env.describe(tgt.device),
+        }
+        if policy_state is not None:
+            record["policy_state"] = policy_state
+        return record
+
+
+def prepare(
     prompt: str | None = None,
     method: str = "dynatree",
     *,
@@ -156,24 +240,10 @@ def generate(
     top_p: float | None = None,
     compile: bool | None = None,
     linear: str = "auto",
-    on_tokens: Callable[[list[int]], None] | None = None,
     **options,
-) -> dict:
-    """Decode one prompt with one method and return its result record.
-
-    `target`/`draft` take a model spec (alias, directory, .gguf file, hub id) or a model
-    already loaded with `load_model` (`device`, default cpu, is where a spec is loaded; with a
-    loaded target it may only repeat that model's device); `draft` may also be "ngram", or "ngram+MODEL" /
-    `Hybrid(model)` for n-gram copying backed by a draft LM (`HybridDrafter`). `options` are the
-    method's config fields (e.g. k=5 for linear, d0=4 for dynatree). Give either `prompt`
-    (text) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
-    the KV caches with attention sinks plus a window of recent tokens (see `window.py`).
-    `sample=True` samples (temperature, then top-k, then top-p; seeded by `seed`) with lossless
-    verification instead of greedy decoding (see `sampling.py`). `compile=True` runs the
-    target's decode steps through torch.compile (minutes to compile on first use, cached on
-    disk; see `LoadedModel.forward`); None keeps the loaded target's own setting. `linear`
-    ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
-    """
+) -> Prepared:
+    """Validate a `generate()` request, load its models and encode its prompt (no forward pass).
+    The arguments are `generate()`'s; any bad one is a `DynaTreeError` naming it."""
     spec = get_method(method)
     config = make_config(method, **options)
     _positive_int("max_new_tokens (--max-new-tokens)", max_new_tokens)
@@ -229,56 +299,65 @@ def generate(
                 f"context length {limit} of {model.name!r}"
             )
 
-    torch.manual_seed(seed)
-    policy_state = None
-    if spec.policy_cls is None:
-        new_ids, stats = hf_generate(tgt, config, prompt_ids, max_new_tokens, ignore_eos, draft_lm, on_tokens, sampling)
-    else:
-        policy = spec.policy_cls(config)
-        drafter = None if draft_name is None else make_drafter(
-            draft_lm, draft_name == NGRAM or draft_name.startswith(HYBRID), tgt, ngram_max, window)
-        sampler = Sampler(sampling, seed) if sampling is not None else None
-        before, tgt.compile = tgt.compile, compile  # for this call only
-        try:
-            run = Decoder(tgt, policy, drafter, window, sampler).generate(prompt_ids, max_new_tokens, ignore_eos, on_tokens)
-        finally:
-            tgt.compile = before
-        new_ids, stats = run.new_tokens, run.stats
-        if hasattr(policy, "state"):
-            policy_state = policy.state()
+    return Prepared(method=method, config=config, target=tgt, draft=draft_lm, draft_name=draft_name,
+                    prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, chat=chat, seed=seed,
+                    ngram_max=ngram_max, window=window, sampling=sampling,
+                    compile=bool(compile) and spec.policy_cls is not None)
 
-    record = {
-        "method": method,
-        "target": tgt.name,
-        "draft": draft_name,
-        "prompt_tokens": len(prompt_ids),
-        "new_token_ids": new_ids,
-        "text": tgt.tokenizer.decode(new_ids, skip_special_tokens=True),
-        "stats": stats.record(),
-        "config": dataclasses.asdict(config),
-        "run": {
-            "max_new_tokens": max_new_tokens,
-            "ignore_eos": ignore_eos,
-            "chat": chat,
-            "device": str(tgt.device),
-            "dtype": str(tgt.dtype).removeprefix("torch."),
-            "compile": bool(compile) and spec.policy_cls is not None,
-            "linear": tgt.linear if spec.policy_cls is not None else "stock",  # hf-* run stock_linears
-            "linear_note": tgt.linear_note if spec.policy_cls is not None else None,  # why not oneDNN, if so
-            # a feature head's few linears run stock kernels
-            "draft_linear": (draft_lm.linear if isinstance(draft_lm, LoadedModel) else "stock")
-            if draft_lm is not None and spec.policy_cls is not None else None,
-            "draft_linear_note": draft_lm.linear_note if isinstance(draft_lm, LoadedModel) else None,
-            "seed": seed,
-            # transformers re-tokenizes text between draft and target (output layers of different sizes)
-            "hf_universal_assisted": method == "hf-assisted" and universal_assisted(tgt, draft_lm),
-            "ngram_max": ngram_max if draft_name == NGRAM or (draft_name or "").startswith(HYBRID) else None,
-            "kv_window": str(window) if window is not None else None,
-            "sampling": dataclasses.asdict(sampling) if sampling is not None else None,
-            "lossy": sampling is not None and is_lossy(config),
-        },
-        "env": env.describe(tgt.device),
-    }
-    if policy_state is not None:
-        record["policy_state"] = policy_state
-    return record
+
+def generate(
+    prompt: str | None = None,
+    method: str = "dynatree",
+    *,
+    target: str | LoadedModel = DEFAULT_TARGET,
+    draft: str | LoadedModel | None = None,
+    prompt_ids: list[int] | None = None,
+    max_new_tokens: int = 128,
+    ignore_eos: bool = False,
+    chat: bool = False,
+    device: str | None = None,
+    dtype: str = "float32",
+    seed: int = 0,
+    ngram_max: int = 4,
+    kv_window: str | KVWindow | None = None,
+    sample: bool = False,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    compile: bool | None = None,
+    linear: str = "auto",
+    on_tokens: Callable[[list[int]], None] | None = None,
+    **options,
+) -> dict:
+    """Decode one prompt with one method and return its result record.
+
+    `target`/`draft` take a model spec (alias, directory, .gguf file, hub id) or a model
+    already loaded with `load_model` (`device`, default cpu, is where a spec is loaded; with a
+    loaded target it may only repeat that model's device); `draft` may also be "ngram", or "ngram+MODEL" /
+    `Hybrid(model)` for n-gram copying backed by a draft LM (`HybridDrafter`). `options` are the
+    method's config fields (e.g. k=5 for linear, d0=4 for dynatree). Give either `prompt`
+    (text) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
+    the KV caches with attention sinks plus a window of recent tokens (see `window.py`).
+    `sample=True` samples (temperature, then top-k, then top-p; seeded by `seed`) with lossless
+    verification instead of greedy decoding (see `sampling.py`). `compile=True` runs the
+    target's decode steps through torch.compile (minutes to compile on first use, cached on
+    disk; see `LoadedModel.forward`); None keeps the loaded target's own setting. `linear`
+    ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
+    """
+    job = prepare(prompt, method, target=target, draft=draft, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
+                  ignore_eos=ignore_eos, chat=chat, device=device, dtype=dtype, seed=seed, ngram_max=ngram_max,
+                  kv_window=kv_window, sample=sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                  compile=compile, linear=linear, **options)
+    tgt = job.target
+    if not job.ours:
+        torch.manual_seed(job.seed)
+        new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos, job.draft,
+                                     on_tokens, job.sampling)
+        return job.record(new_ids, stats)
+    decoder = job.decoder()
+    before, tgt.compile = tgt.compile, job.compile  # for this call only
+    try:
+        run = decoder.generate(job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens)
+    finally:
+        tgt.compile = before
+    return job.record(run.new_tokens, run.stats, decoder.policy.state() if hasattr(decoder.policy, "state") else None)

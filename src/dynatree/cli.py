@@ -26,6 +26,8 @@ def sampling_kwargs(args) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     from .bench.commands import add_bench_commands
     from .distill_cli import add_distill_command
+    from .serve.command import add_serve_command
+    from .serve.loadtest import add_bench_serve_command
 
     parser = Parser(prog="dynatree", description="Exact tree-based speculative decoding for HuggingFace causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -56,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(method_fields=method_options(gen), run=cmd_generate)
     add_bench_commands(sub)
     add_distill_command(sub)
+    add_serve_command(sub)
+    add_bench_serve_command(sub)
     return parser
 
 

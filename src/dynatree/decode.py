@@ -78,7 +78,8 @@ class Decoder:
 
     @torch.no_grad()
     def steps(self, prompt_ids, max_new_tokens, ignore_eos=False, on_tokens=None) -> Iterator[Step]:
-        """Generate, yielding after every verification (the prefill is not a `Step`)."""
+        """Generate, yielding after every verification (the prefill is not a `Step`). Closing the
+        generator early ends the run there, with its stats complete up to that step."""
         device = self.target.device
         calibrate = getattr(self.policy, "calibrate", None)  # optional: policies that size trees by cost
         compiled = self.target.compile  # read once: the setting of this whole run
@@ -108,45 +109,46 @@ class Decoder:
         if self.drafter is not None:
             self.drafter.reset(run.seq, features)
 
-        while stats.new_tokens < max_new_tokens and run.seq[-1] not in stop_ids:
-            remaining = max_new_tokens - stats.new_tokens
-            cached = kv.length(run.cache)
+        try:  # a consumer that stops early (a server cancelling) still gets the stats so far
+            while stats.new_tokens < max_new_tokens and run.seq[-1] not in stop_ids:
+                remaining = max_new_tokens - stats.new_tokens
+                cached = kv.length(run.cache)
 
-            t_draft = time.perf_counter()
-            tree = self.policy.grow(self.drafter, run.seq[-1], max_depth=remaining - 1, sampler=self.sampler)  # 1. draft
-            t_verify = time.perf_counter()
-            positions = tree.position_ids(len(run.seq) - 1)[0]  # the root is seq[-1]
-            logits, features = self._forward(run, tree.tokens.tolist(), positions, tree.allowed(cached), hidden=hidden)  # 2. verify
-            path, bonus = self._accept(tree, logits)  # 3. accept (its host sync ends the verification)
-            t_commit = time.perf_counter()
-            keep = torch.tensor([0] + path)  # 4. commit caches
-            kv.keep(run.cache, cached, keep)
-            run.slot_pos = torch.cat([run.slot_pos, positions[keep]])
-            committed = _truncate(tree.tokens[path].tolist() + [bonus], stop_ids, remaining)
-            run.seq.extend(committed)
-            self._evict(run)
-            if self.drafter is not None:
-                self.drafter.commit(run.seq, tree.drafted_nodes(path), None if features is None else features[keep])
-            self.policy.observe(tree, path)
-            stats.draft_s += t_verify - t_draft
-            stats.verify_s += t_commit - t_verify
-            stats.commit_s += time.perf_counter() - t_commit
+                t_draft = time.perf_counter()
+                tree = self.policy.grow(self.drafter, run.seq[-1], max_depth=remaining - 1, sampler=self.sampler)  # 1. draft
+                t_verify = time.perf_counter()
+                positions = tree.position_ids(len(run.seq) - 1)[0]  # the root is seq[-1]
+                logits, features = self._forward(run, tree.tokens.tolist(), positions, tree.allowed(cached), hidden=hidden)  # 2. verify
+                path, bonus = self._accept(tree, logits)  # 3. accept (its host sync ends the verification)
+                t_commit = time.perf_counter()
+                keep = torch.tensor([0] + path)  # 4. commit caches
+                kv.keep(run.cache, cached, keep)
+                run.slot_pos = torch.cat([run.slot_pos, positions[keep]])
+                committed = _truncate(tree.tokens[path].tolist() + [bonus], stop_ids, remaining)
+                run.seq.extend(committed)
+                self._evict(run)
+                if self.drafter is not None:
+                    self.drafter.commit(run.seq, tree.drafted_nodes(path), None if features is None else features[keep])
+                self.policy.observe(tree, path)
+                stats.draft_s += t_verify - t_draft
+                stats.verify_s += t_commit - t_verify
+                stats.commit_s += time.perf_counter() - t_commit
 
-            stats.iterations += 1
-            stats.new_tokens += len(committed)
-            stats.drafted_tokens += tree.n_drafted
-            accepted = min(len(path), len(committed))
-            stats.accepted_tokens += accepted
-            stats.tree_sizes.append(tree.n_drafted)
-            stats.accepted_lens.append(accepted)
-            if on_tokens:
-                on_tokens(committed)
-            yield Step(tree=tree, path=path, committed=committed)
-
-        stats.wall_s = clock.elapsed()
-        stats.peak_mem_mb = memory.peak_mb()
-        if compiled:
-            stats.compile_s, stats.graphs_compiled_while_timed = compile_s, compiled_graphs() - graphs
+                stats.iterations += 1
+                stats.new_tokens += len(committed)
+                stats.drafted_tokens += tree.n_drafted
+                accepted = min(len(path), len(committed))
+                stats.accepted_tokens += accepted
+                stats.tree_sizes.append(tree.n_drafted)
+                stats.accepted_lens.append(accepted)
+                if on_tokens:
+                    on_tokens(committed)
+                yield Step(tree=tree, path=path, committed=committed)
+        finally:
+            stats.wall_s = clock.elapsed()
+            stats.peak_mem_mb = memory.peak_mb()
+            if compiled:
+                stats.compile_s, stats.graphs_compiled_while_timed = compile_s, compiled_graphs() - graphs
 
     def _step_kinds(self) -> set[str]:
         """The kinds of target step (models.STEP_KINDS) this run makes (the cost curve's sweep makes

@@ -1,0 +1,205 @@
+"""The HTTP side: OpenAI's chat and text completion endpoints over an `Engine`, with FastAPI.
+
+Every error a client can cause is answered in OpenAI's error format (400 bad request, 404 unknown
+model or path, 429 queue full with Retry-After, 503 still loading); the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
+
+from ..errors import DynaTreeError
+from .engine import Engine, Finished, Job, QueueFull
+from .protocol import ChatRequest, CompletionRequest, error_body, validation_message
+
+DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+           code: str | None = None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, param, code), status_code=status, headers=headers)
+
+
+def _sse(payload) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def _usage(done: Finished) -> dict:
+    n = len(done.completion_ids)
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": n, "total_tokens": done.prompt_tokens + n}
+
+
+def _extra(done: Finished) -> dict:
+    """dynatree's own figures for one request (the `dynatree` field of a response)."""
+    record, stats, run = done.record, done.record["stats"], done.record["run"]
+    return {
+        "method": record["method"], "draft": record["draft"], "config": record["config"],
+        "seed": run["seed"], "sampling": run["sampling"], "lossy": run["lossy"], "compile": run["compile"],
+        "tokens_per_pass": stats["tokens_per_iter"], "acceptance_rate": stats["acceptance_rate"],
+        "tokens_per_s": stats["tokens_per_s"], "ttft_s": stats["ttft_s"], "queue_s": done.queue_s,
+        "completion_token_ids": done.completion_ids,
+    }
+
+
+def create_app(engine: Engine, load: bool = True) -> FastAPI:
+    """The app; with `load`, the engine loads (and warms up) in a thread when the app starts, while
+    /health answers 'loading'."""
+
+    async def lifespan(app: FastAPI):
+        if load and engine.state == "loading":
+            asyncio.get_running_loop().run_in_executor(None, engine.load)
+        yield
+        engine.close()
+
+    app = FastAPI(title="dynatree", lifespan=lifespan)
+    metrics = engine.metrics
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError):
+        message, param = validation_message(exc.errors())
+        metrics.requests.labels(request.url.path, "400").inc()
+        return _error(400, message, param=param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind)
+
+    @app.get("/health")
+    async def health():
+        if engine.state == "ready":
+            return {"status": "ready", "model": engine.model_id}
+        body = {"status": engine.state, **({"error": engine.error} if engine.error else {})}
+        return JSONResponse(body, status_code=503)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": engine.model_id, "object": "model", "created": 0,
+                                            "owned_by": "dynatree"}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        return await _complete(body, request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await _complete(body, request, chat=False)
+
+    async def _complete(body: ChatRequest | CompletionRequest, request: Request, chat: bool):
+        endpoint = request.url.path
+
+        def answer(response):
+            metrics.requests.labels(endpoint, str(response.status_code)).inc()
+            return response
+
+        if engine.state != "ready":
+            return answer(_error(503, f"the model is {engine.state}" + (f": {engine.error}" if engine.error else ""),
+                                 "service_unavailable", headers={"Retry-After": "5"}))
+        if body.model != engine.model_id:
+            return answer(_error(404, f"model {body.model!r} is not served here; this server serves "
+                                      f"{engine.model_id!r} (GET /v1/models)", "not_found_error", "model",
+                                 "model_not_found"))
+        try:
+            prepared = engine.prepare(body, engine.prompt_ids(body))
+        except DynaTreeError as exc:
+            return answer(_error(400, str(exc)))
+        job = Job(prepared, body.stops, asyncio.get_running_loop())
+        try:
+            engine.submit(job)
+        except QueueFull as exc:
+            return answer(_error(429, str(exc), "rate_limit_error", code="queue_full",
+                                 headers={"Retry-After": str(exc.retry_after)}))
+        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        shape = _Shape(ident, engine.model_id, chat)
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return answer(StreamingResponse(_stream(job, shape, usage), media_type="text/event-stream"))
+        return answer(await _whole(job, shape, request))
+
+    return app
+
+
+class _Shape:
+    """The JSON shapes of one response: chat or text completion, whole or in chunks."""
+
+    def __init__(self, ident: str, model: str, chat: bool):
+        self.ident, self.model, self.chat = ident, model, chat
+        self.created = int(time.time())
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.ident, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, done: Finished) -> dict:
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if self.chat
+                  else {"index": 0, "text": text})
+        choice.update(finish_reason=done.finish_reason, logprobs=None)
+        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
+                "usage": _usage(done), "dynatree": _extra(done)}
+
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False) -> dict:
+        if self.chat:
+            delta = ({"role": "assistant", "content": ""} if role else {}) | ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or ""}
+        choice.update(finish_reason=finish_reason, logprobs=None)
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, done: Finished) -> dict:
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
+                "usage": _usage(done)}
+
+
+async def _stream(job: Job, shape: _Shape, include_usage: bool):
+    """Server-sent events: one chunk per committed group of tokens, the finish chunk, [DONE]. A client
+    that goes away cancels the decode at its next iteration (this generator is closed)."""
+    try:
+        if shape.chat:
+            yield _sse(shape.chunk(role=True))
+        while True:
+            kind, value = await job.events.get()
+            if kind == "text":
+                yield _sse(shape.chunk(value))
+            elif kind == "error":
+                yield _sse(error_body(value, "server_error"))
+                break
+            else:
+                yield _sse({**shape.chunk(finish_reason=value.finish_reason), "dynatree": _extra(value)})
+                if include_usage:
+                    yield _sse(shape.usage_chunk(value))
+                break
+        yield _sse("[DONE]")
+    finally:
+        job.cancelled.set()  # nothing if the decode ended; otherwise it stops at its next iteration
+
+
+async def _whole(job: Job, shape: _Shape, request: Request):
+    """The whole answer once the decode ends; a client that goes away first cancels the decode."""
+    parts: list[str] = []
+    while True:
+        try:
+            kind, value = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                return Response(status_code=499)  # nobody reads it
+            continue
+        if kind == "text":
+            parts.append(value)
+        elif kind == "error":
+            return _error(500, value, "server_error")
+        else:
+            return JSONResponse(shape.whole("".join(parts), value))

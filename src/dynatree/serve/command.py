@@ -1,0 +1,104 @@
+"""`dynatree serve`: load the models, warm up, serve until interrupted."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+
+from ..cli_args import add_model_args, method_options
+from ..errors import DynaTreeError
+from ..methods import get_method, make_config
+
+DRAFT_HELP = ("draft of every request whose method drafts: 'ngram', 'ngram+MODEL', a draft LM or feature head "
+              "(as `dynatree generate --draft`) [ngram]")
+
+
+def add_serve_command(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="serve an OpenAI-compatible HTTP API (chat and text completions, streamed or not)",
+        description="Load the models once, warm up (compiled graphs, the cost curve), then serve "
+                    "/v1/chat/completions, /v1/completions, /v1/models, /health and /metrics. One decode runs "
+                    "at a time; up to --queue requests wait, more are answered 429. Requests choose their method "
+                    "and its options with an extra field, e.g. \"dynatree\": {\"method\": \"fixed-tree\", "
+                    "\"depth\": 6}; the flags below set the defaults.")
+    p.add_argument("--method", default="dynatree", help="method of requests that name none [dynatree]")
+    add_model_args(p, DRAFT_HELP)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
+    p.add_argument("--port", type=int, default=8000, help="port [8000]")
+    p.add_argument("--queue", type=int, default=16, help="requests that may wait while one decodes [16]")
+    p.add_argument("--max-tokens", type=int, default=1024,
+                   help="most tokens one request may generate, and the default within the context [1024]")
+    p.add_argument("--ngram-max", type=int, default=4, help="longest context the n-gram drafter matches [4]")
+    p.add_argument("--kv-window", metavar="SINK,RECENT", help="attention-sink KV window for every request")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="report ready without decoding a warm-up prompt (the first request then compiles and "
+                        "measures)")
+    p.set_defaults(method_fields=method_options(p), run=cmd_serve)
+
+
+def settings_from(args):
+    """ServeSettings from parsed arguments, every value checked before any model loads."""
+    from ..draftspec import parse as parse_draft
+    from ..window import KVWindow
+    from .engine import ServeSettings
+
+    spec = get_method(args.method)
+    if spec.policy_cls is None:
+        raise DynaTreeError(f"--method {args.method}: the server decodes with dynatree's own methods, not "
+                            "transformers' generate()")
+    options = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
+    make_config(args.method, **options)  # unknown or bad options fail here, named
+    parse_draft(args.draft)
+    KVWindow.parse(args.kv_window)
+    for flag, value, low in (("--port", args.port, 0), ("--queue", args.queue, 0), ("--max-tokens", args.max_tokens, 1),
+                             ("--ngram-max", args.ngram_max, 1)):
+        if value < low:
+            raise DynaTreeError(f"{flag} must be at least {low}, got {value}")
+    if args.port > 65535:
+        raise DynaTreeError(f"--port must be at most 65535, got {args.port}")
+    return ServeSettings(target=args.target, draft=args.draft, method=args.method, options=options,
+                         compile=args.compile, device=args.device, dtype=args.dtype, linear=args.linear,
+                         ngram_max=args.ngram_max, kv_window=args.kv_window, queue=args.queue,
+                         max_tokens=args.max_tokens, warmup=args.warmup)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket, bound before any model loads (a busy port is a one-line error)."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        raise DynaTreeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from .app import create_app
+    from .engine import Engine
+
+    engine = Engine(settings_from(args))
+    sock = listen(args.host, args.port)
+    config = uvicorn.Config(create_app(engine, load=False), log_level="warning")
+    server = uvicorn.Server(config)
+
+    def load():
+        print(f"dynatree serve: loading {engine.model_id} and warming up (/health answers 'loading')",
+              file=sys.stderr, flush=True)
+        engine.load()
+        if engine.state == "failed":
+            server.should_exit = True
+        else:
+            print(f"dynatree serve: ready at http://{args.host}:{args.port}/v1 (model {engine.model_id!r})",
+                  file=sys.stderr, flush=True)
+
+    threading.Thread(target=load, name="dynatree-load", daemon=True).start()
+    server.run(sockets=[sock])
+    if engine.state == "failed":
+        raise DynaTreeError(engine.error)
+    return 0

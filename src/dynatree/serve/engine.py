@@ -1,0 +1,266 @@
+"""The server's engine: models loaded once, one decode at a time, a bounded FIFO queue in front.
+
+Tree speculation decodes one sequence per target pass, so requests do not share passes: a single
+worker thread takes jobs from the queue in arrival order and runs each through `Decoder.steps`,
+checking between iterations whether the client went away or a stop string appeared. Text reaches
+the HTTP side as events on an asyncio queue of the event loop that submitted the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import math
+import queue
+import secrets
+import threading
+import time
+
+from .. import api
+from ..draftspec import AUTO, Hybrid
+from ..errors import DynaTreeError
+from ..featurehead import FeatureHead
+from ..methods import get_method
+from ..models import DEFAULT_TARGET, LoadedModel, load_model
+from ..window import KVWindow
+from .metrics import Metrics
+from .protocol import ChatRequest, CompletionRequest
+from .textstream import TextStream
+
+WARMUP_PROMPT = "Hello! Say hello back in one short sentence."
+
+
+@dataclasses.dataclass
+class ServeSettings:
+    """What `dynatree serve` loads, and the defaults of every request."""
+
+    target: str | LoadedModel = DEFAULT_TARGET  # a model spec (as --target), or a model already loaded
+    draft: object = None  # as --draft: None/'ngram', 'ngram+MODEL', a model spec, or a loaded draft/Hybrid
+    method: str = "dynatree"  # the method of requests that name none
+    options: dict = dataclasses.field(default_factory=dict)  # that method's options (config field -> value)
+    compile: bool = False  # decode steps through torch.compile (graphs built during the warm-up)
+    device: str = "cpu"
+    dtype: str = "float32"
+    linear: str = "auto"  # linear-layer kernels of models loaded here (kernels.py)
+    ngram_max: int = 4  # longest context the n-gram drafter matches
+    kv_window: str | None = None  # 'SINK,RECENT' for every request, or None
+    queue: int = 16  # requests that may wait while one decodes; one more is answered 429
+    max_tokens: int = 1024  # the most tokens one request may ask for (and its default, within the context)
+    warmup: bool = True  # decode one short prompt before reporting ready (compiles graphs, measures costs)
+
+
+class QueueFull(Exception):
+    """The FIFO queue holds `settings.queue` waiting requests already."""
+
+    def __init__(self, retry_after: int):
+        super().__init__(f"the server is busy: {retry_after} s until a place in the queue is likely")
+        self.retry_after = retry_after
+
+
+@dataclasses.dataclass
+class Finished:
+    """The end of one decode, as the HTTP side reports it."""
+
+    finish_reason: str  # 'stop' (EOS or a stop string), 'length' (max_tokens), 'cancelled'
+    prompt_tokens: int
+    completion_ids: list[int]
+    record: dict  # api.Prepared.record() of the run (stats, method, draft, seed, ...)
+    queue_s: float  # time spent waiting in the queue
+
+
+class Job:
+    """One prepared request on its way through the queue and the worker."""
+
+    def __init__(self, prepared: api.Prepared, stops: list[str], loop: asyncio.AbstractEventLoop | None):
+        self.prepared = prepared
+        self.text = TextStream(prepared.target.tokenizer, stops)
+        self.events: asyncio.Queue = asyncio.Queue()  # ('text', str), then ('done', Finished) or ('error', str)
+        self.cancelled = threading.Event()  # set by the HTTP side when the client goes away
+        self.loop = loop  # None: nobody listens (the warm-up)
+        self.submitted = time.perf_counter()
+        self.first_token_s: float | None = None  # since submission
+
+    def emit(self, kind: str, value) -> None:
+        """Hand an event to the event loop (called from the worker thread)."""
+        if self.loop is None:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the loop has closed (server shutting down): nobody is listening
+            self.cancelled.set()
+
+    def on_tokens(self, ids: list[int]) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = time.perf_counter() - self.submitted
+        delta = self.text.push(ids)
+        if delta:
+            self.emit("text", delta)
+
+
+class Engine:
+    """Loads the models (`load`), prepares requests (`prepare`) and decodes them on one worker thread."""
+
+    def __init__(self, settings: ServeSettings):
+        self.settings = settings
+        self.window = KVWindow.parse(settings.kv_window)  # a bad window fails before any model loads
+        self.state = "loading"  # 'loading' -> 'ready', or 'failed'
+        self.error: str | None = None
+        self.metrics = Metrics()
+        self.target: LoadedModel | None = None
+        self.draft = None  # what api.prepare takes as `draft` for methods that draft
+        self.tokenizer = None  # a copy of the target's tokenizer for the HTTP side (the worker has the original)
+        self._queue: queue.Queue = queue.Queue(maxsize=settings.queue)
+        self._busy_s = 0.0  # a moving average of decode durations, for Retry-After
+        self._worker: threading.Thread | None = None
+
+    @property
+    def model_id(self) -> str:
+        t = self.settings.target
+        return t.name if isinstance(t, LoadedModel) else str(t)
+
+    # -- loading ------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Load the target and draft, decode one short prompt (graphs, cost curve), start the worker.
+        Any failure leaves `state` 'failed' with `error` set (the CLI prints it and exits)."""
+        try:
+            s = self.settings
+            target = s.target if isinstance(s.target, LoadedModel) else load_model(
+                s.target, device=s.device, dtype=s.dtype, linear=s.linear)
+            target.compile = s.compile  # the server's setting, for every request (never switched per call)
+            self.target = target
+            self.tokenizer = copy.deepcopy(target.tokenizer)
+            draft = s.draft
+            if not (draft in AUTO or isinstance(draft, (LoadedModel, FeatureHead, Hybrid))):
+                draft = api.load_draft(draft, device=s.device, dtype=s.dtype, linear=s.linear)
+            self.draft = draft
+            if s.warmup:
+                chat = bool(getattr(target.tokenizer, "chat_template", None))
+                ids = api.encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)
+                prepared = self._prepare(ids, s.method, dict(s.options), max_new_tokens=8, seed=0)
+                self._decode(Job(prepared, [], None), observe=False)
+            self._worker = threading.Thread(target=self._work, name="dynatree-decode", daemon=True)
+            self._worker.start()
+            self.state = "ready"
+        except Exception as exc:  # noqa: BLE001 (reported by /health and the CLI, not raised into a thread)
+            self.error = str(exc) if isinstance(exc, DynaTreeError) else f"{type(exc).__name__}: {exc}"
+            self.state = "failed"
+
+    # -- requests -----------------------------------------------------------------------------
+    def prompt_ids(self, request: ChatRequest | CompletionRequest) -> list[int]:
+        """The request's prompt as token ids (chat messages through the chat template)."""
+        tok = self.tokenizer
+        if isinstance(request, CompletionRequest):
+            if isinstance(request.prompt, str):
+                return api.encode_prompt(tok, request.prompt)
+            return list(request.prompt)  # token ids, checked by api.prepare
+        if not getattr(tok, "chat_template", None):
+            raise DynaTreeError(f"{self.model_id!r} has no chat template: use /v1/completions with plain text")
+        messages = [m.as_template_message() for m in request.messages]
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False).input_ids
+        if not ids:
+            raise DynaTreeError("the messages encode to zero tokens")
+        return list(ids)
+
+    def prepare(self, request: ChatRequest | CompletionRequest, ids: list[int]) -> api.Prepared:
+        """A validated decode of `request` (any bad value is a DynaTreeError: a 400)."""
+        extra = dict(request.dynatree or {})
+        method = extra.pop("method", None)
+        options = {str(k).replace("-", "_"): v for k, v in extra.items()}
+        if method is None:
+            method, options = self.settings.method, {**self.settings.options, **options}
+        elif not isinstance(method, str):
+            raise DynaTreeError(f"dynatree.method must be a method name, got {method!r}")
+        context = self.target.context_length
+        room = None if context is None else context - len(ids)
+        if room is not None and room < 1:
+            raise DynaTreeError(f"the prompt ({len(ids)} tokens) fills the context length {context} of {self.model_id!r}")
+        limit = self.settings.max_tokens
+        if request.max_tokens is not None and request.max_tokens > limit:
+            raise DynaTreeError(f"max_tokens {request.max_tokens} exceeds this server's limit {limit} (--max-tokens)")
+        max_tokens = request.max_tokens or (limit if room is None else min(limit, room))
+        seed = request.seed if request.seed is not None else secrets.randbits(63)
+        sample = request.temperature > 0
+        sampling = dict(sample=True, temperature=request.temperature, top_k=request.top_k,
+                        top_p=request.top_p) if sample else {}
+        return self._prepare(ids, method, options, max_tokens, seed, **sampling)
+
+    def _prepare(self, ids, method, options, max_new_tokens, seed, **sampling) -> api.Prepared:
+        spec = get_method(method)
+        if spec.policy_cls is None:
+            raise DynaTreeError(f"{method!r} runs transformers' own generate(), a benchmark baseline; the server "
+                                "decodes with dynatree's methods (ar, linear, dynatree, ...)")
+        return api.prepare(method=method, target=self.target, draft=self.draft if spec.draft != "none" else None,
+                           prompt_ids=ids, max_new_tokens=max_new_tokens, seed=seed,
+                           ngram_max=self.settings.ngram_max, kv_window=self.window, **sampling, **options)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; QueueFull when `settings.queue` jobs wait already."""
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self.metrics.rejected.inc()
+            raise QueueFull(self.retry_after()) from None
+        self.metrics.queue_depth.set(self._queue.qsize())
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has likely moved by one place (at least 1)."""
+        return max(1, math.ceil(self._busy_s))
+
+    # -- the worker ---------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            self.metrics.queue_depth.set(self._queue.qsize())
+            if job is None:
+                return
+            if job.cancelled.is_set():  # the client left while waiting
+                continue
+            start = time.perf_counter()
+            self.metrics.running.set(1)
+            try:
+                self._decode(job)
+            except Exception as exc:  # noqa: BLE001 (one failed request must not stop the server)
+                job.emit("error", f"{type(exc).__name__}: {exc}")
+            finally:
+                self.metrics.running.set(0)
+                took = time.perf_counter() - start
+                self._busy_s = took if self._busy_s == 0 else 0.8 * self._busy_s + 0.2 * took
+
+    def _decode(self, job: Job, observe: bool = True) -> None:
+        """Run one job to its end (length, EOS, stop string, or cancellation); emit its events."""
+        prepared = job.prepared
+        queue_s = time.perf_counter() - job.submitted
+        decoder = prepared.decoder()
+        steps = decoder.steps(prepared.prompt_ids, prepared.max_new_tokens, prepared.ignore_eos, job.on_tokens)
+        try:
+            for _ in steps:
+                if job.cancelled.is_set() or job.text.stopped:
+                    break
+        finally:
+            steps.close()
+        run = decoder.run
+        new_ids = run.new_tokens
+        if job.cancelled.is_set():
+            reason = "cancelled"
+        elif job.text.stopped or (new_ids and new_ids[-1] in prepared.target.eos_ids and not prepared.ignore_eos):
+            reason = "stop"
+        else:
+            reason = "length"
+        rest = job.text.finish()
+        if rest:
+            job.emit("text", rest)
+        state = decoder.policy.state() if hasattr(decoder.policy, "state") else None
+        record = prepared.record(new_ids, run.stats, state)
+        if observe:
+            self.metrics.observe(record, queue_s, job.first_token_s, time.perf_counter() - job.submitted, reason)
+        job.emit("done", Finished(reason, len(prepared.prompt_ids), new_ids, record, queue_s))
+
+    def close(self) -> None:
+        """Stop the worker after the job it is running."""
+        if self._worker is not None:
+            try:
+                self._queue.put_nowait(None)
+            except queue.Full:
+                pass  # a daemon thread: it ends with the process

@@ -1,0 +1,161 @@
+"""The OpenAI-compatible request bodies the server accepts, and OpenAI's error format.
+
+pydantic validates types and ranges (an unknown field, a negative `max_tokens`, `n` other than 1
+are 400s); what depends on the loaded models (context length, the method's options, the draft)
+is checked by `api.prepare` when the request is prepared. Fields OpenAI defines that change
+nothing here (`user`) are accepted; fields whose non-default values dynatree cannot honour
+(penalties, logprobs, `echo`, `suffix`) are 400s when set, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_STOPS = 4  # OpenAI's limit on `stop` strings
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
+    """One part of a message's content given as a list (only text parts exist in a text model)."""
+
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    """One chat message; `developer` is OpenAI's newer name for `system`."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None  # accepted, not used by chat templates
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def as_template_message(self) -> dict:
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False  # a last chunk with `usage` before [DONE]
+
+
+class _Request(_Strict):
+    """Fields chat and text completions share."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)  # absent: up to the context and the server's --max-tokens
+    temperature: float = Field(1.0, ge=0.0, le=2.0)  # 0: greedy (exact: the target's own greedy tokens)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1)  # an extension (vLLM and llama.cpp have it too)
+    seed: int | None = None  # absent: a fresh random seed per request
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: Any = None
+    dynatree: dict[str, Any] | None = None  # {"method": NAME, OPTION: VALUE, ...} as the CLI's flags
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError(f"n must be 1: tree speculation decodes one sequence per request (got {n})")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop):
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    @model_validator(mode="after")
+    def _unsupported(self):
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported: it changes the target's distribution, which "
+                                 "tree verification keeps exact (leave it 0)")
+        if self.logprobs not in (None, False, 0):
+            raise ValueError("logprobs are not supported by this server")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options applies only with stream: true")
+        return self
+
+    @property
+    def stops(self) -> list[str]:
+        return self.stop or []  # a list once validated (a default None is not validated)
+
+
+class ChatRequest(_Request):
+    """POST /v1/chat/completions: `messages` go through the tokenizer's chat template."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+
+    @model_validator(mode="after")
+    def _one_limit(self):
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise ValueError("max_tokens and max_completion_tokens disagree; give one of them")
+            self.max_tokens = self.max_completion_tokens
+        return self
+
+
+class CompletionRequest(_Request):
+    """POST /v1/completions: `prompt` is plain text (one string), or token ids."""
+
+    prompt: str | list[int] | list[str]
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ValueError(f"one prompt per request (got {len(prompt)}): send one request per prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        return prompt
+
+    @model_validator(mode="after")
+    def _no_echo(self):
+        if self.echo:
+            raise ValueError("echo is not supported by this server")
+        if self.suffix:
+            raise ValueError("suffix (insertion) is not supported by this server")
+        return self
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error object, as its clients parse it."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """One line from pydantic's errors (the first), and the parameter it names."""
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    if first.get("type") == "extra_forbidden":
+        return f"unknown field {param!r}", param
+    if first.get("type") == "missing":
+        return f"missing field {param!r}", param
+    return (f"{param}: {message}" if param else message), param

@@ -1,0 +1,57 @@
+"""Committed token groups -> text deltas, with stop strings cut out and incomplete text held back."""
+
+from __future__ import annotations
+
+
+class TextStream:
+    """Turns the tokens a decode commits into the text a client may already see.
+
+    Text is decoded from all ids so far (a token's text can depend on its neighbours). Held back:
+    a trailing incomplete UTF-8 sequence (decoded as U+FFFD), and a tail that could be the start
+    of a stop string. When a stop string appears, the text ends just before it (OpenAI's rule: the
+    stop text is not returned) and `stopped` is set.
+    """
+
+    def __init__(self, tokenizer, stops: list[str]):
+        self.tokenizer = tokenizer
+        self.stops = stops
+        self.ids: list[int] = []
+        self.sent = 0  # characters already handed out
+        self.stopped = False
+
+    def push(self, ids: list[int]) -> str:
+        """Add committed tokens; the new text that may be sent now ('' if none)."""
+        if self.stopped:
+            return ""
+        self.ids.extend(ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        cut = self._first_stop(text)
+        if cut is not None:
+            self.stopped = True
+            return self._take(text[:cut])
+        if text.endswith("\ufffd"):
+            return ""
+        return self._take(text[: len(text) - self._held(text)])
+
+    def finish(self) -> str:
+        """The text still held back once the decode has ended (no stop string came)."""
+        if self.stopped:
+            return ""
+        return self._take(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+
+    def _take(self, text: str) -> str:
+        delta = text[self.sent:]
+        self.sent = max(self.sent, len(text))
+        return delta
+
+    def _first_stop(self, text: str) -> int | None:
+        start = max(0, self.sent - max((len(s) for s in self.stops), default=0))  # a stop may straddle what was sent
+        found = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        return min(found) if found else None
+
+    def _held(self, text: str) -> int:
+        """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+        for n in range(min(len(text), max((len(s) for s in self.stops), default=1) - 1), 0, -1):
+            if any(s.startswith(text[-n:]) for s in self.stops):
+                return n
+        return 0

@@ -1,0 +1,383 @@
+"""`dynatree serve`: a real uvicorn server on 127.0.0.1, called through the `openai` client and httpx.
+
+Greedy answers must be `dynatree.generate`'s tokens; every bad request a 400 (404, 429) in OpenAI's
+error format, after which the server still serves.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from conftest import EOS, tiny, tokenizer
+from dynatree import api
+from dynatree.cli import main
+from dynatree.models import LoadedModel
+from dynatree.serve.app import create_app
+from dynatree.serve.engine import Engine, ServeSettings
+from dynatree.serve.textstream import TextStream
+
+TEMPLATE = ("{% for m in messages %}{{ 'w3' if m['role'] == 'user' else 'w4' }} {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}w4{% endif %}")
+MODEL = "tiny-chat"
+
+
+def chat_model(seed: int, name: str) -> LoadedModel:
+    tok = copy.deepcopy(tokenizer())
+    tok.chat_template = TEMPLATE
+    base = tiny("llama", seed=seed, eos_ids=[EOS])
+    return LoadedModel(model=base.model, tokenizer=tok, name=name, eos_ids=[EOS])
+
+
+TARGET = chat_model(0, MODEL)
+DRAFT = chat_model(1, "tiny-draft")
+
+
+class Server:
+    """An Engine + app served by uvicorn on a free loopback port, in a thread."""
+
+    def __init__(self, **settings):
+        self.engine = Engine(ServeSettings(target=TARGET, **settings))
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.engine), log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 60
+        while self.engine.state == "loading" and time.time() < deadline:
+            time.sleep(0.05)
+        assert self.engine.state == "ready", self.engine.error
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
+
+    def post(self, path: str, body, **kw) -> httpx.Response:
+        content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+        return httpx.post(self.url + path, content=content, headers={"content-type": "application/json"},
+                          timeout=60, **kw)
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(self.url + "/metrics").text
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(draft=DRAFT, method="dynatree", queue=4, max_tokens=200)
+    yield s
+    s.stop()
+
+
+def expected(prompt: str, max_new_tokens: int, chat: bool = True, method: str = "dynatree", **options) -> dict:
+    draft = DRAFT if method not in ("ar",) else None
+    return api.generate(prompt, method, target=TARGET, draft=draft, chat=chat, max_new_tokens=max_new_tokens,
+                        **options)
+
+
+def test_health_models_and_metrics(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ready", "model": MODEL}
+    assert [m.id for m in server.client.models.list().data] == [MODEL]
+    server.client.completions.create(model=MODEL, prompt="w5 w6", max_tokens=4, temperature=0)
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("dynatree_requests_total", "dynatree_completion_tokens_total", "dynatree_tokens_per_pass_bucket",
+                 "dynatree_queue_depth", "dynatree_request_seconds_bucket", "dynatree_time_to_first_token_seconds"):
+        assert name in text
+    assert server.metric("dynatree_completion_tokens_total") >= 4
+
+
+@pytest.mark.parametrize("prompt", ["w5 w6 w7", "w9 w10 w9 w10 w9 w10 w11"])
+def test_greedy_chat_equals_generate_and_plain_decoding(server, prompt):
+    want = expected(prompt, 40)
+    assert want["new_token_ids"] == expected(prompt, 40, method="ar")["new_token_ids"]
+    got = server.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                                temperature=0, max_tokens=40)
+    assert got.choices[0].message.content == want["text"]
+    assert got.dynatree["completion_token_ids"] == want["new_token_ids"]
+    assert got.usage.prompt_tokens == want["prompt_tokens"]
+    assert got.usage.completion_tokens == len(want["new_token_ids"])
+    assert got.choices[0].finish_reason == ("stop" if want["new_token_ids"][-1] == EOS else "length")
+    assert got.dynatree["method"] == "dynatree" and got.dynatree["tokens_per_pass"] >= 1
+
+    chunks = list(server.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=40, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want["text"]
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].dynatree["completion_token_ids"] == want["new_token_ids"]
+    assert chunks[-1].usage.completion_tokens == len(want["new_token_ids"]) and chunks[-1].choices == []
+
+
+def test_text_completion_streamed_and_whole_equal_generate(server):
+    want = expected("w7 w8 w9 w7 w8", 30, chat=False)
+    whole = server.client.completions.create(model=MODEL, prompt="w7 w8 w9 w7 w8", temperature=0, max_tokens=30)
+    assert whole.choices[0].text == want["text"]
+    parts = list(server.client.completions.create(model=MODEL, prompt="w7 w8 w9 w7 w8", temperature=0,
+                                                  max_tokens=30, stream=True))
+    assert len(parts) > 2  # one chunk per committed group, not one blob
+    assert "".join(p.choices[0].text for p in parts) == want["text"]
+    ids = TARGET.tokenizer("w7 w8 w9 w7 w8").input_ids
+    by_ids = server.client.completions.create(model=MODEL, prompt=ids, temperature=0, max_tokens=30)
+    assert by_ids.choices[0].text == want["text"]
+
+
+def test_method_and_options_per_request(server):
+    for extra in ({"method": "fixed-tree", "depth": 3}, {"method": "ar"}, {"method": "linear", "k": 3},
+                  {"cost_aware": True}, {"method": "dynatree", "n-max": 8}):
+        method = extra.get("method", "dynatree")
+        options = {k.replace("-", "_"): v for k, v in extra.items() if k != "method"}
+        want = expected("w11 w12 w13", 24, method=method, **options)
+        got = server.client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "w11 w12 w13"}], temperature=0, max_tokens=24,
+            extra_body={"dynatree": extra})
+        assert got.dynatree["method"] == method
+        assert {k: got.dynatree["config"][k] for k in options} == options
+        assert got.dynatree["completion_token_ids"] == want["new_token_ids"], extra
+
+
+def test_stop_strings_cut_the_text_before_the_stop(server):
+    full = expected("w20 w21", 40)["text"].split()
+    assert len(full) > 6
+    stop = " ".join(full[3:5])  # two words in the middle: the stop may straddle committed groups
+    prefix = " ".join(full)[: " ".join(full).find(stop)]
+    for stream in (False, True):
+        got = server.client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "w20 w21"}], temperature=0, max_tokens=40,
+            stop=[stop, "w95 w95 w95"], stream=stream)
+        if stream:
+            chunks = list(got)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            reason = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        else:
+            text, reason = got.choices[0].message.content, [got.choices[0].finish_reason]
+        assert text == prefix and reason == ["stop"]
+
+
+def test_seed_reproduces_sampled_answers(server):
+    def ask(seed):
+        return server.client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "w30 w31"}], temperature=1.0, top_p=0.95,
+            max_tokens=20, seed=seed).dynatree["completion_token_ids"]
+
+    first = ask(7)
+    assert ask(7) == first
+    assert len({tuple(ask(s)) for s in (1, 2, 3, 4)}) > 1  # random models sample different tokens per seed
+    want = api.generate("w30 w31", "dynatree", target=TARGET, draft=DRAFT, chat=True, max_new_tokens=20, seed=7,
+                        sample=True, temperature=1.0, top_p=0.95)
+    assert first == want["new_token_ids"]
+
+
+BAD = [
+    ("/v1/chat/completions", "{not json", "not valid JSON"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "colour": 1},
+     "unknown field 'colour'"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "max_tokens": -3},
+     "max_tokens"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "n": 2}, "n must be 1"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}]}, "missing field 'model'"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "w5"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "top_p": 0},
+     "top_p"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                              "presence_penalty": 0.5}, "presence_penalty is not supported"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                              "dynatree": {"method": "beam-search"}}, "beam-search"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                              "dynatree": {"method": "hf-ar"}}, "transformers' own generate()"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                              "dynatree": {"method": "fixed-tree", "depth": -1}}, "depth"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                              "dynatree": {"colour": 3}}, "--colour does not apply"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "max_tokens": 500},
+     "exceeds this server's limit 200"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5 " * 520}]},
+     "fills the context length 512"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5 " * 400, "max_tokens": 150}, "exceeds the context length 512"),
+    ("/v1/completions", {"model": MODEL, "prompt": ""}, "the prompt is empty"),
+    ("/v1/completions", {"model": MODEL, "prompt": [5, 999]}, "not a token id"),
+    ("/v1/completions", {"model": MODEL, "prompt": ["w5", "w6"]}, "one prompt per request"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "echo": True}, "echo is not supported"),
+]
+
+
+@pytest.mark.parametrize("path,body,message", BAD, ids=[b[2] for b in BAD])
+def test_bad_requests_get_400_and_the_server_keeps_serving(server, path, body, message):
+    response = server.post(path, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert message in error["message"] and error["type"] == "invalid_request_error"
+    assert "\n" not in error["message"]
+    ok = server.client.completions.create(model=MODEL, prompt="w5 w6", max_tokens=3, temperature=0)
+    assert ok.choices[0].text
+
+
+def test_unknown_model_and_path_are_404_in_openai_format(server):
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        server.client.completions.create(model="gpt-4", prompt="w5", max_tokens=3)
+    response = httpx.get(server.url + "/v1/embeddings")
+    assert response.status_code == 404 and "error" in response.json()
+
+
+def gated(engine: Engine) -> threading.Event:
+    """Make the engine's next decode wait until the returned event is set (the worker is then busy)."""
+    gate, decode = threading.Event(), engine._decode
+
+    def wait_then_decode(job, observe=True):
+        engine._decode = decode  # only the first
+        gate.wait(30)
+        decode(job, observe)
+
+    engine._decode = wait_then_decode
+    return gate
+
+
+def wait_until(condition, timeout: float = 10) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_the_rest_complete(server):
+    gate = gated(server.engine)
+    body = {"model": MODEL, "prompt": "w40 w41", "max_tokens": 12, "temperature": 0}
+    want = expected("w40 w41", 12, chat=False)["text"]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        first = pool.submit(server.post, "/v1/completions", body)
+        wait_until(lambda: server.engine.metrics.running._value.get() == 1)  # the worker holds the first
+        waiting = [pool.submit(server.post, "/v1/completions", body) for _ in range(4)]
+        wait_until(lambda: server.engine._queue.qsize() == 4)
+        refused = server.post("/v1/completions", body)
+        gate.set()
+        answers = [f.result() for f in [first, *waiting]]
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["error"]["code"] == "queue_full"
+    assert [a.status_code for a in answers] == [200] * 5
+    assert all(a.json()["choices"][0]["text"] == want for a in answers)
+
+
+def test_eight_clients_five_requests_each_all_answered(server):
+    prompts = [f"w{50 + i} w{60 + i}" for i in range(8)]
+    wants = {p: expected(p, 16, chat=False)["text"] for p in prompts}
+    refusals = []
+
+    def client(prompt):
+        texts = []
+        for _ in range(5):
+            while True:
+                r = server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 16,
+                                                    "temperature": 0})
+                if r.status_code != 429:
+                    break
+                refusals.append(int(r.headers["retry-after"]))
+                time.sleep(0.05)
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["text"])
+        return prompt, texts
+
+    gate = gated(server.engine)  # every client's first request arrives while the worker is busy
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(client, p) for p in prompts]
+        wait_until(lambda: server.engine._queue.qsize() == 4)
+        time.sleep(0.2)
+        gate.set()
+        results = [f.result() for f in futures]
+    assert len(results) == 8
+    for prompt, texts in results:
+        assert texts == [wants[prompt]] * 5
+    assert refusals  # 8 at once against 1 running + 4 waiting: some were told to come back
+
+
+def test_a_client_that_disconnects_mid_stream_frees_the_model(server):
+    before = server.metric('dynatree_decodes_total{reason="cancelled"}')
+    body = {"model": MODEL, "prompt": "w70", "max_tokens": 200, "temperature": 0, "stream": True,
+            "dynatree": {"method": "ar"}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        next(response.iter_lines())  # the first chunk came; then the client goes away
+    wait_until(lambda: server.metric('dynatree_decodes_total{reason="cancelled"}') == before + 1)
+    ok = server.client.completions.create(model=MODEL, prompt="w5 w6", max_tokens=5, temperature=0)
+    assert ok.choices[0].text == expected("w5 w6", 5, chat=False)["text"]
+
+
+class _Chars:
+    """A tokenizer whose token i is the character chr(i); 0xFF stands for half of a 2-byte character."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        out = "".join(chr(i) for i in ids)
+        return out.replace("\xff\xfe", "é").replace("\xff", "\ufffd")
+
+
+def test_text_stream_holds_back_stop_prefixes_and_half_characters():
+    s = TextStream(_Chars(), ["END"])
+    assert s.push([ord("a"), ord("b"), ord("E")]) == "ab"  # 'E' may start the stop
+    assert s.push([ord("x")]) == "Ex"
+    assert s.push([0xFF]) == ""  # half a character
+    assert s.push([0xFE, ord("E"), ord("N")]) == "é"
+    assert s.push([ord("D"), ord("z")]) == "" and s.stopped
+    assert s.push([ord("q")]) == "" and s.finish() == ""
+    t = TextStream(_Chars(), [])
+    assert t.push([ord("a")]) == "a" and t.finish() == ""
+    u = TextStream(_Chars(), ["xy"])
+    assert u.push([ord("a"), ord("x")]) == "a" and u.finish() == "x"
+
+
+def test_serve_cli_refuses_bad_settings_before_loading(capsys):
+    for argv, message in ((["serve", "--method", "hf-lookup"], "dynatree's own methods"),
+                          (["serve", "--queue", "-1"], "--queue must be at least 0"),
+                          (["serve", "--port", "70000"], "--port must be at most 65535"),
+                          (["serve", "--draft", "ngram+"], "ngram+"),
+                          (["serve", "--kv-window", "4"], "SINK,RECENT")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+
+
+def test_serve_cli_busy_port_is_one_line_error(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        assert main(["serve", "--port", str(busy.getsockname()[1])]) == 2
+    assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+
+
+def test_a_target_that_fails_to_load_reports_failed():
+    engine = Engine(ServeSettings(target="/nonexistent/model"))
+    engine.load()
+    assert engine.state == "failed" and "nonexistent" in engine.error
+
+
+def test_bench_serve_reports_latency_ttft_and_throughput(server, prompt_file, tmp_path, capsys):
+    out = tmp_path / "load"
+    assert main(["bench-serve", "--url", server.url, "--requests", "6", "--concurrency", "3", "--max-tokens", "12",
+                 "--dataset", str(prompt_file), "--n", "4", "--out", str(out), "--dynatree", '{"method": "linear", "k": 2}']) == 0
+    results = json.loads((out / "results.json").read_text())
+    summary = results["summary"]
+    assert summary["ok"] == 6 and summary["failed"] == 0
+    assert 0 < summary["ttft_p50_s"] <= summary["latency_p50_s"] <= summary["latency_p95_s"]
+    assert summary["completion_tokens"] == sum(r["completion_tokens"] for r in results["requests"]) > 0
+    assert summary["throughput_tok_s"] > 0
+    assert "| 6 | 0 |" in (out / "report.md").read_text() and "latency p50" in capsys.readouterr().out
+
+
+def test_bench_serve_without_a_server_is_one_line_error(capsys):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    assert main(["bench-serve", "--url", f"http://127.0.0.1:{port}"]) == 2
+    assert "no server at" in capsys.readouterr().err
