@@ -36,6 +36,7 @@ from .attention import use_gqa_attention
 from .embedded import DEFAULT_TARGET, EMBEDDED, EMBEDDED_DRAFTS, EmbeddedModel
 from .errors import DynaTreeError
 from .kernels import check_linear_kernel, linear_kernel, packing_problem, use_packed_linears
+from .probe import check_tree_exact
 from .tree import additive_mask
 
 DTYPES = {
@@ -261,6 +262,7 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer),
                          compile=compile, linear_note=note)
     check_causal(loaded)
+    check_tree_exact(loaded)  # refuse, with the reason, what tree verification cannot decode exactly
     return loaded
 
 
