@@ -90,12 +90,17 @@ def expected(prompt: str, max_new_tokens: int, chat: bool = True, method: str = 
 def test_health_models_and_metrics(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ready", "model": MODEL}
     assert [m.id for m in server.client.models.list().data] == [MODEL]
+    ok = 'dynatree_requests_total{endpoint="/v1/completions",status="200"}'
+    before = {name: server.metric(name) for name in (ok, "dynatree_completion_tokens_total",
+                                                     "dynatree_tokens_per_pass_count", "dynatree_request_seconds_count",
+                                                     "dynatree_time_to_first_token_seconds_count")}
     server.client.completions.create(model=MODEL, prompt="w5 w6", max_tokens=4, temperature=0)
-    text = httpx.get(server.url + "/metrics").text
-    for name in ("dynatree_requests_total", "dynatree_completion_tokens_total", "dynatree_tokens_per_pass_bucket",
-                 "dynatree_queue_depth", "dynatree_request_seconds_bucket", "dynatree_time_to_first_token_seconds"):
-        assert name in text
-    assert server.metric("dynatree_completion_tokens_total") >= 4
+    assert server.metric(ok) == before[ok] + 1
+    assert server.metric("dynatree_completion_tokens_total") == before["dynatree_completion_tokens_total"] + 4
+    for name in ("dynatree_tokens_per_pass_count", "dynatree_request_seconds_count",
+                 "dynatree_time_to_first_token_seconds_count"):
+        assert server.metric(name) == before[name] + 1, name
+    assert server.metric("dynatree_queue_depth") == 0
 
 
 @pytest.mark.parametrize("prompt", ["w5 w6 w7", "w9 w10 w9 w10 w9 w10 w11"])
@@ -163,7 +168,15 @@ def test_stop_strings_cut_the_text_before_the_stop(server):
             reason = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
         else:
             text, reason = got.choices[0].message.content, [got.choices[0].finish_reason]
+            ids = got.dynatree["completion_token_ids"]
+            assert got.usage.completion_tokens == len(ids) < 40  # the tokens up to the one completing the stop
+            assert TARGET.tokenizer.decode(ids).find(stop) >= 0 > TARGET.tokenizer.decode(ids[:-1]).find(stop)
         assert text == prefix and reason == ["stop"]
+    plain = expected("w5 w6 w7", 40, chat=False)["text"]
+    assert len(plain.split()) > 3
+    cut = plain.split()[2]
+    got = server.client.completions.create(model=MODEL, prompt="w5 w6 w7", temperature=0, max_tokens=40, stop=cut)
+    assert got.choices[0].text == plain[: plain.find(cut)] and got.choices[0].finish_reason == "stop"
 
 
 def test_seed_reproduces_sampled_answers(server):
@@ -212,6 +225,20 @@ BAD = [
     ("/v1/completions", {"model": MODEL, "prompt": ["w5", "w6"]}, "one prompt per request"),
     ("/v1/completions", {"model": MODEL, "prompt": "w5", "stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop"),
     ("/v1/completions", {"model": MODEL, "prompt": "w5", "echo": True}, "echo is not supported"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "temperature": "0.5"}, "temperature"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "seed": 2**64}, "seed"),
+    ("/v1/completions", '{"model": "tiny-chat", "prompt": "w5", "temperature": NaN}', "temperature"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "logit_bias": {"5": 3}}, "logit_bias is not supported"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "dynatree": {"eta_depth": 1e400}}, "finite"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "dynatree": {"method": "fixed-tree", "n_max": 10**7}},
+     "beyond this server's limit"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5", "tool_calls": [{}]}]},
+     "tool_calls is not supported"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": None}]}, "needs content"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "max_tokens": 5,
+                              "max_completion_tokens": 6}, "disagree"),
+    ("/v1/chat/completions", "", "no JSON body"),
 ]
 
 
@@ -224,6 +251,46 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(server, path, body, m
     assert "\n" not in error["message"]
     ok = server.client.completions.create(model=MODEL, prompt="w5 w6", max_tokens=3, temperature=0)
     assert ok.choices[0].text
+
+
+def test_openai_fields_at_their_defaults_and_echoed_messages_are_accepted(server):
+    first = server.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5 w6"}],
+                                                  temperature=0, max_completion_tokens=6, logit_bias={},
+                                                  response_format={"type": "text"}, user="me")
+    assert first.usage.completion_tokens <= 6
+    history = [{"role": "user", "content": "w5 w6"}, first.choices[0].message.model_dump(),
+               {"role": "user", "content": "w7"}]
+    again = server.client.chat.completions.create(model=MODEL, messages=history, temperature=0, max_tokens=6)
+    prompt = api.encode_prompt(TARGET.tokenizer, "w7", chat=True, history=[("w5 w6", first.choices[0].message.content)])
+    assert again.dynatree["completion_token_ids"] == api.generate(
+        method="dynatree", target=TARGET, draft=DRAFT, prompt_ids=prompt, max_new_tokens=6)["new_token_ids"]
+
+
+def test_a_temperature_too_small_to_sample_decodes_greedily(server):
+    tiny_t = server.client.completions.create(model=MODEL, prompt="w5 w6", temperature=1e-9, max_tokens=10)
+    assert tiny_t.dynatree["sampling"] is None
+    assert tiny_t.choices[0].text == expected("w5 w6", 10, chat=False)["text"]
+
+
+def test_a_chat_template_that_rejects_the_messages_is_a_400(server):
+    tok = server.engine.tokenizer
+    template, tok.chat_template = tok.chat_template, "{{ raise_exception('roles must alternate') }}"
+    try:
+        response = server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}]})
+    finally:
+        tok.chat_template = template
+    assert response.status_code == 400 and "roles must alternate" in response.json()["error"]["message"]
+
+
+def test_health_says_loading_and_completions_wait_with_503():
+    from fastapi.testclient import TestClient
+
+    engine = Engine(ServeSettings(target=TARGET))
+    client = TestClient(create_app(engine, load=False))
+    health = client.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "loading"
+    busy = client.post("/v1/completions", json={"model": MODEL, "prompt": "w5"})
+    assert busy.status_code == 503 and busy.json()["error"]["message"] == "the model is loading"
 
 
 def test_unknown_model_and_path_are_404_in_openai_format(server):
@@ -263,6 +330,8 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_rest_complete(server)
         waiting = [pool.submit(server.post, "/v1/completions", body) for _ in range(4)]
         wait_until(lambda: server.engine._queue.qsize() == 4)
         refused = server.post("/v1/completions", body)
+        with pytest.raises(openai.RateLimitError, match="busy"):  # as the openai client reports it
+            server.client.completions.create(**body)
         gate.set()
         answers = [f.result() for f in [first, *waiting]]
     assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
@@ -279,13 +348,15 @@ def test_eight_clients_five_requests_each_all_answered(server):
     def client(prompt):
         texts = []
         for _ in range(5):
-            while True:
+            for _attempt in range(400):
                 r = server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 16,
                                                     "temperature": 0})
                 if r.status_code != 429:
                     break
                 refusals.append(int(r.headers["retry-after"]))
                 time.sleep(0.05)
+            else:
+                raise AssertionError("still refused after 400 tries")
             assert r.status_code == 200, r.text
             texts.append(r.json()["choices"][0]["text"])
         return prompt, texts
@@ -303,14 +374,45 @@ def test_eight_clients_five_requests_each_all_answered(server):
     assert refusals  # 8 at once against 1 running + 4 waiting: some were told to come back
 
 
-def test_a_client_that_disconnects_mid_stream_frees_the_model(server):
-    before = server.metric('dynatree_decodes_total{reason="cancelled"}')
-    body = {"model": MODEL, "prompt": "w70", "max_tokens": 200, "temperature": 0, "stream": True,
+def held_until_cancelled(engine: Engine) -> None:
+    """Make the engine's next decode stop after its first tokens until its job is cancelled (at most 20 s):
+    the decode cannot end before the server has noticed the client leave."""
+    decode = engine._decode
+
+    def hold(job, observe=True):
+        engine._decode = decode  # only the first
+        tokens = job.on_tokens
+
+        def then_wait(ids):
+            tokens(ids)
+            job.cancelled.wait(20)
+
+        job.on_tokens = then_wait
+        decode(job, observe)
+
+    engine._decode = hold
+
+
+def cancelled_decodes(server) -> float:
+    return server.metric('dynatree_decodes_total{reason="cancelled"}')
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_disconnects_cancels_its_decode_and_frees_the_model(server, stream):
+    before = cancelled_decodes(server)
+    held_until_cancelled(server.engine)
+    body = {"model": MODEL, "prompt": "w70", "max_tokens": 200, "temperature": 0, "stream": stream,
             "dynatree": {"method": "ar"}}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200
-        next(response.iter_lines())  # the first chunk came; then the client goes away
-    wait_until(lambda: server.metric('dynatree_decodes_total{reason="cancelled"}') == before + 1)
+    start = time.time()
+    if stream:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            next(response.iter_lines())  # the first chunk came; then the client goes away
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json=body, timeout=1.0)
+    wait_until(lambda: cancelled_decodes(server) == before + 1)
+    assert time.time() - start < 15  # noticed by the server, not by the 20 s hold running out
     ok = server.client.completions.create(model=MODEL, prompt="w5 w6", max_tokens=5, temperature=0)
     assert ok.choices[0].text == expected("w5 w6", 5, chat=False)["text"]
 
@@ -339,7 +441,7 @@ def test_text_stream_holds_back_stop_prefixes_and_half_characters():
 
 def test_serve_cli_refuses_bad_settings_before_loading(capsys):
     for argv, message in ((["serve", "--method", "hf-lookup"], "dynatree's own methods"),
-                          (["serve", "--queue", "-1"], "--queue must be at least 0"),
+                          (["serve", "--queue", "0"], "--queue must be at least 1"),
                           (["serve", "--port", "70000"], "--port must be at most 65535"),
                           (["serve", "--draft", "ngram+"], "ngram+"),
                           (["serve", "--kv-window", "4"], "SINK,RECENT")):

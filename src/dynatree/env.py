@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from importlib import metadata
@@ -30,6 +31,11 @@ def _cpu_model() -> str:
 
 
 def describe(device: torch.device | str = "cpu") -> dict:
+    return {**_describe(str(torch.device(device))), "torch_threads": torch.get_num_threads()}
+
+
+@functools.cache
+def _describe(device: str) -> dict:  # read once per process (versions, /proc/cpuinfo): a server asks per request
     device = torch.device(device)
     info = {
         "versions": {p: _version(p) for p in ("dynatree", "torch", "transformers", "accelerate", "gguf")},

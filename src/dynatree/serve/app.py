@@ -7,6 +7,7 @@ model or path, 429 queue full with Retry-After, 503 still loading); the server k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -54,6 +55,7 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
     """The app; with `load`, the engine loads (and warms up) in a thread when the app starts, while
     /health answers 'loading'."""
 
+    @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         if load and engine.state == "loading":
             asyncio.get_running_loop().run_in_executor(None, engine.load)
@@ -68,6 +70,11 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
         message, param = validation_message(exc.errors())
         metrics.requests.labels(request.url.path, "400").inc()
         return _error(400, message, param=param)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception):  # a bug, answered in OpenAI's format; still serving
+        metrics.requests.labels(request.url.path, "500").inc()
+        return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
@@ -126,7 +133,7 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
         shape = _Shape(ident, engine.model_id, chat)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return answer(StreamingResponse(_stream(job, shape, usage), media_type="text/event-stream"))
+            return answer(StreamingResponse(_stream(job, shape, usage, request), media_type="text/event-stream"))
         return answer(await _whole(job, shape, request))
 
     return app
@@ -163,25 +170,42 @@ class _Shape:
                 "usage": _usage(done)}
 
 
-async def _stream(job: Job, shape: _Shape, include_usage: bool):
-    """Server-sent events: one chunk per committed group of tokens, the finish chunk, [DONE]. A client
-    that goes away cancels the decode at its next iteration (this generator is closed)."""
+async def _events(job: Job, request: Request):
+    """The job's events up to its end; checks every DISCONNECT_POLL_S, however often text arrives, that the
+    client is still there, and if not cancels the decode (it stops at its next iteration) and ends."""
+    checked = time.monotonic()
+    while True:
+        try:
+            event = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            event = None
+        if event is None or time.monotonic() - checked >= DISCONNECT_POLL_S:
+            checked = time.monotonic()
+            if await request.is_disconnected():
+                job.cancelled.set()
+                return
+        if event is not None:
+            yield event
+            if event[0] != "text":
+                return
+
+
+async def _stream(job: Job, shape: _Shape, include_usage: bool, request: Request):
+    """Server-sent events: one chunk per committed group of tokens, the finish chunk, [DONE]."""
     try:
         if shape.chat:
             yield _sse(shape.chunk(role=True))
-        while True:
-            kind, value = await job.events.get()
+        async for kind, value in _events(job, request):
             if kind == "text":
                 yield _sse(shape.chunk(value))
             elif kind == "error":
                 yield _sse(error_body(value, "server_error"))
-                break
             else:
                 yield _sse({**shape.chunk(finish_reason=value.finish_reason), "dynatree": _extra(value)})
                 if include_usage:
                     yield _sse(shape.usage_chunk(value))
-                break
-        yield _sse("[DONE]")
+        if not job.cancelled.is_set():
+            yield _sse("[DONE]")
     finally:
         job.cancelled.set()  # nothing if the decode ended; otherwise it stops at its next iteration
 
@@ -189,17 +213,11 @@ async def _stream(job: Job, shape: _Shape, include_usage: bool):
 async def _whole(job: Job, shape: _Shape, request: Request):
     """The whole answer once the decode ends; a client that goes away first cancels the decode."""
     parts: list[str] = []
-    while True:
-        try:
-            kind, value = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancelled.set()
-                return Response(status_code=499)  # nobody reads it
-            continue
+    async for kind, value in _events(job, request):
         if kind == "text":
             parts.append(value)
         elif kind == "error":
             return _error(500, value, "server_error")
         else:
             return JSONResponse(shape.whole("".join(parts), value))
+    return Response(status_code=499)  # the client left: nobody reads it

@@ -51,7 +51,7 @@ def settings_from(args):
     make_config(args.method, **options)  # unknown or bad options fail here, named
     parse_draft(args.draft)
     KVWindow.parse(args.kv_window)
-    for flag, value, low in (("--port", args.port, 0), ("--queue", args.queue, 0), ("--max-tokens", args.max_tokens, 1),
+    for flag, value, low in (("--port", args.port, 0), ("--queue", args.queue, 1), ("--max-tokens", args.max_tokens, 1),
                              ("--ngram-max", args.ngram_max, 1)):
         if value < low:
             raise DynaTreeError(f"{flag} must be at least {low}, got {value}")

@@ -29,6 +29,8 @@ from .protocol import ChatRequest, CompletionRequest
 from .textstream import TextStream
 
 WARMUP_PROMPT = "Hello! Say hello back in one short sentence."
+GREEDY_BELOW = 1e-5  # temperatures below this decode greedily (as vLLM does): 1/T would overflow the logits
+OPTION_LIMIT = 1024  # the largest integer a request may give a method option (tree sizes, depths, budgets)
 
 
 @dataclasses.dataclass
@@ -134,10 +136,10 @@ class Engine:
             if not (draft in AUTO or isinstance(draft, (LoadedModel, FeatureHead, Hybrid))):
                 draft = api.load_draft(draft, device=s.device, dtype=s.dtype, linear=s.linear)
             self.draft = draft
+            chat = bool(getattr(target.tokenizer, "chat_template", None))
+            ids = api.encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)
+            prepared = self._prepare(ids, s.method, dict(s.options), max_new_tokens=8, seed=0)  # checks method + draft
             if s.warmup:
-                chat = bool(getattr(target.tokenizer, "chat_template", None))
-                ids = api.encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)
-                prepared = self._prepare(ids, s.method, dict(s.options), max_new_tokens=8, seed=0)
                 self._decode(Job(prepared, [], None), observe=False)
             self._worker = threading.Thread(target=self._work, name="dynatree-decode", daemon=True)
             self._worker.start()
@@ -157,7 +159,11 @@ class Engine:
         if not getattr(tok, "chat_template", None):
             raise DynaTreeError(f"{self.model_id!r} has no chat template: use /v1/completions with plain text")
         messages = [m.as_template_message() for m in request.messages]
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001 (jinja2's errors: templates that reject roles or their order)
+            raise DynaTreeError(f"the chat template of {self.model_id!r} rejects these messages: "
+                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
         ids = tok(text, add_special_tokens=False).input_ids
         if not ids:
             raise DynaTreeError("the messages encode to zero tokens")
@@ -168,10 +174,16 @@ class Engine:
         extra = dict(request.dynatree or {})
         method = extra.pop("method", None)
         options = {str(k).replace("-", "_"): v for k, v in extra.items()}
-        if method is None:
-            method, options = self.settings.method, {**self.settings.options, **options}
-        elif not isinstance(method, str):
+        for name, value in options.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise DynaTreeError(f"dynatree.{name} must be a finite number, got {value}")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > OPTION_LIMIT:
+                raise DynaTreeError(f"dynatree.{name} = {value} is beyond this server's limit of {OPTION_LIMIT} "
+                                    "(tree sizes and depths are bounded per request)")
+        if method is not None and not isinstance(method, str):
             raise DynaTreeError(f"dynatree.method must be a method name, got {method!r}")
+        if method is None or method == self.settings.method:  # the server's options, overridden per request
+            method, options = self.settings.method, {**self.settings.options, **options}
         context = self.target.context_length
         room = None if context is None else context - len(ids)
         if room is not None and room < 1:
@@ -181,7 +193,7 @@ class Engine:
             raise DynaTreeError(f"max_tokens {request.max_tokens} exceeds this server's limit {limit} (--max-tokens)")
         max_tokens = request.max_tokens or (limit if room is None else min(limit, room))
         seed = request.seed if request.seed is not None else secrets.randbits(63)
-        sample = request.temperature > 0
+        sample = request.temperature >= GREEDY_BELOW
         sampling = dict(sample=True, temperature=request.temperature, top_k=request.top_k,
                         top_p=request.top_p) if sample else {}
         return self._prepare(ids, method, options, max_tokens, seed, **sampling)
@@ -241,7 +253,7 @@ class Engine:
         finally:
             steps.close()
         run = decoder.run
-        new_ids = run.new_tokens
+        new_ids = run.new_tokens[:job.text.stop_at] if job.text.stopped else run.new_tokens
         if job.cancelled.is_set():
             reason = "cancelled"
         elif job.text.stopped or (new_ids and new_ids[-1] in prepared.target.eos_ids and not prepared.ignore_eos):
@@ -252,7 +264,7 @@ class Engine:
         if rest:
             job.emit("text", rest)
         state = decoder.policy.state() if hasattr(decoder.policy, "state") else None
-        record = prepared.record(new_ids, run.stats, state)
+        record = prepared.record(new_ids, run.stats, state)  # stats count every committed token, the ids end at a stop
         if observe:
             self.metrics.observe(record, queue_s, job.first_token_s, time.perf_counter() - job.submitted, reason)
         job.emit("done", Finished(reason, len(prepared.prompt_ids), new_ids, record, queue_s))

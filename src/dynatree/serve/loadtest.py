@@ -78,6 +78,8 @@ def one_request(client, url: str, body: dict, prompt_id: str) -> Outcome:
         except httpx.HTTPError as exc:
             return Outcome(prompt_id, 0, refused=refused, error=f"{type(exc).__name__}: {exc}")
         latency = time.perf_counter() - start
+        if final is None:
+            return Outcome(prompt_id, 0, refused=refused, error="the stream ended without a finish chunk")
         return Outcome(prompt_id, 200, latency, ttft, len(final["completion_token_ids"]), final["tokens_per_pass"],
                        refused)
 

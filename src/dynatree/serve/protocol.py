@@ -17,7 +17,16 @@ MAX_STOPS = 4  # OpenAI's limit on `stop` strings
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: "0.5" is not a number, true is not an integer; no NaN or infinities from JSON
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _defaults_only(model: BaseModel, defaults: dict) -> None:
+    """OpenAI fields dynatree accepts only at their default (clients send them back as they got them)."""
+    for name, allowed in defaults.items():
+        value = getattr(model, name)
+        if value not in allowed:
+            raise ValueError(f"{name} is not supported by this server (got {value!r})")
 
 
 class TextPart(_Strict):
@@ -31,10 +40,26 @@ class Message(_Strict):
     """One chat message; `developer` is OpenAI's newer name for `system`."""
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None  # None only for an assistant message (as OpenAI returns some)
     name: str | None = None  # accepted, not used by chat templates
+    # what a client sends back when it appends a response's message to the conversation: accepted when empty
+    refusal: str | None = None
+    tool_calls: list | None = None
+    function_call: Any = None
+    audio: Any = None
+    annotations: list | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        _defaults_only(self, {"refusal": (None,), "tool_calls": (None, []), "function_call": (None,),
+                              "audio": (None,), "annotations": (None, [])})
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def as_template_message(self) -> dict:
@@ -53,7 +78,7 @@ class _Request(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=2.0)  # 0: greedy (exact: the target's own greedy tokens)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=1)  # an extension (vLLM and llama.cpp have it too)
-    seed: int | None = None  # absent: a fresh random seed per request
+    seed: int | None = Field(None, ge=-2**63, lt=2**63)  # absent: a fresh random seed per request
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False
@@ -62,6 +87,11 @@ class _Request(_Strict):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: Any = None
+    top_logprobs: int | None = None
+    logit_bias: dict | None = None
+    response_format: dict | None = None
+    metadata: dict | None = None
+    store: bool | None = None
     dynatree: dict[str, Any] | None = None  # {"method": NAME, OPTION: VALUE, ...} as the CLI's flags
 
     @field_validator("n")
@@ -87,8 +117,12 @@ class _Request(_Strict):
             if getattr(self, name):
                 raise ValueError(f"{name} is not supported: it changes the target's distribution, which "
                                  "tree verification keeps exact (leave it 0)")
-        if self.logprobs not in (None, False, 0):
+        if self.logprobs not in (None, False, 0) or self.top_logprobs not in (None, 0):
             raise ValueError("logprobs are not supported by this server")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported: it changes the target's distribution")
+        if self.response_format not in (None, {"type": "text"}):
+            raise ValueError("response_format other than text is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options applies only with stream: true")
         return self
@@ -157,5 +191,5 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if first.get("type") == "extra_forbidden":
         return f"unknown field {param!r}", param
     if first.get("type") == "missing":
-        return f"missing field {param!r}", param
+        return (f"missing field {param!r}", param) if param else ("the request has no JSON body", None)
     return (f"{param}: {message}" if param else message), param

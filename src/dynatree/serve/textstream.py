@@ -18,6 +18,7 @@ class TextStream:
         self.ids: list[int] = []
         self.sent = 0  # characters already handed out
         self.stopped = False
+        self.stop_at: int | None = None  # with `stopped`: how many tokens it took to complete the stop string
 
     def push(self, ids: list[int]) -> str:
         """Add committed tokens; the new text that may be sent now ('' if none)."""
@@ -28,6 +29,7 @@ class TextStream:
         cut = self._first_stop(text)
         if cut is not None:
             self.stopped = True
+            self.stop_at = self._tokens_to_stop(len(self.ids) - len(ids))
             return self._take(text[:cut])
         if text.endswith("\ufffd"):
             return ""
@@ -48,6 +50,13 @@ class TextStream:
         start = max(0, self.sent - max((len(s) for s in self.stops), default=0))  # a stop may straddle what was sent
         found = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
         return min(found) if found else None
+
+    def _tokens_to_stop(self, before: int) -> int:
+        """The fewest tokens (at least `before`, the ones that held no stop) whose text holds a stop."""
+        for n in range(before + 1, len(self.ids)):
+            if self._first_stop(self.tokenizer.decode(self.ids[:n], skip_special_tokens=True)) is not None:
+                return n
+        return len(self.ids)
 
     def _held(self, text: str) -> int:
         """Length of the longest tail of `text` that is a proper prefix of a stop string."""
