@@ -18,7 +18,7 @@ import openai
 import pytest
 import uvicorn
 
-from conftest import EOS, tiny, tokenizer
+from conftest import EOS, hf_greedy, tiny, tokenizer
 from dynatree import api
 from dynatree.cli import main
 from dynatree.models import LoadedModel
@@ -45,8 +45,8 @@ DRAFT = chat_model(1, "tiny-draft")
 class Server:
     """An Engine + app served by uvicorn on a free loopback port, in a thread."""
 
-    def __init__(self, **settings):
-        self.engine = Engine(ServeSettings(target=TARGET, **settings))
+    def __init__(self, target: LoadedModel = TARGET, **settings):
+        self.engine = Engine(ServeSettings(target=target, **settings))
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(64)
@@ -483,3 +483,27 @@ def test_bench_serve_without_a_server_is_one_line_error(capsys):
         port = free.getsockname()[1]
     assert main(["bench-serve", "--url", f"http://127.0.0.1:{port}"]) == 2
     assert "no server at" in capsys.readouterr().err
+
+
+def test_compiled_server_builds_its_graphs_in_the_warm_up_and_stays_exact():
+    import torch
+
+    from dynatree import models
+
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    tok = copy.deepcopy(tokenizer())
+    tok.chat_template = TEMPLATE
+    target = LoadedModel(model=base.model, tokenizer=tok, name="tiny-compiled", eos_ids=[])
+    torch._dynamo.reset()
+    before = models.compiled_graphs()
+    s = Server(target=target, draft="ngram", method="dynatree", compile=True)
+    try:
+        assert models.compiled_graphs() - before == 2  # one-token steps and trees, before 'ready'
+        got = s.client.chat.completions.create(model="tiny-compiled", messages=[{"role": "user", "content": "w5 w9"}],
+                                               temperature=0, max_tokens=24)
+        assert models.compiled_graphs() - before == 2  # nothing compiled while serving
+        assert got.dynatree["compile"] is True
+        prompt = api.encode_prompt(tok, "w5 w9", chat=True)
+        assert got.dynatree["completion_token_ids"] == hf_greedy(target, prompt, 24)
+    finally:
+        s.stop()
