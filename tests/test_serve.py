@@ -24,7 +24,7 @@ from dynatree.cli import main
 from dynatree.models import LoadedModel
 from dynatree.serve.app import create_app
 from dynatree.serve.engine import Engine, ServeSettings
-from dynatree.serve.textstream import TextStream
+from dynatree.textstream import TextStream
 
 TEMPLATE = ("{% for m in messages %}{{ 'w3' if m['role'] == 'user' else 'w4' }} {{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}w4{% endif %}")

@@ -41,12 +41,18 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = False, history=()) -> lis
             raise DynaTreeError("--chat needs a tokenizer with a chat template; this one has none")
         messages = [m for user, answer in history
                     for m in ({"role": "user", "content": user}, {"role": "assistant", "content": answer})]
-        text = tokenizer.apply_chat_template(
-            [*messages, {"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        ids = tokenizer(text, add_special_tokens=False).input_ids
-    else:
-        ids = tokenizer(prompt).input_ids
+        return encode_messages(tokenizer, [*messages, {"role": "user", "content": prompt}])
+    return _nonempty(tokenizer(prompt).input_ids)
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of chat `messages` ({"role", "content"} dicts) through the tokenizer's chat template,
+    ready for the assistant's answer (the template's own special tokens, none added twice)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return _nonempty(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def _nonempty(ids) -> list[int]:
     if not ids:
         raise DynaTreeError("the prompt encodes to zero tokens")
     return list(ids)

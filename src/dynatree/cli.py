@@ -14,6 +14,7 @@ import sys
 from .cli_args import Parser, add_model_args, add_sampling_args, method_options
 from .errors import DynaTreeError
 from .methods import METHODS, get_method, is_lossy
+from .textstream import TextStream
 from .window import KVWindow
 
 EXIT_USAGE = 2
@@ -85,21 +86,16 @@ def _read_prompt(args) -> str:
 
 
 class _TextStream:
-    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 sequences."""
+    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 sequences (textstream.py)."""
 
     def __init__(self, tokenizer, out):
-        self.tokenizer, self.out = tokenizer, out
-        self.ids: list[int] = []
-        self.printed = 0
+        self.text, self.out = TextStream(tokenizer, []), out
 
     def __call__(self, new_ids: list[int]) -> None:
-        self.ids.extend(new_ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        self.out.write(text[self.printed :])
-        self.out.flush()
-        self.printed = len(text)
+        delta = self.text.push(new_ids)
+        if delta:
+            self.out.write(delta)
+            self.out.flush()
 
 
 def stats_line(record: dict) -> str:

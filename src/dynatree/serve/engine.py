@@ -26,7 +26,7 @@ from ..models import DEFAULT_TARGET, LoadedModel, load_model
 from ..window import KVWindow
 from .metrics import Metrics
 from .protocol import ChatRequest, CompletionRequest
-from .textstream import TextStream
+from ..textstream import TextStream
 
 WARMUP_PROMPT = "Hello! Say hello back in one short sentence."
 GREEDY_BELOW = 1e-5  # temperatures below this decode greedily (as vLLM does): 1/T would overflow the logits
@@ -158,16 +158,13 @@ class Engine:
             return list(request.prompt)  # token ids, checked by api.prepare
         if not getattr(tok, "chat_template", None):
             raise DynaTreeError(f"{self.model_id!r} has no chat template: use /v1/completions with plain text")
-        messages = [m.as_template_message() for m in request.messages]
         try:
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return api.encode_messages(tok, [m.as_template_message() for m in request.messages])
+        except DynaTreeError:
+            raise
         except Exception as exc:  # noqa: BLE001 (jinja2's errors: templates that reject roles or their order)
             raise DynaTreeError(f"the chat template of {self.model_id!r} rejects these messages: "
                                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
-        ids = tok(text, add_special_tokens=False).input_ids
-        if not ids:
-            raise DynaTreeError("the messages encode to zero tokens")
-        return list(ids)
 
     def prepare(self, request: ChatRequest | CompletionRequest, ids: list[int]) -> api.Prepared:
         """A validated decode of `request` (any bad value is a DynaTreeError: a 400)."""
