@@ -12,6 +12,7 @@ import torch
 from conftest import ARCHS, VOCAB, hf_greedy, tiny, tiny_head, tokenizer
 from dynatree import DynaTreeError, Decoder, generate, make_config
 from dynatree import cache as kv
+from dynatree import kernels
 from dynatree.drafters import FeatureDrafter, HybridDrafter, NgramDrafter
 from dynatree.featurehead import FeatureHead, HeadConfig, check_head, load_head
 from dynatree.methods import METHODS
@@ -121,6 +122,31 @@ def test_save_and_load_round_trip(tmp_path):
     assert torch.equal(again.vocab_ids, head.vocab_ids)
     for (name, a), (_, b) in zip(head.state_dict().items(), again.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
+
+
+@pytest.mark.skipif(kernels.packing_available(torch.nn.Linear(2, 2)) is not None, reason="no oneDNN float32 linear here")
+def test_a_head_loaded_on_packed_kernels_proposes_what_the_stock_one_does(tmp_path):
+    """`load_head(linear="auto")` packs the head's layers and its output rows for oneDNN (drafting
+    is then 2-3x cheaper); proposals stay those of the stock kernels up to float rounding."""
+    target = tiny("llama", dtype=torch.float32)
+    tiny_head("llama").save(tmp_path / "h")
+    stock, packed = (load_head(tmp_path / "h", dtype=torch.float32, linear=kernel) for kernel in ("stock", "auto"))
+    assert kernels.linear_kernel(stock) == "stock" and kernels.linear_kernel(packed) == "onednn"
+    hidden = target.model(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states[-1][0].detach()
+    from dynatree.tree import TreeBuilder
+
+    answers = []
+    for head in (stock, packed):
+        drafter = FeatureDrafter(head, target)
+        assert isinstance(drafter.out, kernels.PackedLinear) == (head is packed)
+        drafter.reset(PROMPT, hidden[:-1])
+        tree = TreeBuilder(PROMPT[-1])
+        first = drafter.propose(tree, [0], k=3)
+        nodes = [tree.add(0, t, p) for t, p in first.candidates(0)]
+        answers.append((first, drafter.propose(tree, nodes, k=3)))
+    for a, b in zip(*answers):
+        assert torch.equal(a.ids, b.ids)
+        torch.testing.assert_close(a.probs, b.probs, rtol=1e-4, atol=1e-5)
 
 
 def test_generate_api_takes_a_head_directory(tmp_path):

@@ -25,7 +25,7 @@ def _load_draft_model(spec: str, device: str, dtype: str, linear: str) -> Loaded
     """A draft LM, or a feature head (in the target's dtype) when the spec names one."""
     directory = head_dir(spec)
     if directory is not None:
-        return load_head(directory, name=spec, device=resolve_device(device), dtype=resolve_dtype(dtype))
+        return load_head(directory, name=spec, device=resolve_device(device), dtype=resolve_dtype(dtype), linear=linear)
     return load_model(spec, device=device, dtype=dtype, linear=linear)
 
 

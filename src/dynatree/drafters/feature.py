@@ -19,6 +19,7 @@ import torch
 
 from .. import cache as kv
 from ..featurehead import FeatureHead, check_head
+from ..kernels import PackedLinear, linear_kernel
 from ..tree import TreeBuilder, additive_mask
 from ..window import KVWindow
 from .base import Proposal
@@ -34,6 +35,7 @@ class FeatureDrafter:
         self.embed = target.model.get_input_embeddings()
         # the sub-vocabulary's rows of the target's output layer, gathered once: [draft_vocab, hidden]
         self.out_rows = target.model.get_output_embeddings().weight.detach()[head.vocab_ids].to(head.fc.weight.dtype)
+        self.out = _output_layer(self.out_rows, packed=linear_kernel(head) == "onednn")
         self.vocab_size = target.vocab_size
         self.window = window
         self.calls = 0  # head forwards (for stats and tests)
@@ -57,7 +59,7 @@ class FeatureDrafter:
             raise ValueError("the root is expanded on its own, before any other node")
         else:
             out = self._feed_nodes(tree, nodes)
-        probs = torch.softmax((out @ self.out_rows.T).float(), dim=-1)
+        probs = torch.softmax(self.out(out).float(), dim=-1)
         top = probs.topk(min(k, probs.shape[-1]), dim=-1)
         dist = None
         if full:
@@ -127,3 +129,11 @@ class FeatureDrafter:
         out = self.head(embeds, features.to(self.out_rows.dtype)[None], torch.tensor([positions], device=device),
                         mask, self.cache)
         return out[0]
+
+
+def _output_layer(rows: torch.Tensor, packed: bool) -> torch.nn.Module:
+    """The head's output layer: the gathered rows as a linear layer, on the head's kernels (packed
+    for oneDNN when its own layers are: 3 rows x 8192 on the 2-core AMD EPYC 2.5 -> 0.35 ms)."""
+    layer = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
+    layer.weight = torch.nn.Parameter(rows, requires_grad=False)
+    return PackedLinear(layer) if packed else layer
