@@ -183,3 +183,34 @@ def test_one_parser_reads_every_draft_spec(spec, ngram, model):
 def test_bad_draft_specs_are_named(spec, message):
     with pytest.raises(DynaTreeError, match=message):
         draftspec.parse(spec)
+
+
+def test_cost_aware_hybrid_declines_a_dear_model_but_keeps_copying():
+    """A draft model that costs 25 target steps per call never pays: cost-aware DynaTree stops
+    asking it (idle spells, a probe now and then) but goes on drafting from the n-gram part, and
+    the output stays plain greedy decoding."""
+    import time
+
+    from dynatree.costmodel import CostCurve, _CURVES
+
+    class DearLM(CountingLM):
+        def propose(self, tree, nodes, k, full=False):
+            time.sleep(0.05)
+            return super().propose(tree, nodes, k, full)
+
+    target = tiny("llama", eos_ids=[])
+    lm = DearLM(noisy_copy("llama", 0, 0.08), vocab_limit=target.vocab_size)
+    lm.asked = []
+    hybrid = HybridDrafter(NgramDrafter(max_n=3), lm)
+    policy = METHODS["dynatree"].policy_cls(make_config("dynatree", cost_aware=True, history=False))
+    prompt = [5, 6, 7, 8, 9, 10] * 3 + [40]
+    _CURVES[target.model] = {(False, False): CostCurve((1, 2, 9), (0.002, 0.0021, 0.003))}
+    try:
+        run = Decoder(target, policy, hybrid).generate(prompt, 60, ignore_eos=True)
+    finally:
+        del _CURVES[target.model]
+    assert run.new_tokens == hf_greedy(target, prompt, 60)
+    state = policy.state()
+    assert state["idle_iterations"] > run.stats.iterations / 2 and state["draft_forward_ms"] > 40
+    assert len(lm.asked) < run.stats.iterations / 4  # probes only
+    assert run.stats.accepted_tokens > 0 and hybrid.ngram  # the copying went on

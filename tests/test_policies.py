@@ -10,6 +10,7 @@ import torch
 
 from dynatree import make_config
 from dynatree.drafters.base import Proposal
+from dynatree.policies.base import Timing
 from dynatree.policies.dynatree import DynaTreePolicy
 from dynatree.policies.simple import ChainPolicy, FixedTreePolicy
 from dynatree.tree import TreeBuilder
@@ -31,7 +32,10 @@ class ScriptedDrafter:
         for row, node in enumerate(nodes):
             for col, (tok, p) in enumerate(self.script(tree.path_tokens(node))[:k]):
                 ids[row, col], probs[row, col] = tok, p
-        return Proposal(ids, probs)
+        return Proposal(ids, probs, forwards=1)  # as a draft model: every call is a forward
+
+    def without_model(self):
+        return None
 
 
 def uniform(n: int, first: float = 0.5):
@@ -122,6 +126,9 @@ def test_dynatree_tau_prunes():
     assert tree.n_drafted == 4  # .6 .3 | .36 (.18s pruned) | .216 (.1296 pruned)
 
 
+NO_TIME = Timing(draft_s=0.0, verify_s=0.0)  # what the decoder measured (the history rule ignores it)
+
+
 def fake_tree(n_drafted: int):
     b = TreeBuilder(1)
     node = 0
@@ -136,31 +143,31 @@ def test_history_adapts_every_iteration():
     tree = fake_tree(10)
     d0s, taus = [], []
     for _ in range(3):  # acceptance 1.0 > a* = 0.5: deeper and fewer branches, every iteration
-        policy.observe(tree, path=list(range(1, 11)))
+        policy.observe(tree, list(range(1, 11)), NO_TIME)
         d0s.append(policy.d0)
         taus.append(policy.tau_h)
     assert d0s == pytest.approx([5.0, 6.0, 7.0])
     assert taus == pytest.approx([0.75, 0.70, 0.65])
     for _ in range(4):  # acceptance 0: the window mean falls below a*, drafting becomes conservative
-        policy.observe(tree, path=[])
+        policy.observe(tree, [], NO_TIME)
     assert policy.d0 < 7.0 and policy.tau_h > 0.65
     for _ in range(40):
-        policy.observe(tree, path=[])
+        policy.observe(tree, [], NO_TIME)
     assert policy.d0 == 1.0 and policy.tau_h == 1.0
     for _ in range(80):
-        policy.observe(tree, path=list(range(1, 11)))
+        policy.observe(tree, list(range(1, 11)), NO_TIME)
     assert policy.d0 == 7.0 and policy.tau_h == 0.4  # clipped to [1, d_max - 1] and [tau_l, 1]
 
 
 def test_history_window_mean_and_switch():
     policy = DynaTreePolicy(make_config("dynatree", d0=4, history_window=2, target_accept=0.5, eta_depth=1.0))
-    policy.observe(fake_tree(4), path=[1, 2, 3, 4])  # a = 1.0 -> mean 1.0
-    policy.observe(fake_tree(4), path=[])  # a = 0.0 -> mean 0.5 -> no change
+    policy.observe(fake_tree(4), [1, 2, 3, 4], NO_TIME)  # a = 1.0 -> mean 1.0
+    policy.observe(fake_tree(4), [], NO_TIME)  # a = 0.0 -> mean 0.5 -> no change
     assert policy.d0 == pytest.approx(4.5)
-    policy.observe(fake_tree(0), path=[])  # nothing drafted: no acceptance signal, no update
+    policy.observe(fake_tree(0), [], NO_TIME)  # nothing drafted: no acceptance signal, no update
     assert policy.d0 == pytest.approx(4.5)
     frozen = DynaTreePolicy(make_config("dynatree", history=False))
-    frozen.observe(fake_tree(4), path=[1, 2, 3, 4])
+    frozen.observe(fake_tree(4), [1, 2, 3, 4], NO_TIME)
     assert (frozen.d0, frozen.tau_h) == (5.0, 0.9)
 
 
@@ -169,7 +176,7 @@ def test_adapted_depth_changes_the_next_tree():
                       target_accept=0.2, eta_depth=10.0, history_window=1)
     drafter = ScriptedDrafter(uniform(2, first=0.95))
     assert policy.grow(drafter, 1, 10).max_depth == 1
-    policy.observe(fake_tree(1), path=[1])  # acceptance 1.0: D0 1 -> 7
+    policy.observe(fake_tree(1), [1], NO_TIME)  # acceptance 1.0: D0 1 -> 7
     assert policy.grow(drafter, 1, 10).max_depth == 7
 
 
@@ -209,13 +216,13 @@ def test_grow_levels_asks_stop_after_each_drafter_call():
     drafter = ScriptedDrafter(uniform(2, first=0.9))
     asked = []
 
-    def stop(tree, levels):
-        asked.append((levels, len(tree)))
-        return levels == 2
+    def stop(tree, growth):
+        asked.append((growth.levels, growth.forwards, len(tree)))
+        return growth.levels == 2
 
     tree = grow_levels(drafter, 1, max_depth=6, n_max=64, max_breadth=1, expandable=lambda d, p: True,
                        breadth=lambda c: 1, stop=stop)
-    assert asked == [(1, 2), (2, 3)] and len(drafter.calls) == 2 and tree.max_depth == 2
+    assert asked == [(1, 1, 2), (2, 2, 3)] and len(drafter.calls) == 2 and tree.max_depth == 2  # one forward per call
 
 
 def test_cost_aware_dynatree_stops_growing_at_the_first_level_not_worth_verifying():
@@ -225,21 +232,21 @@ def test_cost_aware_dynatree_stops_growing_at_the_first_level_not_worth_verifyin
     # node pays, and the look-ahead sees that a second level cannot, so one drafter call, not d_max.
     drafter = ScriptedDrafter(lambda path: [(100, 0.9)])
     policy = dynatree(cost_aware=True, d0=7, d_max=8, history=False)
-    policy.curve = CostCurve((1, 2, 3), (1.0, 1.01, 2.0))
+    policy.prepare(CostCurve((1, 2, 3), (1.0, 1.01, 2.0)))
     tree = policy.grow(drafter, 1, max_depth=10)
     assert tree.parents.tolist() == [-1, 0] and len(drafter.calls) == 1
     drafter.calls.clear()
-    policy.curve = CostCurve((1, 2, 3, 4), (1.0, 1.01, 1.02, 3.0))  # a third token nearly free too: two levels
+    policy.prepare(CostCurve((1, 2, 3, 4), (1.0, 1.01, 1.02, 3.0)))  # a third token nearly free too: two levels
     tree = policy.grow(drafter, 1, max_depth=10)
     assert tree.parents.tolist() == [-1, 0, 1] and len(drafter.calls) == 2
     drafter.calls.clear()
-    policy.curve = CostCurve((1, 64), (1.0, 1.0))  # free verification: the whole chain to d_max
+    policy.prepare(CostCurve((1, 64), (1.0, 1.0)))  # free verification: the whole chain to d_max
     tree = policy.grow(drafter, 1, max_depth=10)
     assert tree.n_drafted == 8 and len(drafter.calls) == 8
 
     drafter.calls.clear()
     # Not convex: 3 tokens cost as much as 9, so one more level never pays but seven more do.
-    policy.curve = CostCurve((1, 2, 3, 9), (1.0, 1.5, 3.0, 3.0))
+    policy.prepare(CostCurve((1, 2, 3, 9), (1.0, 1.5, 3.0, 3.0)))
     tree = policy.grow(ScriptedDrafter(lambda path: [(100, 0.99)]), 1, max_depth=10)
     assert tree.n_drafted == 8
 
@@ -274,29 +281,22 @@ def test_calibration_forgets_so_a_draft_that_improves_is_learnt_back():
 def test_cost_aware_dynatree_stops_calling_a_draft_that_does_not_pay_and_probes_back():
     from dynatree.costmodel import CostCurve
 
-    # A draft that costs real time per call and is never right, then always right.
-    right = {"now": False}
-
-    class SlowDrafter(ScriptedDrafter):
-        def propose(self, tree, nodes, k, full=False):
-            time.sleep(0.02)
-            return super().propose(tree, nodes, k, full)
-
-    drafter = SlowDrafter(lambda path: [(100 + len(path), 0.95)])
+    # A draft that costs 20 ms per call (40% of a target step) and is never right, then always right.
+    drafter = ScriptedDrafter(lambda path: [(100 + len(path), 0.95)])
+    curve = CostCurve((1, 2, 8), (0.05, 0.051, 0.06))
     policy = dynatree(cost_aware=True, d0=3, d_max=4, history=False)
-    policy.curve = CostCurve((1, 2, 8), (0.05, 0.051, 0.06))  # 20 ms of drafting = 40% of a step
+    policy.prepare(curve)
     calls, sizes = [], []
     root = 1
     for i in range(120):
-        right["now"] = i >= 60
+        right = i >= 60
         before = len(drafter.calls)
         tree = policy.grow(drafter, root, max_depth=10)
         calls.append(len(drafter.calls) - before)
         sizes.append(tree.n_drafted)
-        drafted = tree.tokens[1:].tolist()
-        path = [] if not right["now"] else list(range(1, tree.n_drafted + 1))
-        policy.observe(tree, path)
-        root = (100 + len(path)) if right["now"] else 7  # the target's choice: never the draft's while wrong
+        path = [] if not right else list(range(1, tree.n_drafted + 1))
+        policy.observe(tree, path, Timing(draft_s=0.02 * calls[-1], verify_s=curve.at(len(tree.tokens))))
+        root = (100 + len(path)) if right else 7  # the target's choice: never the draft's while wrong
     assert sum(calls[40:60]) <= 3, calls  # wrong and dear: at most a probe or two in 20 iterations
     assert policy.idle_iterations > 30
     assert all(c > 0 for c in calls[100:]), calls  # right again: drafting every iteration
@@ -314,6 +314,8 @@ def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
     full = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=20,
                     ignore_eos=True, history=False)
     _CURVES[target.model] = {(False, False): CostCurve((1, 2, 3), (0.1, 0.105, 0.3))}  # two tokens nearly free, then expensive
+    # (the tiny model's real steps take well under a millisecond: the learnt extra cost of a
+    # verification, measured minus curve, is about -0.1 s for one token and for trees alike)
     try:
         cut = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=20,
                        ignore_eos=True, history=False, cost_aware=True)
@@ -432,14 +434,15 @@ def test_cost_curve_is_measured_before_the_clock_starts(monkeypatch):
     from conftest import tiny
     from dynatree import Decoder
     from dynatree.drafters import NgramDrafter
-    from dynatree.policies import dynatree as module
+    from dynatree import decode as module
+    from dynatree.costmodel import CostCurve
 
     seen = []
 
     def slow_curve(target, context, masked_token=False):
         seen.append(list(context))
         time.sleep(1.0)
-        return module.CostCurve((1, 2), (0.01, 0.011))
+        return CostCurve((1, 2), (0.01, 0.011))
 
     monkeypatch.setattr(module, "curve_for", slow_curve)
     policy = DynaTreePolicy(make_config("dynatree", cost_aware=True, history=False))
@@ -458,41 +461,94 @@ def test_cost_aware_dynatree_learns_from_cut_nodes_when_greedy():
     # is verified; the target's choice after each tree (the next root) shows the cut first node
     # would have been accepted, and the policy starts verifying chains.
     drafter = ScriptedDrafter(lambda path: [(100 + len(path), 0.5)])
+    curve = CostCurve((1, 2, 9), (1.0, 2.5, 2.6))
     policy = dynatree(cost_aware=True, d0=7, d_max=8)
-    policy.curve = CostCurve((1, 2, 9), (1.0, 2.5, 2.6))
+    policy.prepare(curve)
     sizes, root = [], 1
     for _ in range(12):
         tree = policy.grow(drafter, root, max_depth=10)
         sizes.append(tree.n_drafted)
         path = list(range(1, tree.n_drafted + 1))  # the target accepts every verified node
-        policy.observe(tree, path)
+        policy.observe(tree, path, Timing(draft_s=0.0, verify_s=curve.at(len(tree.tokens))))
         root = 100 + len(path)  # the bonus token: the target's choice after the last accepted node
     assert sizes[0] == 0 and sizes[-1] == 8, sizes
 
     # Sampling: the next root is a draw, not the target's choice; only verified nodes are learnt from.
     policy = dynatree(cost_aware=True, d0=7, d_max=8)
-    policy.curve = CostCurve((1, 2, 9), (1.0, 2.5, 2.6))
+    policy.prepare(curve)
     sampler = Sampler(SamplingConfig())
     for _ in range(12):
         tree = policy.grow(drafter, 100, max_depth=10, sampler=sampler)
-        policy.observe(tree, [])
+        policy.observe(tree, [], Timing(draft_s=0.0, verify_s=curve.at(len(tree.tokens))))
         assert tree.n_drafted == 0
+
+
+def _step(policy, drafter, root, curve, per_call_s, accept=True):
+    """One iteration against a scripted drafter: grow, then observe the timings the decoder would
+    report (`per_call_s` per drafter forward, the curve's time for verification)."""
+    before = len(drafter.calls)
+    tree = policy.grow(drafter, root, max_depth=10)
+    path = list(range(1, tree.n_drafted + 1)) if accept else []
+    policy.observe(tree, path, Timing(draft_s=per_call_s * (len(drafter.calls) - before),
+                                      verify_s=curve.at(len(tree.tokens))))
+    return tree
 
 
 def test_cost_aware_dynatree_idles_after_an_accepted_tree_that_did_not_pay():
     """Accepted nodes do not cancel an idle spell unless the tree was a probe: a draft that is right
-    but costs 4 target steps per call never pays on this curve."""
+    but costs 4 target steps per call never pays on this curve. Its cost is learnt from the timings
+    the decoder reports (the first tree is drafted as if drafting were free)."""
     from dynatree.costmodel import CostCurve
 
-    class DearDrafter(ScriptedDrafter):
-        def propose(self, tree, nodes, k, full=False):
-            time.sleep(0.02)
-            return super().propose(tree, nodes, k, full)
-
+    curve = CostCurve((1, 2, 8), (0.005, 0.0051, 0.006))
     policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
-    policy.curve = CostCurve((1, 2, 8), (0.005, 0.0051, 0.006))
-    tree = policy.grow(DearDrafter(lambda path: [(100 + len(path), 0.95)]), 1, max_depth=10)
+    policy.prepare(curve)
+    drafter = ScriptedDrafter(lambda path: [(100 + len(path), 0.95)])
+    assert _step(policy, drafter, 1, curve, 0.02).n_drafted >= 1 and policy.idle == 0  # cost not known yet
+    assert policy.costs.forward_s == pytest.approx(0.02)
+    tree = policy.grow(drafter, 101, max_depth=10)
     assert policy.idle == 1 and tree.n_drafted >= 1
-    policy.observe(tree, list(range(1, tree.n_drafted + 1)))
+    policy.observe(tree, list(range(1, tree.n_drafted + 1)), Timing(0.02, curve.at(len(tree.tokens))))
     assert policy.idle == 1  # not a probe: the spell stands
-    assert policy.grow(DearDrafter(lambda path: []), 7, max_depth=10).n_drafted == 0 and policy.idle_iterations == 1
+    calls = len(drafter.calls)
+    assert policy.grow(drafter, 7, max_depth=10).n_drafted == 0 and policy.idle_iterations == 1
+    assert len(drafter.calls) == calls  # no drafter call while idle
+
+
+def test_cost_aware_dynatree_declines_only_the_model_part_of_a_drafter():
+    """While the draft model does not pay, a drafter with a model-free part (a hybrid's n-gram
+    copying) still drafts with that part; trees drafted without a model never start an idle spell."""
+    from dynatree.costmodel import CostCurve
+
+    class Free(ScriptedDrafter):
+        def propose(self, tree, nodes, k, full=False):
+            proposal = super().propose(tree, nodes, k, full)
+            proposal.forwards = 0  # lookups, as the n-gram drafter's
+            return proposal
+
+        def without_model(self):
+            return self
+
+    free = Free(lambda path: [(200 + len(path), 0.9)])
+
+    class Hybrid(ScriptedDrafter):
+        def without_model(self):
+            return free
+
+    curve = CostCurve((1, 2, 8), (0.005, 0.0051, 0.006))
+    policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
+    policy.prepare(curve)
+    dear = Hybrid(lambda path: [(100 + len(path), 0.95)])
+    _step(policy, dear, 1, curve, 0.02)  # learns that a model call costs 20 ms
+    _step(policy, dear, 1, curve, 0.02)  # does not pay: an idle spell starts
+    assert policy.idle >= 1
+    calls, tree = len(dear.calls), _step(policy, dear, 1, curve, 0.02)
+    assert len(dear.calls) == calls and free.calls  # idle: the free part drafted, the model was not asked
+    assert tree.n_drafted >= 1 and tree.tokens[1].item() == 200
+
+    policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)  # lookups that never pay their verification
+    policy.prepare(CostCurve((1, 2, 8), (0.005, 0.05, 0.06)))
+    wrong = Free(lambda path: [(300, 0.3)])
+    for _ in range(10):
+        _step(policy, wrong, 1, curve, 0.0001, accept=False)
+    assert policy.idle == 0 and policy.idle_iterations == 0 and len(wrong.calls) == 10

@@ -366,4 +366,4 @@ def generate(
         run = decoder.generate(job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens)
     finally:
         tgt.compile = before
-    return job.record(run.new_tokens, run.stats, decoder.policy.state() if hasattr(decoder.policy, "state") else None)
+    return job.record(run.new_tokens, run.stats, decoder.policy.state())

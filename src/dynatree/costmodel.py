@@ -52,10 +52,10 @@ class CostCurve:
         return t[-1]
 
 
-def best_rate(probs: list[float], curve: CostCurve, draft_s: float = 0.0) -> tuple[int, float]:
+def best_rate(probs: list[float], curve: CostCurve | IterationCosts, draft_s: float = 0.0) -> tuple[int, float]:
     """How many of the drafted nodes (path probabilities, any order) to verify: the k that
     maximises expected committed tokens per second of the iteration, `draft_s` seconds of
-    drafting included; and that rate."""
+    drafting included (`curve.at(n)`: seconds of verifying n tokens); and that rate."""
     ranked = sorted(probs, reverse=True)
     best_k, best, expected = 0, 1.0 / (draft_s + curve.at(1)), 1.0
     for k, p in enumerate(ranked, start=1):
@@ -64,6 +64,47 @@ def best_rate(probs: list[float], curve: CostCurve, draft_s: float = 0.0) -> tup
         if rate > best:
             best_k, best = k, rate
     return best_k, best
+
+
+class IterationCosts:
+    """What one iteration costs, as the cost-aware policy predicts it: the target's measured curve
+    plus what the decoder's timings (`learn`) showed besides it, learnt as running averages
+    (weight `rate` for the newest):
+      * drafting: seconds per drafter call that ran a model (`forward_s`) and per lookup-only
+        call (`lookup_s`, the n-gram drafter's), so a tree's drafting time is known before its
+        drafter is called again and a policy needs no clock;
+      * verification: how far a measured iteration (target pass, acceptance, cache commits) runs
+        above the curve's forward, for one token and for trees apart (the curve is timed on the
+        prompt, decoding runs on a longer context and does more than the forward).
+    Unknown costs start at 0 (the first tree of a run is drafted as if drafting were free)."""
+
+    def __init__(self, curve: CostCurve, rate: float = 0.2):
+        self.curve, self.rate = curve, rate
+        self.forward_s = self.lookup_s = 0.0
+        self.extra_s = [0.0, 0.0]  # measured minus curve: [one token, trees]
+        self.seen = [False, False, False, False]  # forward_s, lookup_s, extra one token, extra trees learnt yet
+
+    def drafting(self, levels: int, forwards: int) -> float:
+        """Predicted seconds of `levels` drafter calls, `forwards` of them running a model."""
+        return forwards * self.forward_s + (levels - forwards) * self.lookup_s
+
+    def at(self, n: int) -> float:
+        """Predicted seconds of verifying n tokens (the root included), commits included."""
+        return max(self.curve.at(n) + self.extra_s[n > 1], 0.0)
+
+    def learn(self, levels: int, forwards: int, verified: int, draft_s: float, verify_s: float) -> None:
+        """One iteration as measured: `levels` drafter calls (`forwards` with a model) took
+        `draft_s`, verifying `verified` tokens took `verify_s`."""
+        if forwards:
+            self.forward_s = self._mix(0, self.forward_s, max(draft_s - (levels - forwards) * self.lookup_s, 0.0) / forwards)
+        elif levels:
+            self.lookup_s = self._mix(1, self.lookup_s, draft_s / levels)
+        kind = int(verified > 1)
+        self.extra_s[kind] = self._mix(2 + kind, self.extra_s[kind], verify_s - self.curve.at(verified))
+
+    def _mix(self, which: int, old: float, new: float) -> float:
+        first, self.seen[which] = not self.seen[which], True
+        return new if first else (1 - self.rate) * old + self.rate * new
 
 
 def step_prob(parents, logp, u: int) -> float:

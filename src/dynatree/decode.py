@@ -18,7 +18,8 @@ import torch
 from . import cache as kv
 from .drafters.base import Drafter
 from .models import LoadedModel, compiled_graphs
-from .policies.base import TreePolicy
+from .costmodel import curve_for
+from .policies.base import Timing, TreePolicy
 from .stats import Clock, PeakMemory, Stats
 from .tree import Tree, additive_mask
 from .sampling import Sampler, sample_accept
@@ -81,12 +82,13 @@ class Decoder:
         """Generate, yielding after every verification (the prefill is not a `Step`). Closing the
         generator early ends the run there, with its stats complete up to that step."""
         device = self.target.device
-        calibrate = getattr(self.policy, "calibrate", None)  # optional: policies that size trees by cost
         compiled = self.target.compile  # read once: the setting of this whole run
         hidden = self.drafter is not None and self.drafter.uses_target_hidden  # hand the target's features over
         compile_s = self.target.warm_up(self._step_kinds(), hidden) if compiled and max_new_tokens > 1 else 0.0
-        if calibrate is not None:  # a one-time measurement per target (seconds), kept out of the timings like loading
-            calibrate(self.target, list(prompt_ids), masked_token=self.window is not None)
+        curve = None  # the target's verification cost: measured once per target (seconds), outside the timings
+        if self.policy.uses_cost_curve:
+            curve = curve_for(self.target, list(prompt_ids), masked_token=self.window is not None)
+        self.policy.prepare(curve)
         graphs = compiled_graphs()
         memory, clock = PeakMemory(device), Clock(device)
         stop_ids = set() if ignore_eos else set(self.target.eos_ids)
@@ -129,7 +131,8 @@ class Decoder:
                 self._evict(run)
                 if self.drafter is not None:
                     self.drafter.commit(run.seq, tree.drafted_nodes(path), None if features is None else features[keep])
-                self.policy.observe(tree, path)
+                t_done = time.perf_counter()
+                self.policy.observe(tree, path, Timing(draft_s=t_verify - t_draft, verify_s=t_done - t_verify))
                 stats.draft_s += t_verify - t_draft
                 stats.verify_s += t_commit - t_verify
                 stats.commit_s += time.perf_counter() - t_commit
@@ -176,7 +179,7 @@ class Decoder:
         return out if hidden else (out, None)
 
     def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
-        verifier = getattr(self.policy, "verifier", None)  # a policy may bring its own (lossy) rule
+        verifier = self.policy.verifier  # a policy may bring its own (lossy) rule
         if verifier is not None:
             return verifier.accept(tree, logits, self.sampler)
         if self.sampler is None:

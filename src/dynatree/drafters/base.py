@@ -24,6 +24,7 @@ class Proposal:
     ids: torch.Tensor  # [m, k] long, candidate next tokens per node, most probable first; -1 pads
     probs: torch.Tensor  # [m, k] float, their draft probabilities; 0 where ids == -1
     dist: torch.Tensor | None = None  # [m, V] the whole next-token distribution, when asked for (full=True)
+    forwards: int = 0  # model forwards this answer cost (0: lookups only, as the n-gram drafter's)
 
     def candidates(self, row: int) -> list[tuple[int, float]]:
         """(token, probability) pairs of node `row`, most probable first, padding dropped."""
@@ -41,6 +42,11 @@ class Drafter(Protocol):
     def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
         """Top-k next tokens after each of `nodes` (one row per node, in the given order);
         with `full`, also the whole distribution (for drafting by sampling)."""
+
+    def without_model(self) -> "Drafter | None":
+        """The part of this drafter that runs no model (itself for the n-gram drafter, the n-gram
+        part of a hybrid), or None: what a policy that declines to pay for model forwards may
+        still draft with. It shares this drafter's state (reset and commit go through this one)."""
 
     def commit(self, tokens: list[int], path: list[int], hidden: torch.Tensor | None = None) -> None:
         """After verification: `tokens` is the new committed sequence, `path` the accepted

@@ -66,7 +66,10 @@ class FeatureDrafter:
             dist = probs.new_zeros(len(nodes), self.vocab_size)
             dist[:, self.head.vocab_ids] = probs
             dist = dist.cpu()
-        return Proposal(ids=self.head.vocab_ids[top.indices].cpu(), probs=top.values.cpu(), dist=dist)
+        return Proposal(ids=self.head.vocab_ids[top.indices].cpu(), probs=top.values.cpu(), dist=dist, forwards=1)
+
+    def without_model(self) -> None:
+        return None  # every proposal is a head forward
 
     def commit(self, tokens: list[int], path: list[int], hidden: torch.Tensor | None = None) -> None:
         """`hidden`: the target's features of the verified root and accepted path, in order."""

@@ -50,7 +50,11 @@ class HybridDrafter:
             result.ids[rows, :width], result.probs[rows, :width] = answer.ids, answer.probs
             if full:
                 result.dist[rows] = answer.dist[:, : result.dist.shape[1]]
+            result.forwards = answer.forwards
         return result
+
+    def without_model(self) -> NgramDrafter:
+        return self.ngram  # declining the model still leaves the free copying
 
     def commit(self, tokens: list[int], path: list[int], hidden=None) -> None:
         self.ngram.commit(tokens, path)

@@ -54,7 +54,10 @@ class LMDrafter:
             dist = probs.new_zeros(len(probs), self.vocab_limit)
             dist[:, : probs.shape[1]] = probs
             dist = dist.cpu()
-        return Proposal(ids=top.indices.cpu(), probs=top.values.cpu(), dist=dist)
+        return Proposal(ids=top.indices.cpu(), probs=top.values.cpu(), dist=dist, forwards=1)
+
+    def without_model(self) -> None:
+        return None  # every proposal is a draft forward
 
     def commit(self, tokens: list[int], path: list[int], hidden=None) -> None:
         committed_slots = len(self.slot_pos)

@@ -35,6 +35,9 @@ class NgramDrafter:
         self.index: list[dict[tuple[int, ...], dict[int, int]]] = [{} for _ in range(self.max_n + 1)]
         self._extend(tokens)
 
+    def without_model(self) -> NgramDrafter:
+        return self  # lookups only
+
     def commit(self, tokens: list[int], path: list[int], hidden=None) -> None:
         self._extend(tokens[len(self.tokens) :])
 

@@ -1,44 +1,67 @@
 """The tree-policy contract and the level-by-level growth loop the policies share.
 
-A policy turns a drafter's proposals into a `Tree` (`grow`) and may learn from the
-verification outcome (`observe`). The engine calls nothing else, except that a policy with
-its own acceptance rule exposes it as `verifier` (`.accept(tree, logits, sampler)`, WETAP's
-beam rule); without one the engine's greedy or rejection-sampling verifier decides. Growth happens one depth
-level at a time so that a whole level costs a single drafter call (one draft forward).
+A policy turns a drafter's proposals into a `Tree` (`grow`) and may learn from each
+verification's outcome and what the decoder measured of it (`observe`). Policies are pure:
+no clocks, no model calls; a policy that sizes trees by cost declares `uses_cost_curve` and is
+handed the target's measured verification cost curve (`prepare`), and per-iteration timings
+arrive through `observe`. A policy with its own acceptance rule sets `verifier` (WETAP's beam
+rule); otherwise the engine's greedy or rejection-sampling verifier decides. Growth happens one
+depth level at a time so that a whole level costs a single drafter call (one draft forward).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+from ..costmodel import CostCurve
 from ..drafters.base import Drafter, Proposal
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
 
 
-class TreePolicy(Protocol):
-    needs_drafter: bool  # False only for plain decoding
+@dataclass(frozen=True)
+class Timing:
+    """What the decoder measured of one iteration, for `TreePolicy.observe`."""
+
+    draft_s: float  # growing the tree: the policy's own work and every drafter call
+    verify_s: float  # the target's pass over the tree, acceptance and the cache commits
+
+
+@dataclass(frozen=True)
+class Growth:
+    """What growing a tree has cost so far, in drafter calls."""
+
+    levels: int = 0  # drafter calls (one per tree level)
+    forwards: int = 0  # of those, calls that ran a model (the rest were n-gram lookups)
+
+
+class TreePolicy:
+    """The contract between the decoder and a tree policy. The decoder calls `prepare` once per
+    run, then `grow` and `observe` once per iteration; subclasses implement `grow`."""
+
+    needs_drafter: bool = True  # False only for plain decoding
+    uses_cost_curve: bool = False  # True: `prepare` is handed the target's verification cost curve
+    verifier = None  # the policy's own acceptance rule (`.accept(tree, logits, sampler)`), or None: the engine's
+
+    def prepare(self, curve: CostCurve | None) -> None:
+        """Before a run's prefill (outside its timings): a new sequence starts; `curve` is the
+        target's measured cost curve when `uses_cost_curve`, else None."""
 
     def grow(self, drafter: Drafter | None, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         """Draft a tree below `root_token`, no deeper than `max_depth` levels. In sampling mode
         (`sampler` given) a policy may draw children from the draft distribution, recording it
         in `TreeBuilder.proposals`; children it picks deterministically need nothing more."""
+        raise NotImplementedError
 
-    def observe(self, tree: Tree, path: list[int]) -> None:
-        """Called after every verification with the accepted path (root excluded)."""
+    def observe(self, tree: Tree, path: list[int], timing: Timing) -> None:
+        """After every verification: the accepted path (root excluded) and the iteration's timings."""
 
-    # Optional, besides `verifier` (above): `calibrate(target, context)`, called once per run
-    # before the prefill and outside the run's timings, lets a policy measure the target
-    # (DynaTree's verification cost curve, measured once per model).
-
-
-class Stateless:
-    """Mixin for policies that do not learn from verification outcomes."""
-
-    def observe(self, tree: Tree, path: list[int]) -> None:
+    def state(self) -> dict | None:
+        """What the policy adapted during the run, for the run's record (None: nothing)."""
         return None
 
 
@@ -80,8 +103,8 @@ def grow_levels(
     expandable: Callable[[int, float], bool],
     breadth: Callable[[float], int],
     tau: float = 0.0,
-    cut: Callable[[TreeBuilder], list[int] | None] | None = None,
-    stop: Callable[[TreeBuilder, int], bool] | None = None,
+    cut: Callable[[TreeBuilder, Growth], list[int] | None] | None = None,
+    stop: Callable[[TreeBuilder, Growth], bool] | None = None,
 ) -> Tree:
     """Grow a tree breadth-first, one drafter call per level.
 
@@ -89,20 +112,20 @@ def grow_levels(
     and `expandable(d, p)`; it gets `breadth(c)` children, c being the drafter's top-1
     probability at that node. Children whose cumulative probability is below `tau` are
     pruned. At most `n_max` drafted nodes: when a level's children exceed the remaining
-    budget, the most probable (by cumulative probability) are kept. `stop(tree, levels)`, when
-    given, is asked after each drafter call (`levels` calls so far) whether to stop growing;
-    `cut`, when given, picks the nodes to keep from the grown tree (None: all).
+    budget, the most probable (by cumulative probability) are kept. `stop(tree, growth)`, when
+    given, is asked after each drafter call (`growth`: the calls so far) whether to stop growing;
+    `cut(tree, growth)`, when given, picks the nodes to keep from the grown tree (None: all).
     """
     tree = TreeBuilder(root_token)
     frontier = [0]
     log_tau = math.log(tau) if tau > 0 else -math.inf
-    levels = 0
+    growth = Growth()
     while frontier and len(tree) - 1 < n_max:
         nodes = [u for u in frontier if tree.depths[u] < max_depth and expandable(tree.depths[u], tree.prob(u))]
         if not nodes:
             break
         proposal = drafter.propose(tree, nodes, max_breadth)
-        levels += 1
+        growth = Growth(growth.levels + 1, growth.forwards + proposal.forwards)
         children = []  # (cumulative logp, parent, token, prob)
         for row, parent in enumerate(nodes):
             candidates = proposal.candidates(row)
@@ -117,6 +140,6 @@ def grow_levels(
             best = sorted(range(len(children)), key=lambda i: -children[i][0])[:budget]
             children = [children[i] for i in sorted(best)]  # keep BFS order by parent
         frontier = [node for _, parent, token, prob in children if (node := tree.add(parent, token, prob)) is not None]
-        if stop is not None and stop(tree, levels):
+        if stop is not None and stop(tree, growth):
             break
-    return tree.build(keep=cut(tree) if cut is not None else None)
+    return tree.build(keep=cut(tree, growth) if cut is not None else None)

@@ -31,7 +31,7 @@ from ..config import option, positive, require
 from ..drafters.base import Drafter
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
-from .base import Stateless, tempered, top_children
+from .base import TreePolicy, tempered, top_children
 
 
 @dataclass
@@ -45,8 +45,7 @@ class SpecInferConfig:
         positive(self, "width", "depth")
 
 
-class SpecInferPolicy(Stateless):
-    needs_drafter = True
+class SpecInferPolicy(TreePolicy):
 
     def __init__(self, config: SpecInferConfig):
         self.config = config
@@ -95,8 +94,7 @@ class SpecExecConfig:
         positive(self, "budget", "depth", "expand", "branch")
 
 
-class SpecExecPolicy(Stateless):
-    needs_drafter = True
+class SpecExecPolicy(TreePolicy):
 
     def __init__(self, config: SpecExecConfig):
         self.config = config
@@ -134,8 +132,7 @@ class OptTreeConfig:
         require(self.delta >= 0, f"--delta must be >= 0, got {self.delta}")
 
 
-class OptTreePolicy(Stateless):
-    needs_drafter = True
+class OptTreePolicy(TreePolicy):
 
     def __init__(self, config: OptTreeConfig):
         self.config = config

@@ -17,34 +17,38 @@ a_bar = mean of the last `history_window` values and error e = a_bar - target_ac
 High acceptance makes drafting more aggressive (deeper, narrower), low acceptance more
 conservative. Only D0 and tau_h adapt; every other parameter stays as configured.
 
-With `cost_aware` (ours, issue 5), each grown tree is cut to the nodes of largest p worth
-their verification time under the target's measured cost curve, the drafting time of the
-iteration included, with acceptance estimated from the draft's probabilities through a
-calibration learnt from past verifications (costmodel.py; greedy, nodes cut before
-verification are learnt from too, the target's choice after every accepted node being known);
-growth stops after a level unless a deeper chain could raise the expected tokens per second
-(`_stop`). It may also decline to draft at all: when a tree's best expected rate, its drafting
-time included, falls below `IDLE_SLACK` under the rate of plain one-token steps (the draft
-costs more than its calibrated acceptance brings back), the next `backoff` iterations verify
-the root alone without calling the drafter (1, 2, 4, ... up to `BACKOFF_MAX` while probes keep
-failing); each probe after an idle spell verifies at least its likeliest node, so acceptance
-is learnt back (calibration forgets old trials, `Calibration.decay`), and drafting resumes
-as soon as a probe's node is accepted.
+With `cost_aware` (ours), each grown tree is cut to the nodes of largest p worth their
+verification time, the drafting time of the iteration included, with acceptance estimated from
+the draft's probabilities through a calibration learnt from past verifications (costmodel.py;
+greedy, nodes cut before verification are learnt from too, the target's choice after every
+accepted node being known); growth stops after a level unless a deeper chain could raise the
+expected tokens per second (`_stop`). Times are predicted, never read from a clock: the
+target's cost curve (measured by the decoder, handed over in `prepare`) corrected, like the
+drafting time per drafter call, by the timings the decoder reports after every iteration
+(`IterationCosts`). The policy may also decline to pay for draft-model forwards: when a tree
+that ran one has a best expected rate more than `IDLE_SLACK` under the rate of plain one-token
+steps (the model costs more than its calibrated acceptance brings back), the next `backoff`
+iterations draft with the drafter's model-free part only (`Drafter.without_model`: a hybrid's
+n-gram copying, so the hybrid does not fall below its free part) or verify the root alone. The
+iteration after a spell is a probe that asks the model again and verifies at least its
+likeliest node, so acceptance is learnt back (calibration forgets old trials,
+`Calibration.decay`); it is judged on what it achieved, its measured tokens per second against
+plain steps': a probe that paid halves the next spell (drafting resumes at 0), one that did
+not doubles it (up to `BACKOFF_MAX`). Trees whose drafting ran no model (n-gram lookups) cost
+next to nothing and never start a spell.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 
 from ..config import in_open_unit, in_unit, option, positive, require
-from ..costmodel import Calibration, CostCurve, best_rate, curve_for, step_prob
+from ..costmodel import Calibration, CostCurve, IterationCosts, best_rate, step_prob
 from ..drafters.base import Drafter
-from ..models import LoadedModel
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
-from .base import grow_levels
+from .base import Growth, Timing, TreePolicy, grow_levels
 
 IDLE_SLACK = 0.05  # drafting "pays" while its expected rate is at most this far below plain steps'
 BACKOFF_MAX = 16  # longest spell of iterations without drafting between two probes
@@ -91,31 +95,28 @@ class DynaTreeConfig:
         require(self.eta_depth >= 0 and self.eta_tau >= 0, "--eta-depth and --eta-tau must be >= 0")
 
 
-class DynaTreePolicy:
-    needs_drafter = True
-
+class DynaTreePolicy(TreePolicy):
     def __init__(self, config: DynaTreeConfig):
         self.config = config
+        self.uses_cost_curve = config.cost_aware
         self.d0 = float(config.d0)  # adapted state; starts at the configured values
         self.tau_h = config.tau_h
         self.window: deque[float] = deque(maxlen=config.history_window)
-        self.curve: CostCurve | None = None  # the target's verification cost, when cost_aware
+        self.costs: IterationCosts | None = None  # predicted drafting and verification times, when cost_aware
         self.calibration = Calibration()  # acceptance vs draft probability, learnt when cost_aware
         self._grown: TreeBuilder | None = None  # the last tree as drafted, before the cut (cost_aware, greedy)
         self._pending: tuple[TreeBuilder, int] | None = None  # that tree and its last accepted node (greedy)
+        self._growth = Growth()  # the drafter calls the last tree cost (cost_aware)
         self.idle = 0  # iterations left to run without drafting (cost_aware: the draft did not pay)
         self.backoff = 0  # idle iterations after the next probe if it does not pay either (0: drafting pays)
         self.idle_iterations = 0  # iterations this run verified the root alone by that rule (state())
         self._paid = True  # whether the last grown tree's drafting paid for itself
         self._probe = False  # whether the last grown tree was a probe after an idle spell
 
-    def calibrate(self, target: LoadedModel, context: list[int], masked_token: bool = False) -> None:
-        """Called by the decoder before the prefill, outside its timings: the target's cost curve if
-        needed, its one-token steps masked if the decoder masks them (`masked_token`: a KV window)."""
+    def prepare(self, curve: CostCurve | None) -> None:
         self._pending = None  # a new run: the next root says nothing about the last tree
         self.idle = self.backoff = self.idle_iterations = 0
-        if self.config.cost_aware:
-            self.curve = curve_for(target, context, masked_token)
+        self.costs = IterationCosts(curve) if curve is not None else None
 
     def _accept_estimates(self, tree: TreeBuilder) -> list[float]:
         """Per node, the calibrated chance that its whole root-to-node path is accepted."""
@@ -131,31 +132,31 @@ class DynaTreePolicy:
         per second of verifying them, and the acceptance estimates."""
         est = self._accept_estimates(tree)
         ranked = sorted(range(1, len(tree)), key=lambda u: (-est[u], u))
-        k, rate = best_rate([est[u] for u in ranked], self.curve, drafting)
+        k, rate = best_rate([est[u] for u in ranked], self.costs, drafting)
         return ranked[:k], rate, est
 
-    def _cut(self, tree: TreeBuilder, start: float, greedy: bool) -> list[int] | None:
-        """The root and the drafted nodes worth verifying (tree started at perf_counter() `start`),
-        or None for all."""
-        if self.curve is None:
+    def _cut(self, tree: TreeBuilder, growth: Growth, greedy: bool) -> list[int] | None:
+        """The root and the drafted nodes worth verifying (drafting them took `growth`), or None for all."""
+        if self.costs is None:
             return None
         self._grown = tree if greedy else None  # greedy: learn from the nodes cut here too (`_learn`)
-        kept, rate, est = self._worth(tree, time.perf_counter() - start)
-        self._paid = rate >= (1.0 - IDLE_SLACK) / self.curve.at(1)
+        self._growth = growth
+        kept, rate, est = self._worth(tree, self.costs.drafting(growth.levels, growth.forwards))
+        self._paid = rate >= (1.0 - IDLE_SLACK) / self.costs.at(1)
         if self._probe and not kept and len(tree) > 1:  # a probe verifies its likeliest node: acceptance is learnt
             kept = [max(range(1, len(tree)), key=lambda u: (est[u], -u))]
         return None if len(kept) == len(tree) - 1 else [0, *kept]
 
-    def _stop(self, tree: TreeBuilder, levels: int, start: float, depth_limit: int) -> bool:
+    def _stop(self, tree: TreeBuilder, growth: Growth, depth_limit: int) -> bool:
         """Stop growing unless a deeper chain below the likeliest node u of the level just drafted
-        (depth `levels`; tree started at perf_counter() `start`) would raise the expected rate:
+        (depth `growth.levels`, drafted by `growth`'s calls) would raise the expected rate:
         j more levels (up to `depth_limit`), each costing what the average level did so far, each
         node as likely given its parent as u was given its own. Every j is tried, not just the
         next level, because the cost curve is not convex (on a CPU 4 tokens can cost 1.6x one,
         8 tokens 2x)."""
-        if self.curve is None:
+        if self.costs is None:
             return False
-        drafting = time.perf_counter() - start
+        levels, drafting = growth.levels, self.costs.drafting(growth.levels, growth.forwards)
         _, rate, est = self._worth(tree, drafting)
         level = [v for v in range(1, len(tree)) if tree.depths[v] == levels]
         if not level:
@@ -166,7 +167,7 @@ class DynaTreePolicy:
         for more in range(1, depth_limit - levels + 1):
             chain *= ratio
             probs.append(chain)
-            if best_rate(probs, self.curve, drafting * (levels + more) / levels)[1] > rate:
+            if best_rate(probs, self.costs, drafting * (levels + more) / levels)[1] > rate:
                 return False
         return True
 
@@ -186,29 +187,36 @@ class DynaTreePolicy:
             grown, node = self._pending
             self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: root_token})
             self._pending = None
-        if self.idle:  # the draft did not pay lately: the root alone, no drafter call
+        self._growth, self._grown, self._paid, self._probe = Growth(), None, True, False
+        if self.idle:  # the draft model did not pay lately: its model-free part only, or the root alone
             self.idle -= 1
             self.idle_iterations += 1
-            self._probe = False
-            return TreeBuilder(root_token).build()
-        start, depth_limit = time.perf_counter(), min(c.d_max, max_depth)
-        self._paid, self._probe = True, self.backoff > 0
+            drafter = drafter.without_model()
+            if drafter is None:
+                return TreeBuilder(root_token).build()
+        else:
+            self._probe = self.backoff > 0
+        depth_limit = min(c.d_max, max_depth)
         tree = grow_levels(
             drafter, root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max,
-            expandable=expandable, breadth=breadth, tau=c.tau, cut=lambda tree: self._cut(tree, start, sampler is None),
-            stop=lambda tree, levels: self._stop(tree, levels, start, depth_limit),
+            expandable=expandable, breadth=breadth, tau=c.tau,
+            cut=lambda tree, growth: self._cut(tree, growth, sampler is None),
+            stop=lambda tree, growth: self._stop(tree, growth, depth_limit),
         )
-        if self.curve is not None:  # decline to draft for a while after a tree that did not pay
-            self.backoff = 0 if self._paid else min(max(1, 2 * self.backoff), BACKOFF_MAX)
-            self.idle = self.backoff
+        if self.costs is not None and self._growth.forwards and not self._probe:  # a model ran: did it pay?
+            self.backoff = self.idle = 0 if self._paid else 1  # (a probe is judged on its outcome, in observe)
         return tree
 
-    def observe(self, tree: Tree, path: list[int]) -> None:
+    def observe(self, tree: Tree, path: list[int], timing: Timing) -> None:
         c = self.config
-        if self.curve is not None:
+        if self.costs is not None:
+            g = self._growth
+            self.costs.learn(g.levels, g.forwards, len(tree.tokens), timing.draft_s, timing.verify_s)
             self._learn(tree, path)
-            if path and self._probe:  # a probe was accepted: draft again from the next iteration
-                self.backoff = self.idle = 0
+            if self._probe and g.forwards:  # a probe that paid shortens the spells, one that did not doubles them
+                paid = (1 + len(path)) / (timing.draft_s + timing.verify_s) >= (1.0 - IDLE_SLACK) / self.costs.at(1)
+                self.backoff = self.backoff // 2 if paid else min(2 * self.backoff, BACKOFF_MAX)
+                self.idle = self.backoff
         if not c.history or tree.n_drafted == 0:
             return
         self.window.append(len(path) / tree.n_drafted)
@@ -235,7 +243,12 @@ class DynaTreePolicy:
         """The adapted parameters as they are now, and the cost curve the tree sizes were chosen on."""
         state = {"d0": round(self.d0), "d0_continuous": self.d0, "tau_h": self.tau_h}
         if self.config.cost_aware:
-            state["idle_iterations"] = self.idle_iterations  # verified the root alone: the draft did not pay
-        if self.curve is not None:  # so a run's tree sizes can be checked against what it measured
-            state["cost_curve_ms"] = {n: round(s * 1e3, 3) for n, s in zip(self.curve.sizes, self.curve.seconds)}
+            state["idle_iterations"] = self.idle_iterations  # declined the draft model: it did not pay
+        if self.costs is not None:  # so a run's tree sizes can be checked against what it measured and learnt
+            curve = self.costs.curve
+            state["cost_curve_ms"] = {n: round(s * 1e3, 3) for n, s in zip(curve.sizes, curve.seconds)}
+            state["draft_forward_ms"] = round(self.costs.forward_s * 1e3, 3)  # per drafter call that ran a model
+            state["draft_lookup_ms"] = round(self.costs.lookup_s * 1e3, 3)  # per lookup-only drafter call
+            state["verify_extra_ms"] = {"token": round(self.costs.extra_s[0] * 1e3, 3),  # measured minus the curve
+                                        "tree": round(self.costs.extra_s[1] * 1e3, 3)}
         return state

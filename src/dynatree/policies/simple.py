@@ -8,7 +8,7 @@ from ..config import in_unit, option, positive
 from ..drafters.base import Drafter
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
-from .base import Stateless, grow_levels, tempered
+from .base import TreePolicy, grow_levels, tempered
 
 
 @dataclass
@@ -16,7 +16,7 @@ class ArConfig:
     """Plain greedy decoding with the target: one target forward per token."""
 
 
-class ArPolicy(Stateless):
+class ArPolicy(TreePolicy):
     needs_drafter = False
 
     def __init__(self, config: ArConfig):
@@ -36,8 +36,7 @@ class LinearConfig:
         positive(self, "k")
 
 
-class ChainPolicy(Stateless):
-    needs_drafter = True
+class ChainPolicy(TreePolicy):
 
     def __init__(self, config: LinearConfig):
         self.config = config
@@ -81,8 +80,7 @@ class FixedTreeConfig:
         in_unit(self, "tau")
 
 
-class FixedTreePolicy(Stateless):
-    needs_drafter = True
+class FixedTreePolicy(TreePolicy):
 
     def __init__(self, config: FixedTreeConfig):
         self.config = config

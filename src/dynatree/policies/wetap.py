@@ -30,7 +30,7 @@ from ..drafters.base import Drafter
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
 from ..verify import BeamVerifier
-from .base import Stateless, top_children
+from .base import TreePolicy, top_children
 
 VERIFIERS = ("beam", "exact")
 
@@ -112,8 +112,7 @@ def prune(parents: list[int], depths: list[int], probs: list[float], length: int
     return sorted(kept)
 
 
-class WetapPolicy(Stateless):
-    needs_drafter = True
+class WetapPolicy(TreePolicy):
 
     def __init__(self, config: WetapConfig):
         self.config = config

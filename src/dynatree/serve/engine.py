@@ -260,7 +260,7 @@ class Engine:
         rest = job.text.finish()
         if rest:
             job.emit("text", rest)
-        state = decoder.policy.state() if hasattr(decoder.policy, "state") else None
+        state = decoder.policy.state()
         record = prepared.record(new_ids, run.stats, state)  # stats count every committed token, the ids end at a stop
         if observe:
             self.metrics.observe(record, queue_s, job.first_token_s, time.perf_counter() - job.submitted, reason)
