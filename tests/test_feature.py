@@ -156,6 +156,7 @@ def test_generate_api_takes_a_head_directory(tmp_path):
                       max_new_tokens=20, ignore_eos=True, dtype="float64")
     assert record["new_token_ids"] == hf_greedy(target, PROMPT, 20)
     assert record["draft"] == str(tmp_path / "h")
+    assert record["run"]["draft_linear"] == "stock"  # float64: oneDNN packs float32/bfloat16/float16 only
     hybrid = generate(prompt_ids=PROMPT, method="dynatree", target=target, draft="ngram+" + str(tmp_path / "h"),
                       max_new_tokens=20, ignore_eos=True, dtype="float64")
     assert hybrid["new_token_ids"] == record["new_token_ids"]

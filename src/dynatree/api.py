@@ -14,6 +14,7 @@ from .drafters.factory import make_drafter
 from .draftspec import AUTO, HYBRID, NGRAM, Hybrid, head_dir, parse  # noqa: F401 (NGRAM, HYBRID, Hybrid re-exported)
 from .errors import DynaTreeError
 from .featurehead import FeatureHead, check_head, load_head
+from .kernels import linear_kernel
 from .methods import get_method, is_lossy, make_config
 from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model, resolve_device, resolve_dtype
 from .peers import hf_generate, universal_assisted
@@ -206,8 +207,7 @@ class Prepared:
                 "compile": self.compile and ours,
                 "linear": tgt.linear if ours else "stock",  # hf-* run stock_linears
                 "linear_note": tgt.linear_note if ours else None,  # why not oneDNN, if so
-                # a feature head's few linears run stock kernels
-                "draft_linear": (draft.linear if isinstance(draft, LoadedModel) else "stock")
+                "draft_linear": (draft.linear if isinstance(draft, LoadedModel) else linear_kernel(draft))
                 if draft is not None and ours else None,
                 "draft_linear_note": draft.linear_note if isinstance(draft, LoadedModel) else None,
                 "seed": self.seed,
