@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.dynatree-installed
 
 DEMO_PROMPT ?= Explain how vaccines train the immune system in one paragraph, then list three common misconceptions about them.
 
-.PHONY: demo test install clean
+.PHONY: demo test test-fast install clean
 
 install: $(STAMP)
 
@@ -32,6 +32,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)  # for development: a tenth of the hypothesis examples, slow tests deselected (CI runs `test`)
+	DYNATREE_TEST_PROFILE=dev $(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .hypothesis

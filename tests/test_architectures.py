@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from conftest import EOS, VOCAB, hf_greedy, tokenizer
+from helpers import EOS, VOCAB, hf_greedy, tokenizer
 from dynatree import api
 from dynatree.attention import use_gqa_attention
 from dynatree.errors import DynaTreeError

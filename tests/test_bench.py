@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny, tokenizer
+from helpers import tiny, tokenizer
 from dynatree import DynaTreeError, api
 from dynatree.bench import commands, data, plots, presets, report, results, runner
 from dynatree.cli import main

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache, MistralConfig, MistralForCausalLM
 
-from conftest import ARCHS, noisy_copy, tiny
+from helpers import ARCHS, noisy_copy, tiny
 from dynatree import Decoder, make_config
 from dynatree import cache as kv
 from dynatree.drafters import LMDrafter

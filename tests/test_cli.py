@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
-from conftest import tiny, tokenizer
+from helpers import tiny, tokenizer
 from dynatree.models import LoadedModel
 from dynatree.draftspec import Hybrid
 from dynatree.window import KVWindow
@@ -95,9 +95,9 @@ def test_compare_table(capsys, saved_tiny):
 def test_compare_warms_up_every_compared_method_with_its_own_settings(capsys, saved_tiny, monkeypatch):
     from dynatree import api
 
-    calls, real = [], api.generate
-    monkeypatch.setattr(api, "generate", lambda **kw: calls.append((kw["method"], kw["max_new_tokens"],
-                                                                    kw.get("k"))) or real(**kw))
+    calls, real = [], api.run
+    monkeypatch.setattr(api, "run", lambda job, on_tokens=None: calls.append(
+        (job.method, job.max_new_tokens, getattr(job.config, "k", None))) or real(job, on_tokens))
     code, _, _ = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "12",
                          "--method", "dynatree", "--compare", "ar,linear", "--k", "3")
     assert code == 0

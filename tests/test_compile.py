@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import hf_greedy, tiny
+from helpers import hf_greedy, tiny
 from dynatree import api, models
 from dynatree import cache as kv
 from dynatree.bench import runner
@@ -13,6 +13,8 @@ from dynatree.cli import main
 from dynatree.errors import DynaTreeError
 from dynatree.kernels import stock_linears
 from dynatree.models import RECOMPILE_LIMIT, LoadedModel
+
+pytestmark = pytest.mark.slow  # torch.compile: seconds per graph
 
 
 # float64: stock linears; float32: packed ones (kernels.py: oneDNN op for several rows, a

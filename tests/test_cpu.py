@@ -10,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
@@ -22,6 +24,7 @@ def _dynatree(*args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow  # a subprocess imitating an AVX2-only CPU
 def test_an_avx2_only_cpu_decodes_bfloat16_exactly_on_stock_kernels_and_says_why(saved_tiny):
     out = _dynatree("generate", "w5 w6 w7 w5 w6 w7 w5", "--target", str(saved_tiny), "--dtype", "bfloat16",
                     "--method", "dynatree", "--compare", "ar", "--max-new-tokens", "16", "--ignore-eos", "--json")
@@ -36,6 +39,7 @@ def test_an_avx2_only_cpu_decodes_bfloat16_exactly_on_stock_kernels_and_says_why
     assert "note: linear layers on stock kernels: this CPU (AVX2) cannot run oneDNN's bfloat16 linear" in out.stderr
 
 
+@pytest.mark.slow  # a subprocess imitating an AVX2-only CPU
 def test_an_avx2_only_cpu_refuses_onednn_bfloat16_in_one_line(saved_tiny):
     out = _dynatree("generate", "w5 w6", "--target", str(saved_tiny), "--dtype", "bfloat16", "--linear", "onednn",
                     "--method", "ar", "--max-new-tokens", "2")
@@ -46,6 +50,7 @@ def test_an_avx2_only_cpu_refuses_onednn_bfloat16_in_one_line(saved_tiny):
         "avx512dq; use --linear stock or --dtype float32"]
 
 
+@pytest.mark.slow  # a subprocess imitating an AVX2-only CPU
 def test_an_avx2_only_cpu_compiles_bfloat16_on_stock_kernels(saved_tiny):
     """--compile on the unsupported branch: inductor gets the stock linears, compiling is reported
     apart from the timings, and tree decoding gives compiled ar's tokens (bf16 compiled and eager

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from conftest import VOCAB, hf_greedy, tiny, tokenizer
+from helpers import VOCAB, hf_greedy, tiny, tokenizer
 from dynatree import DynaTreeError, distill
 from dynatree.api import generate
 from dynatree.bench import data as bench_data

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from conftest import hf_greedy, tiny, tokenizer
+from helpers import hf_greedy, tiny, tokenizer
 from dynatree import DynaTreeError
 from dynatree.api import generate
 from dynatree.bench.data import load_texts

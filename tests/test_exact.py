@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ARCHS, EOS, VOCAB, hf_greedy, noisy_copy, tiny, tiny_head
+from helpers import ARCHS, EOS, VOCAB, examples, hf_greedy, noisy_copy, tiny, tiny_head
 from dynatree import Decoder, make_config
 from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.methods import METHODS
@@ -89,7 +89,7 @@ def cases(draw):
     return arch, method, drafter, prompt, max_new, eos_at, method_options(draw, method)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_greedy_equals_plain_decoding(case):
     arch, method, drafter_kind, prompt, max_new, eos_at, options = case

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import ARCHS, VOCAB, hf_greedy, tiny, tiny_head, tokenizer
+from helpers import ARCHS, VOCAB, hf_greedy, tiny, tiny_head, tokenizer
 from dynatree import DynaTreeError, Decoder, generate, make_config
 from dynatree import cache as kv
 from dynatree import kernels

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import hf_greedy, noisy_copy, tiny
+from helpers import hf_greedy, noisy_copy, tiny
 from dynatree import DynaTreeError, Decoder, api, draftspec, make_config
 from dynatree.bench import presets, report, runner
 from dynatree.cli import main

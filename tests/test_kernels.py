@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import fresh, hf_greedy, steps, tiny
+from helpers import fresh, hf_greedy, steps, tiny
 from dynatree import api, cpu
 from dynatree.errors import DynaTreeError
 from dynatree.kernels import (PackedLinear, linear_kernel, packing_problem, repack_linears, stock_linears,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
-from conftest import tiny, tokenizer
+from helpers import tiny, tokenizer
 from dynatree import DynaTreeError, LoadedModel, load_model
 from dynatree.models import check_causal, check_compatible, resolve_device
 

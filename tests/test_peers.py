@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ARCHS, noisy_copy, tiny
+from helpers import ARCHS, noisy_copy, tiny
 from dynatree import DynaTreeError, generate
 from dynatree.bench import draftcheck, report, results, runner
 from dynatree.draftspec import Hybrid
@@ -47,7 +47,7 @@ def _lm(vocab: int, seed: int = 1) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from conftest import config, tokenizer
+    from helpers import config, tokenizer
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config("llama", vocab=vocab)).to(torch.float64).eval()

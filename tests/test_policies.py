@@ -304,7 +304,7 @@ def test_cost_aware_dynatree_stops_calling_a_draft_that_does_not_pay_and_probes_
 
 
 def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
-    from conftest import hf_greedy, noisy_copy, tiny
+    from helpers import hf_greedy, noisy_copy, tiny
     from dynatree.api import generate
     from dynatree.costmodel import CostCurve, _CURVES
 
@@ -329,7 +329,7 @@ def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
 
 
 def test_cost_curve_is_measured_once_per_compile_setting(monkeypatch):
-    from conftest import tiny
+    from helpers import tiny
     from dynatree import costmodel
 
     target = tiny("llama", seed=1)
@@ -353,7 +353,7 @@ def test_cost_curve_is_measured_once_per_compile_setting(monkeypatch):
 
 
 def test_cost_curve_times_whole_sweeps_after_an_untimed_one(monkeypatch):
-    from conftest import tiny
+    from helpers import tiny
     from dynatree import costmodel
 
     target = tiny("llama", seed=1)
@@ -377,7 +377,7 @@ def test_cost_curve_times_whole_sweeps_after_an_untimed_one(monkeypatch):
 def test_cost_curve_throws_away_a_timed_sweep_that_compiled(monkeypatch):
     """A graph built during a timed sweep (the cost of compiling, not of the step) is not learnt
     from: that sweep is swept again (issue 36: a compiled run ended with L 1.00, no drafting)."""
-    from conftest import tiny
+    from helpers import tiny
     from dynatree import costmodel
 
     target = tiny("llama", seed=1)
@@ -399,7 +399,7 @@ def test_cost_curve_throws_away_a_timed_sweep_that_compiled(monkeypatch):
 
 
 def test_cost_curve_runs_one_token_without_a_mask_as_the_decoder_does(monkeypatch):
-    from conftest import tiny
+    from helpers import tiny
     from dynatree import costmodel
 
     target = tiny("llama", seed=1)
@@ -419,7 +419,7 @@ def test_cost_curve_runs_one_token_without_a_mask_as_the_decoder_does(monkeypatc
 
 
 def test_measured_cost_curve_is_non_decreasing():
-    from conftest import tiny
+    from helpers import tiny
     from dynatree.costmodel import measure
 
     curve = measure(tiny("gpt2"), [5, 6, 7], sizes=(1, 4, 16), rounds=2)
@@ -431,7 +431,7 @@ def test_cost_curve_is_measured_before_the_clock_starts(monkeypatch):
     """The one-time curve measurement (seconds on a real target) is set-up, not decoding time."""
     import time
 
-    from conftest import tiny
+    from helpers import tiny
     from dynatree import Decoder
     from dynatree.drafters import NgramDrafter
     from dynatree import decode as module
@@ -552,3 +552,26 @@ def test_cost_aware_dynatree_declines_only_the_model_part_of_a_drafter():
     for _ in range(10):
         _step(policy, wrong, 1, curve, 0.0001, accept=False)
     assert policy.idle == 0 and policy.idle_iterations == 0 and len(wrong.calls) == 10
+
+def test_cost_aware_dynatree_keeps_a_draft_that_pays_on_average_though_most_probes_fail():
+    """A cheap draft, wrong for a while (the policy idles), then right 45% of the time: most single
+    probes gain nothing, but on average (1.45 tokens per pass for 1.12x the time of a plain step)
+    drafting pays, so the policy learns that from its probes and drafts again instead of idling
+    ever longer after every missed probe."""
+    from dynatree.costmodel import CostCurve
+
+    curve = CostCurve((1, 2, 8), (0.05, 0.051, 0.06))
+    policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
+    policy.prepare(curve)
+    drafter = ScriptedDrafter(lambda path: [(100, 0.95)])
+    idle = {}
+    for i in range(400):
+        right = i >= 100 and i % 20 < 9
+        before = len(drafter.calls)
+        tree = policy.grow(drafter, 1, max_depth=10)
+        path = [1] if right and tree.n_drafted else []
+        policy.observe(tree, path, Timing(draft_s=0.005 * (len(drafter.calls) - before),
+                                          verify_s=curve.at(len(tree.tokens))))
+        idle[i] = policy.idle_iterations
+    assert idle[99] > 30  # the wrong spell was declined
+    assert idle[399] - idle[199] < 40, idle[399] - idle[199]  # the last 200 iterations draft

@@ -13,8 +13,8 @@ from scipy.stats import chi2
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-import dynatree.decode
-from conftest import tiny, tokenizer
+import dynatree.verify
+from helpers import tiny, tokenizer
 from dynatree import DynaTreeError, Decoder, LoadedModel, generate, make_config
 from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
@@ -137,12 +137,14 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, drafter, options", CASES)
 def test_sampled_distribution_equals_the_target(method, drafter, options):
     counts = empirical(method, drafter, options)
     assert chi_square_pvalue(counts, exact_distribution(), RUNS) > ALPHA
 
 
+@pytest.mark.slow
 def test_wetap_beam_verification_is_lossy_as_documented():
     """The paper's beam rule does not keep the target's distribution: the same test rejects it."""
     counts = empirical("wetap", "lm", {"depth": 2, "budget": 5, "w_min": 2, "w_max": 4, "verify": "beam", "beam_tau": 0.1})
@@ -191,9 +193,10 @@ def always_accept_matching_draft(tree, probs, generator):
         path.append(node)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", [bonus_from_target_instead_of_residual, always_accept_matching_draft])
 def test_broken_acceptance_rules_are_caught(monkeypatch, broken):
-    monkeypatch.setattr(dynatree.decode, "sample_accept", broken)
+    monkeypatch.setattr(dynatree.verify, "sample_accept", broken)
     counts = empirical("fixed-tree", "lm", {"depth": 2, "branch": 2, "tau": 0.0})
     assert chi_square_pvalue(counts, exact_distribution(), RUNS) < ALPHA
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 import uvicorn
 
-from conftest import EOS, hf_greedy, tiny, tokenizer
+from helpers import EOS, hf_greedy, tiny, tokenizer
 from dynatree import api
 from dynatree.cli import main
 from dynatree.models import LoadedModel

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import tiny, tokenizer
+from helpers import tiny, tokenizer
 from dynatree.bench import presets, report, results, runner
 from dynatree import api
 from dynatree.bench.data import SPEC_BENCH_FILE, SPEC_BENCH_TASKS, Prompt, load_texts, tokenize

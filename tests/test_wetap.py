@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from conftest import ARCHS, noisy_copy, tiny
+from helpers import ARCHS, noisy_copy, tiny
 from dynatree import Decoder, DynaTreeError, make_config
 from dynatree.drafters import LMDrafter
 from dynatree.methods import METHODS
@@ -158,15 +158,16 @@ def target_logits(p_b: float = 0.6):
 ])
 def test_beam_rule_on_a_hand_drawn_tree(tau, path, bonus):
     sampler = Sampler(SamplingConfig(), seed=0)
-    got_path, got_bonus = BeamVerifier(tau).accept(hand_tree(), target_logits(), sampler)
+    got = BeamVerifier(tau).accept(hand_tree(), target_logits(), sampler)
+    got_path, got_bonus = got.path, got.bonus
     assert got_path == path
     if bonus in (6, 7) and got_path:  # rows after c and d put all mass on one token
         assert got_bonus == bonus
 
 
 def test_beam_rule_with_nothing_accepted_samples_from_the_root():
-    got_path, bonus = BeamVerifier(0.9).accept(hand_tree(), target_logits(p_b=0.2), Sampler(SamplingConfig(), seed=1))
-    assert got_path == [] and bonus in (1, 2, 5)
+    got = BeamVerifier(0.9).accept(hand_tree(), target_logits(p_b=0.2), Sampler(SamplingConfig(), seed=1))
+    assert got.path == [] and got.bonus in (1, 2, 5)
 
 
 def test_beam_rule_greedy_equals_greedy_verification():
@@ -181,7 +182,8 @@ def test_beam_rule_greedy_equals_greedy_verification():
         tree = builder.build(keep=order)
         logits = torch.randn(tree.size, 4, generator=gen)
         for tau in (0.0, 0.5, 0.99):
-            assert BeamVerifier(tau).accept(tree, logits, None) == greedy_accept(tree, logits), trial
+            got = BeamVerifier(tau).accept(tree, logits, None)
+            assert (got.path, got.bonus) == greedy_accept(tree, logits), trial
 
 
 # ---- the policies in the engine ----------------------------------------------------------

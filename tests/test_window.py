@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ARCHS, VOCAB, hf_greedy, tiny
+from helpers import ARCHS, VOCAB, examples, hf_greedy, tiny
 from dynatree import DynaTreeError, generate, make_config
 from dynatree import cache as kv
 from dynatree.decode import Decoder
@@ -54,7 +54,7 @@ def cases(draw):
     return arch, method, drafter, prompt, draw(st.integers(1, 30)), sink, recent, method_options(draw, method)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_windowed_speculation_equals_windowed_ar(case):
     arch, method, drafter_kind, prompt, max_new, sink, recent, options = case

@@ -9,6 +9,9 @@ from .lazy import lazy_exports
 _EXPORTS = {
     "encode_prompt": "api",
     "generate": "api",
+    "prepare": "api",
+    "run": "api",
+    "Request": "request",
     "Decoder": "decode",
     "DynaTreeError": "errors",
     "METHODS": "methods",

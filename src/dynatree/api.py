@@ -15,11 +15,12 @@ from .draftspec import AUTO, HYBRID, NGRAM, Hybrid, head_dir, parse  # noqa: F40
 from .errors import DynaTreeError
 from .featurehead import FeatureHead, check_head, load_head
 from .kernels import linear_kernel
-from .methods import get_method, is_lossy, make_config
+from .methods import get_method, is_lossy
 from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model, resolve_device, resolve_dtype
 from .peers import hf_generate, universal_assisted
 from .sampling import Sampler, SamplingConfig, sampling_config  # noqa: F401 (sampling_config re-exported)
 from .stats import Stats
+from .request import Request
 from .window import KVWindow
 
 def _load_draft_model(spec: str, device: str, dtype: str, linear: str) -> LoadedModel | FeatureHead:
@@ -125,11 +126,6 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _positive_int(name: str, value) -> None:
-    if not _is_int(value) or value < 1:
-        raise DynaTreeError(f"{name} must be a positive integer, got {value!r}")
-
-
 def _token_ids(ids, vocab_size: int) -> list[int]:
     """`prompt_ids` as a list of ints, each a row of the target's output layer."""
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
@@ -225,90 +221,63 @@ class Prepared:
         return record
 
 
-def prepare(
-    prompt: str | None = None,
-    method: str = "dynatree",
-    *,
-    target: str | LoadedModel = DEFAULT_TARGET,
-    draft: str | LoadedModel | None = None,
-    prompt_ids: list[int] | None = None,
-    max_new_tokens: int = 128,
-    ignore_eos: bool = False,
-    chat: bool = False,
-    device: str | None = None,
-    dtype: str = "float32",
-    seed: int = 0,
-    ngram_max: int = 4,
-    kv_window: str | KVWindow | None = None,
-    sample: bool = False,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    compile: bool | None = None,
-    linear: str = "auto",
-    **options,
-) -> Prepared:
-    """Validate a `generate()` request, load its models and encode its prompt (no forward pass).
-    The arguments are `generate()`'s; any bad one is a `DynaTreeError` naming it."""
-    spec = get_method(method)
-    config = make_config(method, **options)
-    _positive_int("max_new_tokens (--max-new-tokens)", max_new_tokens)
-    _positive_int("ngram_max (--ngram-max)", ngram_max)
-    if not _is_int(seed):
-        raise DynaTreeError(f"seed (--seed) must be an integer, got {seed!r}")
-    if prompt is not None and prompt_ids is not None:
-        raise DynaTreeError("give either prompt (text) or prompt_ids (token ids), not both")
-    if isinstance(kv_window, KVWindow):
-        window = kv_window.validated()
-    elif kv_window is None or isinstance(kv_window, str):
-        window = KVWindow.parse(kv_window)
-    else:
-        raise DynaTreeError(f"kv_window (--kv-window) must be 'SINK,RECENT' or a KVWindow, got {type(kv_window).__name__}")
-    sampling = sampling_config(sample, temperature, top_k, top_p)
-    if window is not None and spec.policy_cls is None:
-        raise DynaTreeError(f"kv_window (--kv-window) is not available for {method!r} (transformers' own generate())")
-    if compile and spec.policy_cls is None:
-        raise DynaTreeError(f"compile (--compile) applies to dynatree's own methods; {method!r} runs transformers' "
-                            "generate() as is")
-    if not isinstance(target, (str, LoadedModel)):
-        raise DynaTreeError(f"target must be a model spec string or a LoadedModel, got {type(target).__name__}")
-    if device is not None and not isinstance(device, str):
-        raise DynaTreeError(f"device (--device) must be a string such as 'cpu' or 'cuda', got {device!r}")
-    if isinstance(target, LoadedModel):
-        tgt = target
-        if device is not None and resolve_device(device) != tgt.device:
-            raise DynaTreeError(f"device {device!r} given, but the target is already loaded on {tgt.device}; "
+def prepare(request: Request) -> Prepared:
+    """Validate a request (`Request.check()`), load its models, check the draft against the target
+    and the prompt against both, and encode the prompt (no forward pass). Any bad value is a
+    `DynaTreeError` naming it."""
+    checked = request.check()
+    r, spec = request, checked.method
+    if isinstance(r.target, LoadedModel):
+        tgt = r.target
+        if r.device is not None and resolve_device(r.device) != tgt.device:
+            raise DynaTreeError(f"device {r.device!r} given, but the target is already loaded on {tgt.device}; "
                                 "load it there (load_model(..., device=...)) or leave device out")
     else:
-        tgt = load_model(target, device=device or "cpu", dtype=dtype, linear=linear)
+        tgt = load_model(r.target, device=r.device or "cpu", dtype=r.dtype, linear=r.linear)
     device = str(tgt.device)
-    compile = tgt.compile if compile is None else compile
-    draft_lm, draft_name = resolve_draft(method, draft, tgt, device, dtype, linear)
+    compile = tgt.compile if r.compile is None else r.compile
+    draft_lm, draft_name = resolve_draft(r.method, r.draft, tgt, device, r.dtype, r.linear)
     readable = min(tgt.vocab_size, tgt.embedding_rows)  # every prompt token must be a row the target reads
-    if prompt_ids is None:
-        if not isinstance(prompt, str):
-            raise DynaTreeError(f"prompt must be a string (or give prompt_ids), got {type(prompt).__name__}")
-        prompt_ids = encode_prompt(tgt.tokenizer, prompt, chat)
+    if r.prompt_ids is None:
+        prompt_ids = encode_prompt(tgt.tokenizer, r.prompt, r.chat)
         beyond = [t for t in prompt_ids if t >= readable]
         if beyond:
             raise DynaTreeError(f"the prompt encodes to token {beyond[0]}, which {tgt.name!r} cannot read (its embedding "
                                 f"and output layer cover ids 0..{readable - 1}, its tokenizer {len(tgt.tokenizer)} tokens)")
     else:
-        prompt_ids = _token_ids(prompt_ids, readable)
+        prompt_ids = _token_ids(r.prompt_ids, readable)
+    window = checked.window
     for model in filter(None, (tgt, draft_lm)):
         limit = model.context_length
         if window is not None:
             window.check_context(limit, model.name)
-        if limit is not None and len(prompt_ids) + max_new_tokens > limit:
+        if limit is not None and len(prompt_ids) + r.max_new_tokens > limit:
             raise DynaTreeError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({r.max_new_tokens}) exceeds the "
                 f"context length {limit} of {model.name!r}"
             )
-
-    return Prepared(method=method, config=config, target=tgt, draft=draft_lm, draft_name=draft_name,
-                    prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, chat=chat, seed=seed,
-                    ngram_max=ngram_max, window=window, sampling=sampling,
+    return Prepared(method=r.method, config=checked.config, target=tgt, draft=draft_lm, draft_name=draft_name,
+                    prompt_ids=prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos, chat=r.chat,
+                    seed=r.seed, ngram_max=r.ngram_max, window=window, sampling=checked.sampling,
                     compile=bool(compile) and spec.policy_cls is not None)
+
+
+def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> dict:
+    """Decode a prepared request once and return its result record (transformers' generate()
+    for the hf-* methods, dynatree's decoder for the others)."""
+    tgt = job.target
+    if not job.ours:
+        torch.manual_seed(job.seed)
+        new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos, job.draft,
+                                     on_tokens, job.sampling)
+        return job.record(new_ids, stats)
+    decoder = job.decoder()
+    before, tgt.compile = tgt.compile, job.compile  # for this call only
+    try:
+        run = decoder.generate(job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens)
+    finally:
+        tgt.compile = before
+    return job.record(run.new_tokens, run.stats, decoder.policy.state())
 
 
 def generate(
@@ -335,7 +304,8 @@ def generate(
     on_tokens: Callable[[list[int]], None] | None = None,
     **options,
 ) -> dict:
-    """Decode one prompt with one method and return its result record.
+    """Decode one prompt with one method and return its result record: `run(prepare(Request(...)))`
+    with the request's fields as keyword arguments (`request.Request` documents each).
 
     `target`/`draft` take a model spec (alias, directory, .gguf file, hub id) or a model
     already loaded with `load_model` (`device`, default cpu, is where a spec is loaded; with a
@@ -350,20 +320,8 @@ def generate(
     disk; see `LoadedModel.forward`); None keeps the loaded target's own setting. `linear`
     ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
     """
-    job = prepare(prompt, method, target=target, draft=draft, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
-                  ignore_eos=ignore_eos, chat=chat, device=device, dtype=dtype, seed=seed, ngram_max=ngram_max,
-                  kv_window=kv_window, sample=sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                  compile=compile, linear=linear, **options)
-    tgt = job.target
-    if not job.ours:
-        torch.manual_seed(job.seed)
-        new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos, job.draft,
-                                     on_tokens, job.sampling)
-        return job.record(new_ids, stats)
-    decoder = job.decoder()
-    before, tgt.compile = tgt.compile, job.compile  # for this call only
-    try:
-        run = decoder.generate(job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens)
-    finally:
-        tgt.compile = before
-    return job.record(run.new_tokens, run.stats, decoder.policy.state())
+    request = Request(prompt=prompt, method=method, options=options, target=target, draft=draft,
+                      prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, chat=chat,
+                      device=device, dtype=dtype, seed=seed, ngram_max=ngram_max, kv_window=kv_window, sample=sample,
+                      temperature=temperature, top_k=top_k, top_p=top_p, compile=compile, linear=linear)
+    return run(prepare(request), on_tokens)

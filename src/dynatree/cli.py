@@ -15,7 +15,6 @@ from .cli_args import Parser, add_model_args, add_sampling_args, method_options
 from .errors import DynaTreeError
 from .methods import METHODS, get_method, is_lossy
 from .textstream import TextStream
-from .window import KVWindow
 
 EXIT_USAGE = 2
 
@@ -149,16 +148,16 @@ def comparison_table(records: list[dict]) -> str:
 
 
 def cmd_generate(args) -> int:
+    import dataclasses
+
     from . import api
-    from .api import sampling_config
     from .draftspec import parse as parse_draft
     from .peers import universal_note
     from .methods import make_config
     from .models import load_model
+    from .request import Request
 
     prompt = _read_prompt(args)
-    KVWindow.parse(args.kv_window)  # malformed windows and sampling settings fail before any model loads
-    sampling_config(**sampling_kwargs(args))
     compared = [m.strip() for m in args.compare.split(",") if m.strip()] if args.compare is not None else []
     if args.compare is not None and not compared:
         raise DynaTreeError("--compare needs a comma-separated list of methods, got an empty one")
@@ -184,14 +183,19 @@ def cmd_generate(args) -> int:
     for name in given:
         if not any(m in args.method_fields[name] for m in methods):
             make_config(args.method, **{name: given[name]})  # raises "does not apply to method ..."
-    for method in methods:  # reject bad methods and values before loading any model
-        config = make_config(method, **options_for(method))
-        if args.sample and is_lossy(config):
-            print(f"note: {method} with --verify beam is lossy when sampling: its output does not follow the "
-                  "target's distribution (--verify exact is lossless)", file=sys.stderr)
     ours = [m for m in methods if METHODS[m].policy_cls is not None]
     if args.compile and not ours:
         raise DynaTreeError("--compile applies to dynatree's own methods, not to transformers' generate() (hf-*)")
+    requests = {method: Request(  # one per method, every value checked before any model loads
+        prompt=prompt, method=method, options=options_for(method), target=args.target,
+        draft=args.draft if method in drafting else None, max_new_tokens=args.max_new_tokens,
+        ignore_eos=args.ignore_eos, chat=args.chat, device=args.device, dtype=args.dtype, seed=args.seed,
+        ngram_max=ngram_max, kv_window=args.kv_window, compile=args.compile and method in ours, linear=args.linear,
+        **sampling_kwargs(args)) for method in methods}
+    for method, request in requests.items():
+        if args.sample and is_lossy(request.check().config):
+            print(f"note: {method} with --verify beam is lossy when sampling: its output does not follow the "
+                  "target's distribution (--verify exact is lossless)", file=sys.stderr)
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
     if target.linear_note:
         print(f"note: linear layers on stock kernels: {target.linear_note}", file=sys.stderr)
@@ -199,28 +203,19 @@ def cmd_generate(args) -> int:
     if any(METHODS[m].draft != "none" for m in methods):
         draft = api.load_draft(draft, device=args.device, dtype=args.dtype, linear=args.linear)
     prompt_ids = api.encode_prompt(target.tokenizer, prompt, args.chat)
+    jobs = {method: api.prepare(dataclasses.replace(  # the loaded models and the encoded prompt
+        request, target=target, draft=draft if method in drafting else None, prompt=None, prompt_ids=prompt_ids))
+        for method, request in requests.items()}
 
     warm_compile: dict[str, float] = {}  # compiling done in a method's warm-up: reported with its record
     if len(methods) > 1:  # a short discarded run of each, so no measured method pays a cold start
-        for method in methods:
-            warm = api.generate(
-                method=method, target=target, draft=draft if method in drafting else None, prompt_ids=prompt_ids,
-                max_new_tokens=8, ignore_eos=True, chat=args.chat, device=args.device, dtype=args.dtype, seed=args.seed,
-                ngram_max=ngram_max,
-                kv_window=args.kv_window, compile=args.compile and method in ours, **sampling_kwargs(args),
-                **options_for(method),
-            )
+        for method, job in jobs.items():
+            warm = api.run(dataclasses.replace(job, max_new_tokens=8, ignore_eos=True))
             warm_compile[method] = warm["stats"]["compile_s"] or 0.0
     records = []
-    for i, method in enumerate(methods):
+    for i, (method, job) in enumerate(jobs.items()):
         stream = None if args.json or i > 0 else _TextStream(target.tokenizer, sys.stdout)
-        record = api.generate(
-            method=method, target=target, draft=draft if method in drafting else None, prompt_ids=prompt_ids,
-            max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos, chat=args.chat,
-            device=args.device, dtype=args.dtype, seed=args.seed, ngram_max=ngram_max, on_tokens=stream,
-            kv_window=args.kv_window, compile=args.compile and method in ours, **sampling_kwargs(args),
-            **options_for(method),
-        )
+        record = api.run(job, on_tokens=stream)
         if record["stats"]["compile_s"] is not None:  # compiled before the clock, in the warm-up or the run
             record["stats"]["compile_s"] += warm_compile.get(method, 0.0)
         records.append(record)

@@ -22,8 +22,8 @@ from .costmodel import curve_for
 from .policies.base import Timing, TreePolicy
 from .stats import Clock, PeakMemory, Stats
 from .tree import Tree, additive_mask
-from .sampling import Sampler, sample_accept
-from .verify import greedy_accept
+from .sampling import Sampler
+from .verify import default_verifier
 from .window import KVWindow
 
 
@@ -64,6 +64,7 @@ class Decoder:
         self.drafter = drafter
         self.window = window  # attention-sink KV window applied to the target, or None
         self.sampler = sampler  # sampling mode (lossless rejection sampling), or None for greedy
+        self.verifier = policy.verifier or default_verifier(sampler)  # the policy's own rule (lossy), else ours
 
     @torch.no_grad()
     def generate(
@@ -179,12 +180,8 @@ class Decoder:
         return out if hidden else (out, None)
 
     def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
-        verifier = self.policy.verifier  # a policy may bring its own (lossy) rule
-        if verifier is not None:
-            return verifier.accept(tree, logits, self.sampler)
-        if self.sampler is None:
-            return greedy_accept(tree, logits)
-        return sample_accept(tree, self.sampler.probs(logits), self.sampler.generator)
+        accepted = self.verifier.accept(tree, logits, self.sampler)
+        return accepted.path, accepted.bonus
 
     def _evict(self, run: Run) -> None:
         """Drop the cache slots the KV window no longer lets any future query see."""

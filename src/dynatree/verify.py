@@ -1,10 +1,56 @@
-"""Greedy verification: the longest root-to-leaf path the target agrees with, plus a bonus token."""
+"""Acceptance rules: which drafted path of a verified tree is committed, and the bonus token.
+
+One contract (`Verifier.accept(tree, logits, sampler) -> Accepted`) with three rules: greedy
+(the longest root-to-leaf path the target agrees with), recursive rejection sampling (lossless
+sampling, `sampling.sample_accept`) and WETAP's beam rule (lossy when sampling). The decoder
+resolves the rule once per run: the policy's own (`TreePolicy.verifier`) or `default_verifier`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from .sampling import Sampler, sample_accept
 from .tree import Tree
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What verification commits: the accepted drafted nodes and the target's token after them."""
+
+    path: list[int]  # accepted tree nodes, root excluded, root-to-leaf order
+    bonus: int  # the target's token after the path's last node (after the root when the path is empty)
+
+
+class Verifier:
+    """An acceptance rule. `lossless`: sampled output keeps the target's distribution."""
+
+    lossless: bool = True
+
+    def accept(self, tree: Tree, logits: torch.Tensor, sampler: Sampler | None) -> Accepted:
+        """`logits` [n, vocab]: the target's row after each node of `tree`; `sampler` None when greedy."""
+        raise NotImplementedError
+
+
+class GreedyVerifier(Verifier):
+    """Greedy decoding: `greedy_accept`."""
+
+    def accept(self, tree: Tree, logits: torch.Tensor, sampler: Sampler | None) -> Accepted:
+        return Accepted(*greedy_accept(tree, logits))
+
+
+class RejectionVerifier(Verifier):
+    """Sampling: recursive rejection sampling over each accepted node's children (`sample_accept`)."""
+
+    def accept(self, tree: Tree, logits: torch.Tensor, sampler: Sampler | None) -> Accepted:
+        return Accepted(*sample_accept(tree, sampler.probs(logits), sampler.generator))
+
+
+def default_verifier(sampler: Sampler | None) -> Verifier:
+    """The engine's lossless rule: greedy, or rejection sampling when there is a sampler."""
+    return GreedyVerifier() if sampler is None else RejectionVerifier()
 
 
 def greedy_accept(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
@@ -30,7 +76,7 @@ def greedy_accept(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
     return path, bonus
 
 
-class BeamVerifier:
+class BeamVerifier(Verifier):
     """WETAP's deep-to-shallow beam verification (paper 004, eq. 9 and Algorithm 1). LOSSY.
 
     A drafted node v is accepted on its own when its whole root-to-v beam passes
@@ -48,17 +94,19 @@ class BeamVerifier:
     `greedy_accept` and the output is token-for-token that of greedy decoding.
     """
 
+    lossless = False  # when sampling
+
     def __init__(self, tau: float):
         self.tau = tau
 
-    def accept(self, tree: Tree, logits: torch.Tensor, sampler) -> tuple[list[int], int]:
+    def accept(self, tree: Tree, logits: torch.Tensor, sampler: Sampler | None) -> Accepted:
         probs = None if sampler is None else sampler.probs(logits).cpu()  # [n, V] float64 when sampling
 
         def bonus(node: int) -> int:
             return int(logits[node].argmax()) if probs is None else sampler.draw(probs[node])
 
         if tree.n_drafted == 0:
-            return [], bonus(0)
+            return Accepted([], bonus(0))
         parents, tokens = tree.parents[1:], tree.tokens[1:]
         if probs is None:
             node_p = (logits.argmax(dim=-1).cpu()[parents] == tokens).double()  # [n-1] target's 0/1 probability
@@ -71,8 +119,8 @@ class BeamVerifier:
         passed = ((beam_logp - tree.logp).clamp(max=0.0).exp() > self.tau) & ~impossible  # min(1, P/Q) > tau
         passed[0] = False
         if not bool(passed.any()):
-            return [], bonus(0)
+            return Accepted([], bonus(0))
         depth = int(tree.depths[passed].max())  # the deepest level with an accepted beam
         candidates = (passed & (tree.depths == depth)).nonzero().squeeze(1)
         node = int(candidates[beam_logp[candidates].argmax()])
-        return tree.path_to(node), bonus(node)
+        return Accepted(tree.path_to(node), bonus(node))

@@ -8,7 +8,7 @@ HEAD=${HEAD:-smollm2-135m-eagle}
 OUT=${OUT:-/work/runs/eagle-specbench}
 mkdir -p $OUT
 COMMON="--dataset specbench --n 3 --warmup 1 --chat --keep-eos --max-new-tokens 256 --no-ppl"
-.venv/bin/dynatree bench --methods ar,linear,fixed-tree,dynatree --draft $HEAD,ngram --cost-aware $COMMON \
+.venv/bin/dynatree bench --methods ar,linear,fixed-tree,dynatree --draft $HEAD,ngram,ngram+$HEAD --cost-aware $COMMON \
    --out $OUT/bench-eager > $OUT/bench-eager.log 2>&1
 .venv/bin/dynatree bench --methods ar,dynatree --draft $HEAD,ngram,ngram+$HEAD --cost-aware --compile $COMMON \
    --out $OUT/bench-compiled > $OUT/bench-compiled.log 2>&1

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from .. import env
-from ..api import generate
+from ..api import prepare, run as run_one
+from ..request import Request
 from ..draftspec import Hybrid, parse
 from ..errors import DynaTreeError
 from ..hardware import decode_limit, read_bandwidth
@@ -106,13 +107,12 @@ def run(
                     bar.start(f"{dataset} {index + 1}/{len(texts[dataset])}", v.label, t_new)
                     paired = protocol.bandwidth_limit  # around every variant, so none runs in a different pause
                     bandwidth = read_bandwidth(target.device) if paired else None
-                    rec = generate(
-                        method=v.method, target=target, draft=drafts.get(v.draft, v.draft), prompt_ids=ids,
-                        max_new_tokens=t_new, ignore_eos=protocol.ignore_eos, on_tokens=bar.tokens,
+                    rec = run_one(prepare(Request(
+                        method=v.method, options=v.options, target=target, draft=drafts.get(v.draft, v.draft),
+                        prompt_ids=ids, max_new_tokens=t_new, ignore_eos=protocol.ignore_eos,
                         kv_window=v.kv_window or protocol.kv_window, seed=protocol.seed + index,
                         sample=sampling is not None, temperature=protocol.temperature, top_k=protocol.top_k,
-                        top_p=protocol.top_p, compile=v.compile, **v.options,
-                    )
+                        top_p=protocol.top_p, compile=v.compile)), on_tokens=bar.tokens)
                     bar.done(rec["stats"]["tokens_per_s"])
                     if v.method == "ar" and not v.compile:  # plain eager decoding, whatever runs first
                         reference.setdefault(rec["run"]["kv_window"], rec["new_token_ids"])

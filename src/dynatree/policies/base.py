@@ -21,6 +21,7 @@ from ..costmodel import CostCurve
 from ..drafters.base import Drafter, Proposal
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
+from ..verify import Verifier
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class TreePolicy:
 
     needs_drafter: bool = True  # False only for plain decoding
     uses_cost_curve: bool = False  # True: `prepare` is handed the target's verification cost curve
-    verifier = None  # the policy's own acceptance rule (`.accept(tree, logits, sampler)`), or None: the engine's
+    verifier: Verifier | None = None  # the policy's own acceptance rule (WETAP's beam rule), or None: the engine's
 
     def prepare(self, curve: CostCurve | None) -> None:
         """Before a run's prefill (outside its timings): a new sequence starts; `curve` is the

@@ -32,10 +32,14 @@ iterations draft with the drafter's model-free part only (`Drafter.without_model
 n-gram copying, so the hybrid does not fall below its free part) or verify the root alone. The
 iteration after a spell is a probe that asks the model again and verifies at least its
 likeliest node, so acceptance is learnt back (calibration forgets old trials,
-`Calibration.decay`); it is judged on what it achieved, its measured tokens per second against
-plain steps': a probe that paid halves the next spell (drafting resumes at 0), one that did
-not doubles it (up to `BACKOFF_MAX`). Trees whose drafting ran no model (n-gram lookups) cost
-next to nothing and never start a spell.
+`Calibration.decay`); once the probe's outcome (and, greedy, the target's choices at its cut
+nodes) is learnt, its tree is judged again: if it would now pay in expectation drafting
+resumes; else a probe that beat plain steps in measured tokens per second halves the next
+spell (acceptance is coming back faster than the calibration shows) and one that did not
+doubles it (up to `BACKOFF_MAX`). Judging probes on their single outcome alone would stop a
+draft that is right 45% of the time and pays on average (most single probes fail), and resuming
+on any accepted node would keep a right but dear draft running half the time. Trees whose
+drafting ran no model (n-gram lookups) cost next to nothing and never start a spell.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ class DynaTreePolicy(TreePolicy):
         self._grown: TreeBuilder | None = None  # the last tree as drafted, before the cut (cost_aware, greedy)
         self._pending: tuple[TreeBuilder, int] | None = None  # that tree and its last accepted node (greedy)
         self._growth = Growth()  # the drafter calls the last tree cost (cost_aware)
+        self._drafted: TreeBuilder | None = None  # the last tree as drafted (cost_aware), to judge a probe by
         self.idle = 0  # iterations left to run without drafting (cost_aware: the draft did not pay)
         self.backoff = 0  # idle iterations after the next probe if it does not pay either (0: drafting pays)
         self.idle_iterations = 0  # iterations this run verified the root alone by that rule (state())
@@ -140,7 +145,7 @@ class DynaTreePolicy(TreePolicy):
         if self.costs is None:
             return None
         self._grown = tree if greedy else None  # greedy: learn from the nodes cut here too (`_learn`)
-        self._growth = growth
+        self._drafted, self._growth = tree, growth
         kept, rate, est = self._worth(tree, self.costs.drafting(growth.levels, growth.forwards))
         self._paid = rate >= (1.0 - IDLE_SLACK) / self.costs.at(1)
         if self._probe and not kept and len(tree) > 1:  # a probe verifies its likeliest node: acceptance is learnt
@@ -213,9 +218,14 @@ class DynaTreePolicy(TreePolicy):
             g = self._growth
             self.costs.learn(g.levels, g.forwards, len(tree.tokens), timing.draft_s, timing.verify_s)
             self._learn(tree, path)
-            if self._probe and g.forwards:  # a probe that paid shortens the spells, one that did not doubles them
-                paid = (1 + len(path)) / (timing.draft_s + timing.verify_s) >= (1.0 - IDLE_SLACK) / self.costs.at(1)
-                self.backoff = self.backoff // 2 if paid else min(2 * self.backoff, BACKOFF_MAX)
+            if self._probe and g.forwards:  # judged with what it taught, then on what it achieved
+                plain = (1.0 - IDLE_SLACK) / self.costs.at(1)
+                expected = self._worth(self._drafted, self.costs.drafting(g.levels, g.forwards))[1]
+                achieved = (1 + len(path)) / (timing.draft_s + timing.verify_s)
+                if expected >= plain:
+                    self.backoff = 0
+                else:
+                    self.backoff = self.backoff // 2 if achieved >= plain else min(2 * self.backoff, BACKOFF_MAX)
                 self.idle = self.backoff
         if not c.history or tree.n_drafted == 0:
             return

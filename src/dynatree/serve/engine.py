@@ -18,6 +18,7 @@ import threading
 import time
 
 from .. import api
+from ..request import Request
 from ..draftspec import AUTO, Hybrid
 from ..errors import DynaTreeError
 from ..featurehead import FeatureHead
@@ -200,9 +201,10 @@ class Engine:
         if spec.policy_cls is None:
             raise DynaTreeError(f"{method!r} runs transformers' own generate(), a benchmark baseline; the server "
                                 "decodes with dynatree's methods (ar, linear, dynatree, ...)")
-        return api.prepare(method=method, target=self.target, draft=self.draft if spec.draft != "none" else None,
-                           prompt_ids=ids, max_new_tokens=max_new_tokens, seed=seed,
-                           ngram_max=self.settings.ngram_max, kv_window=self.window, **sampling, **options)
+        return api.prepare(Request(method=method, options=options, target=self.target,
+                                   draft=self.draft if spec.draft != "none" else None, prompt_ids=ids,
+                                   max_new_tokens=max_new_tokens, seed=seed, ngram_max=self.settings.ngram_max,
+                                   kv_window=self.window, **sampling))
 
     def submit(self, job: Job) -> None:
         """Queue a job; QueueFull when `settings.queue` jobs wait already."""

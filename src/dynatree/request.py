@@ -1,0 +1,129 @@
+"""One decode request, as every entry point states it, validated once.
+
+Python callers (`dynatree.generate`), the CLI (`dynatree generate`, one request per compared
+method), the bench (one per variant and prompt) and the server (one per HTTP request) all build
+a `Request`. `Request.check()` validates every field that needs no model, before anything
+loads, and returns a `Checked` request (the method's config, the KV window, the sampling
+settings resolved); `api.prepare` then loads the models and checks what needs them (the draft
+against the target, prompt ids against the vocabulary, the context length).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+
+from .draftspec import AUTO, HYBRID, Hybrid, parse
+from .embedded import DEFAULT_TARGET
+from .errors import DynaTreeError
+from .featurehead import FeatureHead
+from .kernels import check_linear_kernel
+from .methods import Method, get_method, make_config
+from .models import LoadedModel
+from .sampling import SamplingConfig, sampling_config
+from .window import KVWindow
+
+
+@dataclass
+class Request:
+    """One decode: what to run, on which models, with which prompt and settings."""
+
+    prompt: str | None = None  # the text to continue (the user turn with `chat`); or give prompt_ids
+    method: str = "dynatree"  # a registered method (dynatree.METHODS)
+    options: dict = field(default_factory=dict)  # the method's options by config field name, e.g. {"d0": 4}
+    target: str | LoadedModel = DEFAULT_TARGET  # model spec (alias, directory, .gguf file, hub id) or a loaded model
+    draft: object = None  # 'ngram', 'ngram+MODEL', a model spec, a loaded draft LM or head, Hybrid(...); None: default
+    prompt_ids: list[int] | None = None  # token ids instead of `prompt`, used as they are
+    max_new_tokens: int = 128  # at most this many new tokens
+    ignore_eos: bool = False  # go on after an end-of-sequence token
+    chat: bool = False  # wrap `prompt` in the tokenizer's chat template
+    device: str | None = None  # where specs are loaded (None: cpu; a loaded target's own device)
+    dtype: str = "float32"  # dtype models are loaded in
+    seed: int = 0  # seeds sampling (and any random choice of a run)
+    ngram_max: int = 4  # longest n-gram the n-gram drafter matches
+    kv_window: str | KVWindow | None = None  # attention-sink KV window 'SINK,RECENT', or None (full caches)
+    sample: bool = False  # sample (lossless verification) instead of greedy decoding
+    temperature: float | None = None  # sampling temperature (only with sample)
+    top_k: int | None = None  # keep the k most likely tokens (only with sample)
+    top_p: float | None = None  # nucleus sampling mass (only with sample)
+    compile: bool | None = None  # decode steps through torch.compile; None: the loaded target's own setting
+    linear: str = "auto"  # linear-layer kernels of models loaded here: auto, onednn, stock (kernels.py)
+
+    def check(self) -> Checked:
+        """Every check that needs no model, each a one-line DynaTreeError naming the argument
+        (and its flag); the method's config, window and sampling settings resolved."""
+        spec = get_method(self.method)
+        if not isinstance(self.options, dict):
+            raise DynaTreeError(f"options must be a dict of the method's options, got {type(self.options).__name__}")
+        config = make_config(self.method, **self.options)
+        _positive_int("max_new_tokens (--max-new-tokens)", self.max_new_tokens)
+        _positive_int("ngram_max (--ngram-max)", self.ngram_max)
+        if not _is_int(self.seed):
+            raise DynaTreeError(f"seed (--seed) must be an integer, got {self.seed!r}")
+        if self.prompt is not None and self.prompt_ids is not None:
+            raise DynaTreeError("give either prompt (text) or prompt_ids (token ids), not both")
+        if self.prompt_ids is None and not isinstance(self.prompt, str):
+            raise DynaTreeError(f"prompt must be a string (or give prompt_ids), got {type(self.prompt).__name__}")
+        if isinstance(self.kv_window, KVWindow):
+            window = self.kv_window.validated()
+        elif self.kv_window is None or isinstance(self.kv_window, str):
+            window = KVWindow.parse(self.kv_window)
+        else:
+            raise DynaTreeError("kv_window (--kv-window) must be 'SINK,RECENT' or a KVWindow, got "
+                                f"{type(self.kv_window).__name__}")
+        sampling = sampling_config(self.sample, self.temperature, self.top_k, self.top_p)
+        if window is not None and spec.policy_cls is None:
+            raise DynaTreeError(f"kv_window (--kv-window) is not available for {self.method!r} (transformers' own "
+                                "generate())")
+        if self.compile and spec.policy_cls is None:
+            raise DynaTreeError(f"compile (--compile) applies to dynatree's own methods; {self.method!r} runs "
+                                "transformers' generate() as is")
+        if self.device is not None and not isinstance(self.device, str):
+            raise DynaTreeError(f"device (--device) must be a string such as 'cpu' or 'cuda', got {self.device!r}")
+        if not isinstance(self.target, (str, LoadedModel)):
+            raise DynaTreeError(f"target must be a model spec string or a LoadedModel, got {type(self.target).__name__}")
+        check_linear_kernel(self.linear)
+        self._check_draft(spec)
+        return Checked(self, spec, config, window, sampling)
+
+    def _check_draft(self, spec: Method) -> None:
+        """The draft spec parses and suits the method (loaded drafts are checked against the target later)."""
+        draft = self.draft
+        if spec.draft == "none":
+            if draft not in AUTO:
+                raise DynaTreeError(f"draft (--draft) does not apply to {self.method!r}: it drafts nothing")
+            return
+        if isinstance(draft, Hybrid):
+            if spec.draft == "lm":
+                raise DynaTreeError(f"method {self.method!r} takes a draft language model alone, not {HYBRID}MODEL")
+            if isinstance(draft.lm, str):
+                parse(HYBRID + draft.lm)  # the same rules as --draft ngram+MODEL
+            return
+        if not isinstance(draft, (LoadedModel, FeatureHead)):
+            parsed = parse(draft)  # a bad spec or type is a one-line error naming it
+            if parsed.model is None and spec.draft == "lm":
+                raise DynaTreeError(f"method {self.method!r} needs a draft language model: pass --draft MODEL"
+                                    if draft in AUTO else
+                                    f"method {self.method!r} needs a draft language model, not the n-gram drafter")
+            if parsed.ngram and parsed.model is not None and spec.draft == "lm":
+                raise DynaTreeError(f"method {self.method!r} takes a draft language model alone, not {HYBRID}MODEL")
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A request that passed `Request.check()`, with what the check resolved."""
+
+    request: Request
+    method: Method  # the registered method
+    config: object  # the method's validated config dataclass
+    window: KVWindow | None  # the KV window, or None
+    sampling: SamplingConfig | None  # the sampling settings, or None (greedy)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _positive_int(name: str, value) -> None:
+    if not _is_int(value) or value < 1:
+        raise DynaTreeError(f"{name} must be a positive integer, got {value!r}")

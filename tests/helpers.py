@@ -1,0 +1,146 @@
+"""Shared test helpers: tiny randomly initialised models built from configs (no downloads), the
+reference decoders, and the size of hypothesis searches.
+
+Three architectures (GPT-NeoX as in Pythia, Llama, GPT-2) share a 96-token word-level
+tokenizer, so any of them can draft for any other. Float64 by default, so that
+floating-point near-ties cannot excuse a mismatch in the exactness tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, LlamaConfig, PreTrainedTokenizerFast
+
+from dynatree import cache as kv
+from dynatree.attention import stock_attention, use_gqa_attention
+from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
+from dynatree.kernels import repack_linears, stock_linears, use_packed_linears
+from dynatree.models import LoadedModel
+from dynatree.tree import additive_mask
+
+VOCAB = 96
+EOS = 2
+ARCHS = ("gpt_neox", "llama", "gpt2")
+
+
+@functools.cache
+def tokenizer(vocab: int = VOCAB):
+    words = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab)}}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def config(arch: str, vocab: int = VOCAB, context: int = 512):
+    # initializer_range 0.3 (not 0.02) makes attention sharp, so logits depend strongly on
+    # positions and context: a wrong position id or a wrong mask changes the argmax.
+    common = dict(vocab_size=vocab, bos_token_id=1, eos_token_id=EOS, pad_token_id=0, initializer_range=0.3)
+    if arch == "llama":
+        return LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, max_position_embeddings=context, **common)
+    if arch == "gpt_neox":
+        return GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             max_position_embeddings=context, rotary_pct=0.5, **common)
+    if arch == "gpt2":
+        return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=context, **common)
+    raise ValueError(arch)
+
+
+@functools.cache
+def _model(arch: str, seed: int, dtype: torch.dtype, vocab: int, context: int):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config(arch, vocab, context)).to(dtype).eval()
+    use_gqa_attention(model)  # as load_model does: the Llama (grouped KV heads) runs attention.GQA_SDPA
+    use_packed_linears(model)  # as load_model does: float32 linears run oneDNN on packed weights
+    return model
+
+
+def tiny(arch: str = "llama", seed: int = 0, dtype=torch.float64, vocab: int = VOCAB, context: int = 512,
+         name: str | None = None, eos_ids=(EOS,)) -> LoadedModel:
+    """A tiny random causal LM wrapped like a loaded model (shared per arguments; do not mutate)."""
+    return LoadedModel(model=_model(arch, seed, dtype, vocab, context), tokenizer=tokenizer(vocab),
+                       name=name or f"tiny-{arch}-{seed}", eos_ids=list(eos_ids))
+
+
+@functools.cache
+def noisy_copy(arch: str, seed: int, noise: float, dtype=torch.float64) -> LoadedModel:
+    """The target's weights plus Gaussian noise: a draft that agrees often, but not always."""
+    model = copy.deepcopy(_model(arch, seed, dtype, VOCAB, 512))
+    gen = torch.Generator().manual_seed(1000 + seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(noise * p.std() * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    repack_linears(model)
+    return LoadedModel(model=model, tokenizer=tokenizer(), name=f"noisy-{arch}-{seed}-{noise}", eos_ids=[EOS])
+
+
+@functools.cache
+def tiny_head(arch: str = "llama", seed: int = 0, dtype=torch.float64, draft_vocab: int = 80) -> FeatureHead:
+    """A random feature head for tiny(arch): proposes from `draft_vocab` ids of the 96 (shuffled, so
+    the sub-vocabulary's row order differs from the target's), sharp enough to prefer some tokens."""
+    target = tiny(arch)
+    gen = torch.Generator().manual_seed(500 + seed)
+    cfg = HeadConfig(target=target.name, hidden_size=32, vocab_size=VOCAB, tokenizer_sha1=tokenizer_fingerprint(tokenizer()),
+                     draft_vocab=draft_vocab, heads=4, kv_heads=2, ffn=64, context=512)
+    head = FeatureHead(cfg, torch.randperm(VOCAB, generator=gen)[:draft_vocab], name=f"head-{arch}-{seed}")
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    return head.to(dtype).eval()
+
+
+@torch.no_grad()
+def hf_greedy(target: LoadedModel, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    """Reference: transformers' own greedy generate(), with the attention transformers ships."""
+    with stock_attention(target.model), stock_linears(target.model):
+        out = target.model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+            max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0,
+        )
+    return out[0, len(prompt):].tolist()
+
+
+def fresh(arch: str, dtype=torch.float32):
+    """A tiny model exactly as transformers builds it: no attention or kernel switch."""
+    torch.manual_seed(11)
+    return AutoModelForCausalLM.from_config(config(arch)).to(dtype).eval()
+
+
+@torch.no_grad()
+def steps(model) -> list[torch.Tensor]:
+    """Logits of a prefill (no mask: causal), a one-token step and a masked 5-token tree step."""
+    loaded = LoadedModel(model=model, tokenizer=tokenizer(), name="x")  # for its forward()
+    cache = kv.new_cache(model)
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 31, 7]
+    out = [loaded.forward(cache, prompt, list(range(10)), None)]
+    out.append(loaded.forward(cache, [8], [10], None))
+    # a hand-drawn tree below the 11 cached tokens: root 0 -> 1, 2; 1 -> 3; 2 -> 4
+    parents = [-1, 0, 0, 1, 2]
+    allowed = torch.zeros(5, 16, dtype=torch.bool)
+    allowed[:, :11] = True
+    for i, p in enumerate(parents):
+        allowed[i, 11 + i] = True
+        while p >= 0:
+            allowed[i, 11 + p] = True
+            p = parents[p]
+    depth = [0, 1, 1, 2, 2]
+    out.append(loaded.forward(cache, [3, 4, 5, 6, 7], [11 + d for d in depth], additive_mask(allowed, model.dtype, "cpu")))
+    return out
+
+
+# Test profile: "full" (the default; `make test` and CI) or "dev" (`make test-fast`): hypothesis
+# searches a tenth as many examples there, and the slow-marked tests are deselected.
+PROFILE = os.environ.get("DYNATREE_TEST_PROFILE", "full")
+if PROFILE not in ("full", "dev"):
+    raise RuntimeError(f"DYNATREE_TEST_PROFILE must be 'full' or 'dev', got {PROFILE!r}")
+
+
+def examples(n: int) -> int:
+    """How many examples a hypothesis search of `n` examples (full profile) runs in this profile."""
+    return n if PROFILE == "full" else max(10, n // 10)

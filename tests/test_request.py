@@ -1,0 +1,73 @@
+"""The request type (request.py): every model-free check runs before anything loads, each a
+one-line error naming the argument; the same request drives the Python API, the CLI, the bench
+and the server (their own tests run through it)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from helpers import hf_greedy, tiny
+from dynatree import DynaTreeError, Request, prepare, run
+from dynatree.draftspec import Hybrid
+from dynatree.window import KVWindow
+
+MISSING = "/nonexistent/model-that-would-fail-to-load"  # check() must never load it
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"method": "nope"}, "unknown method"),
+    ({"options": [("d0", 3)]}, "options must be a dict"),
+    ({"options": {"d0": 0}}, "d0"),
+    ({"options": {"k": 3}}, "does not apply"),
+    ({"max_new_tokens": 0}, "max_new_tokens (--max-new-tokens) must be a positive integer"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens"),
+    ({"ngram_max": True}, "ngram_max (--ngram-max)"),
+    ({"seed": "1"}, "seed (--seed) must be an integer"),
+    ({"prompt_ids": [1, 2]}, "either prompt (text) or prompt_ids"),
+    ({"prompt": None}, "prompt must be a string"),
+    ({"prompt": 12}, "prompt must be a string"),
+    ({"kv_window": "4"}, "--kv-window takes SINK,RECENT"),
+    ({"kv_window": (4, 8)}, "kv_window (--kv-window) must be"),
+    ({"temperature": 0.7}, "only with --sample"),
+    ({"sample": True, "top_p": 1.5}, "top"),
+    ({"method": "hf-ar", "kv_window": "4,8"}, "not available for 'hf-ar'"),
+    ({"method": "hf-ar", "compile": True}, "compile (--compile) applies to dynatree's own methods"),
+    ({"device": 0}, "device (--device) must be a string"),
+    ({"target": 3}, "target must be a model spec string or a LoadedModel"),
+    ({"linear": "fast"}, "unknown linear kernel"),
+    ({"method": "ar", "draft": "ngram"}, "draft (--draft) does not apply to 'ar'"),
+    ({"method": "hf-assisted"}, "needs a draft language model: pass --draft MODEL"),
+    ({"method": "hf-assisted", "draft": "ngram"}, "not the n-gram drafter"),
+    ({"method": "hf-assisted", "draft": "ngram+some/model"}, "takes a draft language model alone"),
+    ({"method": "hf-assisted", "draft": Hybrid("some/model")}, "takes a draft language model alone"),
+    ({"draft": "ngram+"}, "ngram+"),
+    ({"draft": 5}, "draft must be a spec string"),
+])
+def test_every_model_free_value_is_checked_before_loading(fields, message):
+    request = Request(**{"prompt": "hello", "target": MISSING, **fields})
+    with pytest.raises(DynaTreeError) as info:
+        request.check()
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_check_resolves_the_config_window_and_sampling_without_loading():
+    checked = Request("hello", method="dynatree", options={"d0": 3}, target=MISSING, kv_window="4,64",
+                      sample=True, temperature=0.5).check()
+    assert checked.config.d0 == 3 and checked.method.name == "dynatree"
+    assert checked.window == KVWindow(4, 64) and checked.sampling.temperature == 0.5
+    greedy = Request("hello", target=MISSING).check()
+    assert greedy.window is None and greedy.sampling is None
+    with pytest.raises(DynaTreeError, match="does not exist"):  # loading is prepare's job
+        prepare(Request("hello", target=MISSING))
+
+
+def test_prepare_and_run_decode_like_plain_greedy_and_the_request_is_reusable():
+    target = tiny("llama", eos_ids=[])
+    request = Request(prompt_ids=[5, 6, 7, 5, 6], method="dynatree", target=target, draft="ngram",
+                      max_new_tokens=12, ignore_eos=True, dtype="float64", options={"d0": 2})
+    first = run(prepare(request))
+    again = run(prepare(dataclasses.replace(request, method="linear", options={"k": 3})))
+    assert first["new_token_ids"] == again["new_token_ids"] == hf_greedy(target, [5, 6, 7, 5, 6], 12)
+    assert first["config"]["d0"] == 2 and again["config"]["k"] == 3
