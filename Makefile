@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 # The configuration that measured best on Spec-Bench's chat questions (docs/results/eagle-specbench,
 # eager: 1.98x our ar): DynaTree with the n-gram drafter, trees sized by the target's measured cost.
 # The feature head (--draft smollm2-135m-eagle) and the hybrid with it measured slower there.
-DEMO_DRAFT ?= ngram
+DEMO_DRAFT ?= ngram+smollm2-135m-eagle
 
 demo: $(STAMP)
 	$(BIN)/dynatree generate "$(DEMO_PROMPT)" --chat --method dynatree --draft $(DEMO_DRAFT) --cost-aware \

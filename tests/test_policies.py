@@ -335,21 +335,19 @@ def test_cost_curve_is_measured_once_per_compile_setting(monkeypatch):
     target = tiny("llama", seed=1)
     timed = []
 
-    def fake_measure(lm, context, masked_token=False):
-        timed.append(lm.compile)
-        return costmodel.CostCurve((1,), (0.05 if lm.compile else 0.1,))
+    def fake_measure(lm, context, masked_token=False, compiled=False):
+        timed.append(compiled)
+        return costmodel.CostCurve((1,), (0.05 if compiled else 0.1,))
 
     monkeypatch.setattr(costmodel, "measure", fake_measure)
     try:
         assert costmodel.curve_for(target, [5]).seconds == (0.1,)
         assert costmodel.curve_for(target, [5]).seconds == (0.1,)  # reused
-        target.compile = True
-        assert costmodel.curve_for(target, [5]).seconds == (0.05,)  # compiled steps timed on their own
-        assert costmodel.curve_for(target, [5]).seconds == (0.05,)
+        assert costmodel.curve_for(target, [5], compiled=True).seconds == (0.05,)  # compiled steps on their own
+        assert costmodel.curve_for(target, [5], compiled=True).seconds == (0.05,)
     finally:
-        target.compile = False
         costmodel._CURVES.pop(target.model, None)
-    assert timed == [False, True]
+    assert timed == [False, True] and target.compile is False
 
 
 def test_cost_curve_times_whole_sweeps_after_an_untimed_one(monkeypatch):
@@ -360,13 +358,13 @@ def test_cost_curve_times_whole_sweeps_after_an_untimed_one(monkeypatch):
     calls = []
     real = type(target).forward
 
-    def forward(self, cache, ids, positions, mask, last_only=False):
+    def forward(self, cache, ids, positions, mask, last_only=False, compiled=None):
         calls.append(len(ids))
         # calls 2-3: the untimed first sweep, as slow as building compiled graphs; calls 6-7: a
         # slow spell of the machine during the second timed sweep, which the median leaves out
         if len(calls) in (2, 3, 6, 7):
             time.sleep(0.3)
-        return real(self, cache, ids, positions, mask, last_only)
+        return real(self, cache, ids, positions, mask, last_only, compiled=compiled)
 
     monkeypatch.setattr(type(target), "forward", forward)
     curve = costmodel.measure(target, [5, 6, 7], sizes=(1, 2), rounds=3)
@@ -384,12 +382,12 @@ def test_cost_curve_throws_away_a_timed_sweep_that_compiled(monkeypatch):
     calls, graphs = [], [0]
     real = type(target).forward
 
-    def forward(self, cache, ids, positions, mask, last_only=False):
+    def forward(self, cache, ids, positions, mask, last_only=False, compiled=None):
         calls.append(len(ids))
         if len(calls) == 5:  # the timed sweep's size-2 step "compiles": slow, and a new graph
             graphs[0] += 1
             time.sleep(0.3)
-        return real(self, cache, ids, positions, mask, last_only)
+        return real(self, cache, ids, positions, mask, last_only, compiled=compiled)
 
     monkeypatch.setattr(type(target), "forward", forward)
     monkeypatch.setattr(costmodel, "compiled_graphs", lambda: graphs[0])
@@ -406,9 +404,9 @@ def test_cost_curve_runs_one_token_without_a_mask_as_the_decoder_does(monkeypatc
     masks = {}
     real = type(target).forward
 
-    def forward(self, cache, ids, positions, mask, last_only=False):
+    def forward(self, cache, ids, positions, mask, last_only=False, compiled=None):
         masks.setdefault(len(ids), mask is None)
-        return real(self, cache, ids, positions, mask, last_only)
+        return real(self, cache, ids, positions, mask, last_only, compiled=compiled)
 
     monkeypatch.setattr(type(target), "forward", forward)
     costmodel.measure(target, [5, 6, 7, 8], sizes=(1, 2, 3), rounds=1)
@@ -439,7 +437,7 @@ def test_cost_curve_is_measured_before_the_clock_starts(monkeypatch):
 
     seen = []
 
-    def slow_curve(target, context, masked_token=False):
+    def slow_curve(target, context, masked_token=False, compiled=False):
         seen.append(list(context))
         time.sleep(1.0)
         return CostCurve((1, 2), (0.01, 0.011))

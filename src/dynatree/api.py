@@ -180,7 +180,7 @@ class Prepared:
         drafter = None if self.draft_name is None else make_drafter(
             self.draft, self.uses_ngram, self.target, self.ngram_max, self.window)
         sampler = Sampler(self.sampling, self.seed) if self.sampling is not None else None
-        return Decoder(self.target, policy, drafter, self.window, sampler)
+        return Decoder(self.target, policy, drafter, self.window, sampler, compile=self.compile)
 
     def record(self, new_ids: list[int], stats: Stats, policy_state: dict | None = None) -> dict:
         """The result record of a run (the JSON of `dynatree generate --json`)."""
@@ -272,11 +272,7 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> 
                                      on_tokens, job.sampling)
         return job.record(new_ids, stats)
     decoder = job.decoder()
-    before, tgt.compile = tgt.compile, job.compile  # for this call only
-    try:
-        run = decoder.generate(job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens)
-    finally:
-        tgt.compile = before
+    run = decoder.generate(job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens)
     return job.record(run.new_tokens, run.stats, decoder.policy.state())
 
 

@@ -161,7 +161,7 @@ class Calibration:
 
 @torch.no_grad()
 def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 5,
-            masked_token: bool = False) -> CostCurve:
+            masked_token: bool = False, compiled: bool = False) -> CostCurve:
     """Time forwards of n chained tokens on top of a cache holding `context` (at least 1 token).
 
     Sizes are timed in whole sweeps: one untimed sweep first (compiled, that is where graphs not
@@ -187,7 +187,7 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 
         graphs, sweep = compiled_graphs(), []
         for ids, pos, mask in steps:
             t0 = time.perf_counter()
-            target.forward(cache, ids, pos, mask)
+            target.forward(cache, ids, pos, mask, compiled=compiled)
             if target.device.type == "cuda":
                 torch.cuda.synchronize(target.device)
             sweep.append(time.perf_counter() - t0)
@@ -205,12 +205,12 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 
     return CostCurve(tuple(sizes), tuple(seconds))
 
 
-def curve_for(target: LoadedModel, context: list[int], masked_token: bool = False) -> CostCurve:
+def curve_for(target: LoadedModel, context: list[int], masked_token: bool = False, compiled: bool = False) -> CostCurve:
     """The target's cost curve, measured on first use (on `context`) and then reused; one per
     setting of `target.compile` (compiled steps cost differently, see `LoadedModel.compiled`) and
     of `masked_token` (one-token steps masked, as under a KV window: another compiled graph)."""
     curves = _CURVES.setdefault(target.model, {})
-    key = (target.compile, masked_token)
+    key = (compiled, masked_token)
     if key not in curves:
-        curves[key] = measure(target, context, masked_token=masked_token)
+        curves[key] = measure(target, context, masked_token=masked_token, compiled=compiled)
     return curves[key]

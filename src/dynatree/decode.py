@@ -56,7 +56,7 @@ class Decoder:
     sampling with a `Sampler`; optionally under an attention-sink KV window."""
 
     def __init__(self, target: LoadedModel, policy: TreePolicy, drafter: Drafter | None = None,
-                 window: KVWindow | None = None, sampler: Sampler | None = None):
+                 window: KVWindow | None = None, sampler: Sampler | None = None, compile: bool | None = None):
         if policy.needs_drafter and drafter is None:
             raise ValueError("this policy needs a drafter")
         self.target = target
@@ -64,6 +64,7 @@ class Decoder:
         self.drafter = drafter
         self.window = window  # attention-sink KV window applied to the target, or None
         self.sampler = sampler  # sampling mode (lossless rejection sampling), or None for greedy
+        self.compile = target.compile if compile is None else compile  # target steps through torch.compile
         self.verifier = policy.verifier or default_verifier(sampler)  # the policy's own rule (lossy), else ours
 
     @torch.no_grad()
@@ -83,12 +84,12 @@ class Decoder:
         """Generate, yielding after every verification (the prefill is not a `Step`). Closing the
         generator early ends the run there, with its stats complete up to that step."""
         device = self.target.device
-        compiled = self.target.compile  # read once: the setting of this whole run
+        compiled = self.compile  # the setting of this whole run
         hidden = self.drafter is not None and self.drafter.uses_target_hidden  # hand the target's features over
         compile_s = self.target.warm_up(self._step_kinds(), hidden) if compiled and max_new_tokens > 1 else 0.0
         curve = None  # the target's verification cost: measured once per target (seconds), outside the timings
         if self.policy.uses_cost_curve:
-            curve = curve_for(self.target, list(prompt_ids), masked_token=self.window is not None)
+            curve = curve_for(self.target, list(prompt_ids), masked_token=self.window is not None, compiled=compiled)
         self.policy.prepare(curve)
         graphs = compiled_graphs()
         memory, clock = PeakMemory(device), Clock(device)
@@ -176,7 +177,8 @@ class Decoder:
             mask = None  # (a lone query sees everything)
         else:
             mask = additive_mask(allowed, self.target.dtype, self.target.device)
-        out = self.target.forward(run.cache, ids, positions.tolist(), mask, last_only=prefill, hidden=hidden)
+        out = self.target.forward(run.cache, ids, positions.tolist(), mask, last_only=prefill, hidden=hidden,
+                                  compiled=self.compile)
         return out if hidden else (out, None)
 
     def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:

@@ -135,20 +135,22 @@ class LoadedModel:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     def forward(self, cache, ids: list[int], positions: list[int], mask: torch.Tensor | None,
-                last_only: bool = False, hidden: bool = False):
+                last_only: bool = False, hidden: bool = False, compiled: bool | None = None):
         """Run `ids` at explicit `positions` on top of `cache` (which grows by len(ids)).
 
         `mask` is a [1, 1, len(ids), cached + len(ids)] additive mask, or None for plain
         causal attention. Returns logits [len(ids), vocab] ([1, vocab] with `last_only`);
         with `hidden`, (logits, last hidden states [len(ids), hidden size]): the features the
         output layer reads, of every row even with `last_only` (for feature drafters).
-        With `compile`, every call but the prefill (`last_only`) goes through torch.compile,
-        compiled on first use and cached on disk: see `compiled`.
+        `compiled` (default: the model's `compile` setting): every call but the prefill
+        (`last_only`) goes through torch.compile, compiled on first use and cached on disk: see
+        `compiled`. The decoder passes its run's setting, so one loaded model serves compiled
+        and eager runs side by side.
         """
         device = self.device
         model = self.model
         kv.reserve(cache, len(ids))  # room for the new entries, so a compiled forward never reallocates
-        if self.compile and not last_only:
+        if (self.compile if compiled is None else compiled) and not last_only:
             model = self.compiled()
         out = model(
             input_ids=torch.tensor([ids], device=device),
@@ -189,7 +191,7 @@ class LoadedModel:
         return self._compiled
 
     @torch.no_grad()
-    def warm_up(self, kinds, hidden: bool = False) -> float:
+    def warm_up(self, kinds, hidden: bool = False) -> float:  # (always compiled: called for compiled runs)
         """Run every kind of decode step in `kinds` (STEP_KINDS) once, compiled, on a scratch cache,
         so that graphs not built yet are built now; returns the seconds that took when a graph was
         compiled, else 0.0. The decoder calls it before its clock starts, so compiling (minutes on a
@@ -197,8 +199,6 @@ class LoadedModel:
         cost milliseconds; they are run every time rather than remembered, because dynamo may drop
         or invalidate graphs (a reset, a kernel switch) without telling. `hidden`: the steps
         return hidden states too (a run with a feature drafter), which is another graph."""
-        if not self.compile:
-            return 0.0
         start, graphs = time.perf_counter(), compiled_graphs()
         cache, context = kv.new_cache(self.model), 4
         self.forward(cache, [0] * context, list(range(context)), None, last_only=True)  # eager prefill
@@ -206,7 +206,7 @@ class LoadedModel:
             n = 2 if kind == "tree" else 1
             allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
             mask = None if kind == "token" else additive_mask(allowed, self.dtype, self.device)
-            self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden)
+            self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden, compiled=True)
             kv.crop(cache, context)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

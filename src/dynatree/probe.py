@@ -68,14 +68,13 @@ def check_tree_exact(loaded) -> None:
         if not diff <= tol * scale:  # also catches NaN
             raise DynaTreeError(_reason(loaded, f"{what}: logits differ by {diff:.3g}"))
 
-    compiled, loaded.compile = loaded.compile, False  # the eager model is what is probed
-    try:
+    try:  # the eager model is what is probed (compiled=False)
         cache = kv.new_cache(loaded.model)
         positions = list(range(cached))
-        loaded.forward(cache, prompt[:-1], positions, None, last_only=True)
+        loaded.forward(cache, prompt[:-1], positions, None, last_only=True, compiled=False)
         mask = additive_mask(built.allowed(cached), loaded.dtype, loaded.device)
         tree_pos = built.position_ids(cached)[0].tolist()
-        logits = loaded.forward(cache, built.tokens.tolist(), tree_pos, mask).float()
+        logits = loaded.forward(cache, built.tokens.tolist(), tree_pos, mask, compiled=False).float()
         seq_a = _sequential(loaded, prompt + [a, c])  # root -> a -> c
         seq_b = _sequential(loaded, prompt + [b])  # root -> b
         compare(logits[0], seq_a[cached], "the tree's root")
@@ -84,7 +83,7 @@ def check_tree_exact(loaded) -> None:
         compare(logits[nc], seq_a[cached + 2], "a grandchild")
         # commit root -> a -> c (dropping the sibling's slot), then one more token on top
         kv.keep(cache, cached, torch.tensor([0, na, nc]))
-        nxt = loaded.forward(cache, [d], [cached + 3], None).float()
+        nxt = loaded.forward(cache, [d], [cached + 3], None, compiled=False).float()
         compare(nxt[0], _sequential(loaded, prompt + [a, c, d])[cached + 3], "the step after a committed path")
     except DynaTreeError:
         raise
@@ -95,5 +94,3 @@ def check_tree_exact(loaded) -> None:
                "it cannot run a tree step with an explicit 4-D mask, position ids and cache")
         raise DynaTreeError(f"{loaded.name!r} ({loaded.model.config.model_type}) is refused: {why} "
                             f"({type(exc).__name__}: {text})") from None
-    finally:
-        loaded.compile = compiled
