@@ -19,7 +19,7 @@ from dynatree import DynaTreeError, Decoder, LoadedModel, generate, make_config
 from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
 from dynatree.methods import METHODS
-from dynatree.sampling import Sampler, SamplingConfig, sample, target_probs
+from dynatree.sampling import Sampler, SamplingConfig, sample, sample_accept, target_probs
 
 V = 6  # a vocabulary small enough to enumerate every continuation
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
@@ -199,6 +199,102 @@ def test_broken_acceptance_rules_are_caught(monkeypatch, broken):
     monkeypatch.setattr(dynatree.verify, "sample_accept", broken)
     counts = empirical("fixed-tree", "lm", {"depth": 2, "branch": 2, "tau": 0.0})
     assert chi_square_pvalue(counts, exact_distribution(), RUNS) < ALPHA
+
+
+# ---------------------------------------------------------------- deep trees (issue 29)
+# Five new tokens: the first from the prefill, then a first tree up to 3 levels deep, so one
+# verification can accept 3 drafted tokens and recursive rejection sampling is tested below
+# depth 1. The prompt ends in a repeat of the target's own greedy continuation, so that the
+# n-gram drafter's copies are accepted deep too; a cooler temperature makes deep paths likelier.
+DEEP_NEW = 5
+DEEP_CONFIG = SamplingConfig(temperature=0.6, top_k=0, top_p=1.0)
+DEEP_RUNS = 2000
+LOSSLESS = {"linear": {"k": 3}, "fixed-tree": {"depth": 3, "branch": 2, "tau": 0.0},
+            "dynatree": {"d0": 2, "d_max": 3, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02, "history": False},
+            "specinfer": {"width": 2, "depth": 3}, "specexec": {"budget": 12, "depth": 3, "expand": 2, "branch": 2},
+            "opt-tree": {"budget": 12, "depth": 3}, "wetap": {"depth": 3, "budget": 6, "w_min": 2, "w_max": 3,
+                                                            "verify": "exact"}}
+DEEP_DRAFTERS = ("lm", "ngram", "feature", "hybrid")
+
+
+@functools.cache
+def deep_prompt() -> tuple[int, ...]:
+    """PROMPT, the target's greedy continuation of it (8 tokens), then PROMPT's last 3 tokens again."""
+    seq = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(8):
+            seq.append(int(small(0).model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return tuple(seq + PROMPT[-3:])
+
+
+@functools.cache
+def deep_distribution() -> dict[tuple[int, ...], float]:
+    """P(y1..y5 | deep prompt) of the target under DEEP_CONFIG, by enumeration over prefixes."""
+    model, out = small(0).model, {}
+
+    def walk(prefix: tuple[int, ...], prob: float) -> None:
+        if len(prefix) == DEEP_NEW:
+            out[prefix] = prob
+            return
+        with torch.no_grad():
+            logits = model(torch.tensor([list(deep_prompt()) + list(prefix)])).logits[0, -1:]
+        p = target_probs(logits, DEEP_CONFIG)[0]
+        for y in range(V):
+            if float(p[y]) > 0:
+                walk(prefix + (y,), prob * float(p[y]))
+
+    walk((), 1.0)
+    return out
+
+
+def deep_runs(method: str, drafter_kind: str) -> tuple[dict, int]:
+    """(counts of the 5-token continuations, runs in which one verification accepted 3+ drafted tokens)."""
+    target, counts, deep = small(0), {}, 0
+    for seed in range(DEEP_RUNS):
+        lm = LMDrafter(small(0, 0.3), vocab_limit=V)
+        drafter = {"lm": lm, "ngram": NgramDrafter(max_n=3, vocab_size=V), "feature": FeatureDrafter(small_head(), target),
+                   "hybrid": HybridDrafter(NgramDrafter(max_n=3, vocab_size=V), lm, min_match=3)}[drafter_kind]
+        policy = METHODS[method].policy_cls(make_config(method, **LOSSLESS[method]))
+        run = Decoder(target, policy, drafter, sampler=Sampler(DEEP_CONFIG, seed)).generate(
+            list(deep_prompt()), DEEP_NEW, ignore_eos=True)
+        counts[tuple(run.new_tokens)] = counts.get(tuple(run.new_tokens), 0) + 1
+        deep += max(run.stats.accepted_lens, default=0) >= 3
+    return counts, deep
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", DEEP_DRAFTERS)
+@pytest.mark.parametrize("method", LOSSLESS)
+def test_deep_trees_sample_the_target_distribution(method, drafter):
+    """Every lossless method with every drafter keeps the target's distribution over 5 tokens,
+    with paths of 3 drafted tokens really accepted in some of the runs."""
+    counts, deep = deep_runs(method, drafter)
+    assert deep >= DEEP_RUNS // 100, f"only {deep} runs accepted 3+ drafted tokens: the test would not reach depth 3"
+    assert chi_square_pvalue(counts, deep_distribution(), DEEP_RUNS) > ALPHA
+
+
+def wrong_below_depth_one(tree, probs, generator):
+    """Broken only below depth 1: a drafted node deeper than 1 whose parent was accepted is
+    accepted whenever the target gives it any probability (no ratio test)."""
+    probs = probs.cpu()
+    depths = tree.depths.tolist()
+    right_path, right_bonus = sample_accept(tree, probs, generator)
+    if not right_path or depths[right_path[-1]] != 1:
+        return right_path, right_bonus
+    path, node = list(right_path), right_path[-1]
+    while True:
+        children = [i for i, par in enumerate(tree.parents.tolist()) if par == node]
+        if not children or probs[node, int(tree.tokens[children[0]])] <= 0:
+            return path, sample(probs[node], generator)
+        node = children[0]
+        path.append(node)
+
+
+@pytest.mark.slow
+def test_a_rule_broken_only_below_depth_one_is_caught(monkeypatch):
+    monkeypatch.setattr(dynatree.verify, "sample_accept", wrong_below_depth_one)
+    counts, _ = deep_runs("fixed-tree", "feature")
+    assert chi_square_pvalue(counts, deep_distribution(), DEEP_RUNS) < ALPHA
 
 
 def test_warps_match_transformers():
