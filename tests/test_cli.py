@@ -352,3 +352,16 @@ def test_help_does_not_import_the_model_runtime():
             "'dynatree.decode'))), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "usage: dynatree" in done.stdout and done.stderr.strip().splitlines()[-1] == "[]", done.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "dynatree", "--d0", "9", "--d-max", "8"], "--d0 must be smaller than --d-max"),
+    (["--kv-window", "4"], "--kv-window takes SINK,RECENT"),
+    (["--temperature", "0.5"], "only with --sample"),
+    (["--method", "ar", "--compare", "dynatree", "--d0", "0"], "d0"),
+])
+def test_bad_values_are_named_before_any_model_loads(capsys, argv, message):
+    """Greedy or sampled, every compared method's request is checked before loading: a bad value is
+    named even when the target could not be loaded at all."""
+    code, _, err = run_cli(capsys, "generate", "hello", "--target", "/nonexistent/model", *argv)
+    assert code == 2 and message in err and "does not exist" not in err, err

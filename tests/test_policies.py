@@ -573,3 +573,15 @@ def test_cost_aware_dynatree_keeps_a_draft_that_pays_on_average_though_most_prob
         idle[i] = policy.idle_iterations
     assert idle[99] > 30  # the wrong spell was declined
     assert idle[399] - idle[199] < 40, idle[399] - idle[199]  # the last 200 iterations draft
+
+
+def test_learnt_verification_costs_never_make_a_tree_look_free():
+    """A tree verified much faster than the curve says (a fast spell of the machine) lowers the
+    learnt tree cost, but never below half the curve's forward: no size looks free."""
+    from dynatree.costmodel import CostCurve, IterationCosts, best_rate
+
+    costs = IterationCosts(CostCurve((1, 2, 8), (0.05, 0.06, 0.08)))
+    costs.learn(levels=1, forwards=0, verified=8, draft_s=0.0, verify_s=0.001)
+    assert costs.extra_s[1] < 0 and costs.at(8) == pytest.approx(0.04) and costs.at(2) == pytest.approx(0.03)
+    assert costs.at(1) == pytest.approx(0.05)  # one-token steps are learnt apart
+    assert best_rate([0.9, 0.9], costs, draft_s=0.0)[1] < 1e3  # finite, no division by zero

@@ -193,7 +193,8 @@ def cmd_generate(args) -> int:
         ngram_max=ngram_max, kv_window=args.kv_window, compile=args.compile and method in ours, linear=args.linear,
         **sampling_kwargs(args)) for method in methods}
     for method, request in requests.items():
-        if args.sample and is_lossy(request.check().config):
+        checked = request.check()
+        if args.sample and is_lossy(checked.config):
             print(f"note: {method} with --verify beam is lossy when sampling: its output does not follow the "
                   "target's distribution (--verify exact is lossless)", file=sys.stderr)
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear)

@@ -57,10 +57,10 @@ def best_rate(probs: list[float], curve: CostCurve | IterationCosts, draft_s: fl
     maximises expected committed tokens per second of the iteration, `draft_s` seconds of
     drafting included (`curve.at(n)`: seconds of verifying n tokens); and that rate."""
     ranked = sorted(probs, reverse=True)
-    best_k, best, expected = 0, 1.0 / (draft_s + curve.at(1)), 1.0
+    best_k, best, expected = 0, 1.0 / max(draft_s + curve.at(1), 1e-9), 1.0
     for k, p in enumerate(ranked, start=1):
         expected += p
-        rate = expected / (draft_s + curve.at(k + 1))
+        rate = expected / max(draft_s + curve.at(k + 1), 1e-9)
         if rate > best:
             best_k, best = k, rate
     return best_k, best
@@ -89,8 +89,10 @@ class IterationCosts:
         return forwards * self.forward_s + (levels - forwards) * self.lookup_s
 
     def at(self, n: int) -> float:
-        """Predicted seconds of verifying n tokens (the root included), commits included."""
-        return max(self.curve.at(n) + self.extra_s[n > 1], 0.0)
+        """Predicted seconds of verifying n tokens (the root included), commits included; never
+        below half the curve's forward (one offset learnt on some tree sizes, or measured in a fast
+        spell of the machine, must not make other trees look free)."""
+        return max(self.curve.at(n) + self.extra_s[n > 1], 0.5 * self.curve.at(n))
 
     def learn(self, levels: int, forwards: int, verified: int, draft_s: float, verify_s: float) -> None:
         """One iteration as measured: `levels` drafter calls (`forwards` with a model) took
@@ -207,7 +209,7 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 
 
 def curve_for(target: LoadedModel, context: list[int], masked_token: bool = False, compiled: bool = False) -> CostCurve:
     """The target's cost curve, measured on first use (on `context`) and then reused; one per
-    setting of `target.compile` (compiled steps cost differently, see `LoadedModel.compiled`) and
+    `compiled` setting (compiled steps cost differently, see `LoadedModel.compiled`) and
     of `masked_token` (one-token steps masked, as under a KV window: another compiled graph)."""
     curves = _CURVES.setdefault(target.model, {})
     key = (compiled, masked_token)

@@ -15,6 +15,8 @@ the target see and evicts the same way.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .. import cache as kv
@@ -33,9 +35,8 @@ class FeatureDrafter:
         self.head = head
         self.name = head.name
         self.embed = target.model.get_input_embeddings()
-        # the sub-vocabulary's rows of the target's output layer, gathered once: [draft_vocab, hidden]
-        self.out_rows = target.model.get_output_embeddings().weight.detach()[head.vocab_ids].to(head.fc.weight.dtype)
-        self.out = _output_layer(self.out_rows, packed=linear_kernel(head) == "onednn")
+        # the sub-vocabulary's rows of the target's output layer [draft_vocab, hidden], as a linear layer
+        self.out_rows, self.out = _output_layer(head, target)
         self.vocab_size = target.vocab_size
         self.window = window
         self.calls = 0  # head forwards (for stats and tests)
@@ -134,9 +135,23 @@ class FeatureDrafter:
         return out[0]
 
 
-def _output_layer(rows: torch.Tensor, packed: bool) -> torch.nn.Module:
-    """The head's output layer: the gathered rows as a linear layer, on the head's kernels (packed
-    for oneDNN when its own layers are: 3 rows x 8192 on the 2-core AMD EPYC 2.5 -> 0.35 ms)."""
-    layer = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
-    layer.weight = torch.nn.Parameter(rows, requires_grad=False)
-    return PackedLinear(layer) if packed else layer
+# per head, its output layer for the target whose output weights it was gathered from (built once:
+# a drafter is made for every run, and gathering + packing 8192 rows costs milliseconds)
+_OUTPUTS: "weakref.WeakKeyDictionary[FeatureHead, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _output_layer(head: FeatureHead, target) -> tuple[torch.Tensor, torch.nn.Module]:
+    """The head's output layer: the target's output rows of its sub-vocabulary as a linear layer, on
+    the head's kernels (packed for oneDNN when its own layers are: 3 rows x 8192 on the 2-core AMD
+    EPYC 2.5 -> 0.35 ms), and those rows."""
+    weight = target.model.get_output_embeddings().weight
+    packed = linear_kernel(head) == "onednn"
+    key = (weight.data_ptr(), weight.dtype, packed, head.fc.weight.dtype)
+    cached = _OUTPUTS.get(head)
+    if cached is None or cached[0] != key or cached[3]() is not weight:  # another target, or a new weight
+        rows = weight.detach()[head.vocab_ids].to(head.fc.weight.dtype)
+        layer = torch.nn.utils.skip_init(torch.nn.Linear, rows.shape[1], rows.shape[0], bias=False,
+                                         device=rows.device, dtype=rows.dtype)
+        layer.weight = torch.nn.Parameter(rows, requires_grad=False)
+        cached = _OUTPUTS[head] = (key, rows, PackedLinear(layer) if packed else layer, weakref.ref(weight))
+    return cached[1], cached[2]

@@ -216,12 +216,13 @@ class DynaTreePolicy(TreePolicy):
         c = self.config
         if self.costs is not None:
             g = self._growth
-            self.costs.learn(g.levels, g.forwards, len(tree.tokens), timing.draft_s, timing.verify_s)
+            if not self._probe:  # a probe's first call catches up on the tokens of the idle spell: not a usual forward
+                self.costs.learn(g.levels, g.forwards, len(tree.tokens), timing.draft_s, timing.verify_s)
             self._learn(tree, path)
             if self._probe and g.forwards:  # judged with what it taught, then on what it achieved
                 plain = (1.0 - IDLE_SLACK) / self.costs.at(1)
                 expected = self._worth(self._drafted, self.costs.drafting(g.levels, g.forwards))[1]
-                achieved = (1 + len(path)) / (timing.draft_s + timing.verify_s)
+                achieved = (1 + len(path)) / max(timing.draft_s + timing.verify_s, 1e-9)
                 if expected >= plain:
                     self.backoff = 0
                 else:
