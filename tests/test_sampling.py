@@ -181,16 +181,20 @@ def bonus_from_target_instead_of_residual(tree, probs, generator):
     return path, sample(probs[node], generator)
 
 
-def always_accept_matching_draft(tree, probs, generator):
-    """Broken: accept the first child whenever the target gives it any probability."""
-    probs = probs.cpu()
-    path, node = [], 0
+def _accept_first_children(tree, probs, generator, path: list[int], node: int):
+    """Broken continuation shared by the rules below: from `node`, accept its first child whenever
+    the target gives it any probability, then draw the bonus from the target (no ratio test)."""
     while True:
         children = [i for i, par in enumerate(tree.parents.tolist()) if par == node]
         if not children or probs[node, int(tree.tokens[children[0]])] <= 0:
             return path, sample(probs[node], generator)
         node = children[0]
         path.append(node)
+
+
+def always_accept_matching_draft(tree, probs, generator):
+    """Broken: accept the first child whenever the target gives it any probability."""
+    return _accept_first_children(tree, probs.cpu(), generator, [], 0)
 
 
 @pytest.mark.slow
@@ -281,13 +285,7 @@ def wrong_below_depth_one(tree, probs, generator):
     right_path, right_bonus = sample_accept(tree, probs, generator)
     if not right_path or depths[right_path[-1]] != 1:
         return right_path, right_bonus
-    path, node = list(right_path), right_path[-1]
-    while True:
-        children = [i for i, par in enumerate(tree.parents.tolist()) if par == node]
-        if not children or probs[node, int(tree.tokens[children[0]])] <= 0:
-            return path, sample(probs[node], generator)
-        node = children[0]
-        path.append(node)
+    return _accept_first_children(tree, probs, generator, list(right_path), right_path[-1])
 
 
 @pytest.mark.slow

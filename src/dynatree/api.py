@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Callable
 
 import torch
@@ -20,7 +19,7 @@ from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model, r
 from .peers import hf_generate, universal_assisted
 from .sampling import Sampler, SamplingConfig, sampling_config  # noqa: F401 (sampling_config re-exported)
 from .stats import Stats
-from .request import Request
+from .request import Request, is_int
 from .window import KVWindow
 
 def _load_draft_model(spec: str, device: str, dtype: str, linear: str) -> LoadedModel | FeatureHead:
@@ -90,40 +89,24 @@ def _check_draft(target: LoadedModel, draft: LoadedModel | FeatureHead) -> None:
 def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: str, linear: str = "auto"):
     """(draft LM or head, or None; draft name or None) for a method: None/'auto'/'ngram', a spec
     ('MODEL', 'ngram+MODEL'), a loaded model or head, or Hybrid(model or spec) (the name then
-    starts with 'ngram+'). Loads and checks the model against the target."""
-    need = get_method(method).draft
-    if need == "none":
-        if draft not in AUTO:
-            raise DynaTreeError(f"draft (--draft) does not apply to {method!r}: it drafts nothing")
+    starts with 'ngram+'). The spec's rules were checked by `Request.check()`; this loads the model
+    and checks it against the target."""
+    if get_method(method).draft == "none":
         return None, None
     if not isinstance(draft, (LoadedModel, FeatureHead, Hybrid)):
-        parsed = parse(draft)  # a bad spec or type is a one-line error naming it
+        parsed = parse(draft)
         if parsed.model is None:
-            if need == "lm":
-                raise DynaTreeError(f"method {method!r} needs a draft language model: pass --draft MODEL"
-                                    if draft in AUTO else
-                                    f"method {method!r} needs a draft language model, not the n-gram drafter")
             return None, NGRAM
         draft = Hybrid(parsed.model) if parsed.ngram else parsed.model
     hybrid = isinstance(draft, Hybrid)
     if hybrid:
-        if need == "lm":
-            raise DynaTreeError(f"method {method!r} takes a draft language model alone, not {HYBRID}MODEL")
         draft = draft.lm
-        if isinstance(draft, str):
-            parse(HYBRID + draft)  # the same rules as --draft ngram+MODEL
-        elif not isinstance(draft, (LoadedModel, FeatureHead)):
-            raise DynaTreeError(f"Hybrid(...) takes a draft model spec or a loaded model, got {type(draft).__name__}")
     lm = draft if isinstance(draft, (LoadedModel, FeatureHead)) else _load_draft_model(draft, device, dtype, linear)
     if isinstance(lm, FeatureHead) and get_method(method).policy_cls is None:
         raise DynaTreeError(f"{method!r} runs transformers' generate(), which takes a draft LM; feature head "
                             f"{lm.name!r} drafts in dynatree's own methods only")
     _check_draft(target, lm)
     return lm, (HYBRID if hybrid else "") + lm.name
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _token_ids(ids, vocab_size: int) -> list[int]:
@@ -134,7 +117,7 @@ def _token_ids(ids, vocab_size: int) -> list[int]:
     if not ids:
         raise DynaTreeError("the prompt is empty")
     for i, token in enumerate(ids):
-        if not _is_int(token) or not 0 <= token < vocab_size:
+        if not is_int(token) or not 0 <= token < vocab_size:
             raise DynaTreeError(f"prompt_ids[{i}] = {token!r} is not a token id of the target (0..{vocab_size - 1})")
     return [int(t) for t in ids]
 

@@ -58,7 +58,7 @@ class Request:
         config = make_config(self.method, **self.options)
         _positive_int("max_new_tokens (--max-new-tokens)", self.max_new_tokens)
         _positive_int("ngram_max (--ngram-max)", self.ngram_max)
-        if not _is_int(self.seed):
+        if not is_int(self.seed):
             raise DynaTreeError(f"seed (--seed) must be an integer, got {self.seed!r}")
         if self.prompt is not None and self.prompt_ids is not None:
             raise DynaTreeError("give either prompt (text) or prompt_ids (token ids), not both")
@@ -98,6 +98,8 @@ class Request:
                 raise DynaTreeError(f"method {self.method!r} takes a draft language model alone, not {HYBRID}MODEL")
             if isinstance(draft.lm, str):
                 parse(HYBRID + draft.lm)  # the same rules as --draft ngram+MODEL
+            elif not isinstance(draft.lm, (LoadedModel, FeatureHead)):
+                raise DynaTreeError(f"Hybrid(...) takes a draft model spec or a loaded model, got {type(draft.lm).__name__}")
             return
         if not isinstance(draft, (LoadedModel, FeatureHead)):
             parsed = parse(draft)  # a bad spec or type is a one-line error naming it
@@ -120,10 +122,11 @@ class Checked:
     sampling: SamplingConfig | None  # the sampling settings, or None (greedy)
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+    """An integer that is not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _positive_int(name: str, value) -> None:
-    if not _is_int(value) or value < 1:
+    if not is_int(value) or value < 1:
         raise DynaTreeError(f"{name} must be a positive integer, got {value!r}")

@@ -140,6 +140,10 @@ class DynaTreePolicy(TreePolicy):
         k, rate = best_rate([est[u] for u in ranked], self.costs, drafting)
         return ranked[:k], rate, est
 
+    def _plain_rate(self) -> float:
+        """The rate drafting must reach to pay: plain one-token steps', less `IDLE_SLACK`."""
+        return (1.0 - IDLE_SLACK) / self.costs.at(1)
+
     def _cut(self, tree: TreeBuilder, growth: Growth, greedy: bool) -> list[int] | None:
         """The root and the drafted nodes worth verifying (drafting them took `growth`), or None for all."""
         if self.costs is None:
@@ -147,7 +151,7 @@ class DynaTreePolicy(TreePolicy):
         self._grown = tree if greedy else None  # greedy: learn from the nodes cut here too (`_learn`)
         self._drafted, self._growth = tree, growth
         kept, rate, est = self._worth(tree, self.costs.drafting(growth.levels, growth.forwards))
-        self._paid = rate >= (1.0 - IDLE_SLACK) / self.costs.at(1)
+        self._paid = rate >= self._plain_rate()
         if self._probe and not kept and len(tree) > 1:  # a probe verifies its likeliest node: acceptance is learnt
             kept = [max(range(1, len(tree)), key=lambda u: (est[u], -u))]
         return None if len(kept) == len(tree) - 1 else [0, *kept]
@@ -220,7 +224,7 @@ class DynaTreePolicy(TreePolicy):
                 self.costs.learn(g.levels, g.forwards, len(tree.tokens), timing.draft_s, timing.verify_s)
             self._learn(tree, path)
             if self._probe and g.forwards:  # judged with what it taught, then on what it achieved
-                plain = (1.0 - IDLE_SLACK) / self.costs.at(1)
+                plain = self._plain_rate()
                 expected = self._worth(self._drafted, self.costs.drafting(g.levels, g.forwards))[1]
                 achieved = (1 + len(path)) / max(timing.draft_s + timing.verify_s, 1e-9)
                 if expected >= plain:
