@@ -22,7 +22,7 @@ from .stats import Stats
 from .request import Request, is_int
 from .window import KVWindow
 
-def _load_draft_model(spec: str, device: str, dtype: str, linear: str) -> LoadedModel | FeatureHead:
+def _load_draft_model(spec: str, device: str, dtype, linear: str) -> LoadedModel | FeatureHead:
     """A draft LM, or a feature head (in the target's dtype) when the spec names one."""
     directory = head_dir(spec)
     if directory is not None:
@@ -59,7 +59,7 @@ def _nonempty(ids) -> list[int]:
     return list(ids)
 
 
-def load_draft(spec, device: str = "cpu", dtype: str = "float32", linear: str = "auto"):
+def load_draft(spec, device: str = "cpu", dtype: str | torch.dtype | None = None, linear: str = "auto"):
     """A --draft value with its model loaded once: None/'auto'/'ngram' as they are, 'ngram+SPEC' as
     Hybrid(loaded model), any other spec as the loaded model (no compatibility check here)."""
     if spec in AUTO or isinstance(spec, (LoadedModel, FeatureHead, Hybrid)):
@@ -71,7 +71,7 @@ def load_draft(spec, device: str = "cpu", dtype: str = "float32", linear: str = 
     return Hybrid(model) if parsed.ngram else model
 
 
-def load_checked_draft(target: LoadedModel, spec: str, device: str, dtype: str, linear: str = "auto"):
+def load_checked_draft(target: LoadedModel, spec: str, device: str, dtype, linear: str = "auto"):
     """A draft LM or feature head by spec, checked against `target` (one-line errors otherwise)."""
     draft = _load_draft_model(spec, device, dtype, linear)
     _check_draft(target, draft)
@@ -86,7 +86,7 @@ def _check_draft(target: LoadedModel, draft: LoadedModel | FeatureHead) -> None:
         check_compatible(target, draft)
 
 
-def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype: str, linear: str = "auto"):
+def resolve_draft(method: str, draft, target: LoadedModel, device: str, dtype, linear: str = "auto"):
     """(draft LM or head, or None; draft name or None) for a method: None/'auto'/'ngram', a spec
     ('MODEL', 'ngram+MODEL'), a loaded model or head, or Hybrid(model or spec) (the name then
     starts with 'ngram+'). The spec's rules were checked by `Request.check()`; this loads the model
@@ -183,6 +183,8 @@ class Prepared:
                 "chat": self.chat,
                 "device": str(tgt.device),
                 "dtype": str(tgt.dtype).removeprefix("torch."),
+                "weights": tgt.weights,  # the target's weight format (weights.py)
+                "weights_note": tgt.weights_note,  # what a low-bit format converted and left dense
                 "compile": self.compile and ours,
                 "linear": tgt.linear if ours else "stock",  # hf-* run stock_linears
                 "linear_note": tgt.linear_note if ours else None,  # why not oneDNN, if so
@@ -216,10 +218,10 @@ def prepare(request: Request) -> Prepared:
             raise DynaTreeError(f"device {r.device!r} given, but the target is already loaded on {tgt.device}; "
                                 "load it there (load_model(..., device=...)) or leave device out")
     else:
-        tgt = load_model(r.target, device=r.device or "cpu", dtype=r.dtype, linear=r.linear)
+        tgt = load_model(r.target, device=r.device or "cpu", dtype=r.dtype, linear=r.linear, weights=r.weights or "dense")
     device = str(tgt.device)
     compile = tgt.compile if r.compile is None else r.compile
-    draft_lm, draft_name = resolve_draft(r.method, r.draft, tgt, device, r.dtype, r.linear)
+    draft_lm, draft_name = resolve_draft(r.method, r.draft, tgt, device, tgt.dtype, r.linear)  # drafts: target's dtype
     readable = min(tgt.vocab_size, tgt.embedding_rows)  # every prompt token must be a row the target reads
     if r.prompt_ids is None:
         prompt_ids = encode_prompt(tgt.tokenizer, r.prompt, r.chat)
@@ -270,7 +272,8 @@ def generate(
     ignore_eos: bool = False,
     chat: bool = False,
     device: str | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
+    weights: str | None = None,
     seed: int = 0,
     ngram_max: int = 4,
     kv_window: str | KVWindow | None = None,
@@ -298,9 +301,11 @@ def generate(
     target's decode steps through torch.compile (minutes to compile on first use, cached on
     disk; see `LoadedModel.forward`); None keeps the loaded target's own setting. `linear`
     ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
+    `weights` ("dense", "q4", "int8") is the format of a target loaded here (weights.py); drafts
+    load dense, in the target's dtype.
     """
     request = Request(prompt=prompt, method=method, options=options, target=target, draft=draft,
                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, chat=chat,
-                      device=device, dtype=dtype, seed=seed, ngram_max=ngram_max, kv_window=kv_window, sample=sample,
+                      device=device, dtype=dtype, weights=weights, seed=seed, ngram_max=ngram_max, kv_window=kv_window, sample=sample,
                       temperature=temperature, top_k=top_k, top_p=top_p, compile=compile, linear=linear)
     return run(prepare(request), on_tokens)

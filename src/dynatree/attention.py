@@ -15,6 +15,18 @@ gain less (4 tokens 45.3 -> 44.1 ms): inductor already fuses much of the copy.
 extension points (`AttentionInterface`, `AttentionMaskInterface`): no modeling code is
 copied or patched. `stock_attention(...)` switches back for a block, so the hf-* baselines
 run the attention transformers ships.
+
+`use_exact_attention(model)` switches a bfloat16 model with low-bit weights (weights.py) to
+`EXACT_SDPA`: the same attention computed in float64, rounded back to the model's dtype. Why:
+a tree step lays a node's keys out differently from one-token decoding (siblings take cache
+slots between a node and its ancestors, several queries share one kernel call), so SDPA sums in
+another order; in float32 that moves the output by ~1e-7, which almost never changes a greedy
+token, but rounded to bfloat16 (8 mantissa bits) it flips the last bit of some outputs, and the
+flips grow through the layers: on the embedded SmolLM2 in q4, 17 of 24 greedy 128-token runs of
+dynatree/fixed-tree differed from `ar`. In float64 the two orders agree to ~1e-16, far below
+bfloat16's rounding, so every row rounds to the same bfloat16 value as in one-token decoding
+(0 of 36 runs differed). The low-bit linear kernels compute each row on its own (tested), so
+with this attention a tree step's logits are bit for bit those of one-token steps.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 GQA_SDPA = "dynatree_gqa_sdpa"
+EXACT_SDPA = "dynatree_exact_sdpa"
 STOCK = "sdpa"
 
 
@@ -51,12 +64,22 @@ def gqa_sdpa_forward(module, query, key, value, attention_mask, dropout: float =
     return out.transpose(1, 2).contiguous(), None
 
 
+def exact_sdpa_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                       is_causal=None, **kwargs):
+    """`gqa_sdpa_forward` in float64, the output rounded to the query's dtype (module docstring)."""
+    mask = None if attention_mask is None else attention_mask.to(torch.float64)
+    out, _ = gqa_sdpa_forward(module, query.to(torch.float64), key.to(torch.float64), value.to(torch.float64), mask,
+                              dropout, scaling, is_causal, **kwargs)
+    return out.to(query.dtype), None
+
+
 def _register() -> None:
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import sdpa_mask
 
-    AttentionInterface.register(GQA_SDPA, gqa_sdpa_forward)
-    AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # masks are built exactly as for SDPA
+    for name, forward in ((GQA_SDPA, gqa_sdpa_forward), (EXACT_SDPA, exact_sdpa_forward)):
+        AttentionInterface.register(name, forward)
+        AttentionMaskInterface.register(name, sdpa_mask)  # masks are built exactly as for SDPA
 
 
 def grouped_kv(config) -> bool:
@@ -82,14 +105,30 @@ def use_gqa_attention(model: torch.nn.Module) -> bool:
     return config._attn_implementation == GQA_SDPA
 
 
+def use_exact_attention(model: torch.nn.Module) -> bool:
+    """Switch `model` to EXACT_SDPA if it runs stock SDPA (or GQA_SDPA) through transformers'
+    attention registry; returns whether it was switched (module docstring)."""
+    config = model.config
+    if config._attn_implementation not in (STOCK, GQA_SDPA):
+        return False
+    can_switch = getattr(model, "_can_set_attn_implementation", None)  # False: attention outside the registry
+    if can_switch is not None and not can_switch():
+        return False
+    _register()
+    model.set_attn_implementation(EXACT_SDPA)
+    return config._attn_implementation == EXACT_SDPA
+
+
 @contextlib.contextmanager
 def stock_attention(*models):
-    """Run a block with transformers' own SDPA on every model switched by `use_gqa_attention`."""
-    switched = [m for m in models if m is not None and m.config._attn_implementation == GQA_SDPA]
-    for m in switched:
+    """Run a block with transformers' own SDPA on every model switched by `use_gqa_attention` or
+    `use_exact_attention`."""
+    switched = [(m, m.config._attn_implementation) for m in models
+                if m is not None and m.config._attn_implementation in (GQA_SDPA, EXACT_SDPA)]
+    for m, _ in switched:
         m.set_attn_implementation(STOCK)
     try:
         yield
     finally:
-        for m in switched:
-            m.set_attn_implementation(GQA_SDPA)
+        for m, ours in switched:
+            m.set_attn_implementation(ours)

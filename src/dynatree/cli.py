@@ -189,7 +189,7 @@ def cmd_generate(args) -> int:
     requests = {method: Request(  # one per method, every value checked before any model loads
         prompt=prompt, method=method, options=options_for(method), target=args.target,
         draft=args.draft if method in drafting else None, max_new_tokens=args.max_new_tokens,
-        ignore_eos=args.ignore_eos, chat=args.chat, device=args.device, dtype=args.dtype, seed=args.seed,
+        ignore_eos=args.ignore_eos, chat=args.chat, device=args.device, dtype=args.dtype, weights=args.weights, seed=args.seed,
         ngram_max=ngram_max, kv_window=args.kv_window, compile=args.compile and method in ours, linear=args.linear,
         **sampling_kwargs(args)) for method in methods}
     for method, request in requests.items():
@@ -197,12 +197,12 @@ def cmd_generate(args) -> int:
         if args.sample and is_lossy(checked.config):
             print(f"note: {method} with --verify beam is lossy when sampling: its output does not follow the "
                   "target's distribution (--verify exact is lossless)", file=sys.stderr)
-    target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
+    target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
     if target.linear_note:
         print(f"note: linear layers on stock kernels: {target.linear_note}", file=sys.stderr)
     draft = args.draft
     if any(METHODS[m].draft != "none" for m in methods):
-        draft = api.load_draft(draft, device=args.device, dtype=args.dtype, linear=args.linear)
+        draft = api.load_draft(draft, device=args.device, dtype=target.dtype, linear=args.linear)
     prompt_ids = api.encode_prompt(target.tokenizer, prompt, args.chat)
     jobs = {method: api.prepare(dataclasses.replace(  # the loaded models and the encoded prompt
         request, target=target, draft=draft if method in drafting else None, prompt=None, prompt_ids=prompt_ids))

@@ -14,6 +14,7 @@ from .embedded import DEFAULT_TARGET, EMBEDDED
 from .errors import DynaTreeError
 from .kernels import LINEAR_KERNELS
 from .methods import METHODS
+from .weights import WEIGHT_FORMATS
 
 
 class Parser(argparse.ArgumentParser):
@@ -85,7 +86,12 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
     )
     parser.add_argument("--draft", default=None, help=draft_help)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64 [float32]")
+    parser.add_argument("--dtype", default=None,
+                        help="float32, bfloat16, float16 or float64 [float32; bfloat16 with low-bit --weights]")
+    parser.add_argument("--weights", default="dense", choices=WEIGHT_FORMATS,
+                        help="the target's weight format: dense (--dtype), q4 (a GGUF file's own 4-bit weights, "
+                             "e.g. the embedded model's), int8 (quantized per channel at load); low-bit formats "
+                             "compute in bfloat16 on the CPU; drafts load dense in the target's dtype [dense]")
     parser.add_argument("--linear", default="auto", choices=LINEAR_KERNELS,
                         help="linear layers of our methods' models: oneDNN on weights packed once, or PyTorch's "
                              "stock kernels; auto = onednn on the CPU unless the second copy of the weights takes "

@@ -14,14 +14,16 @@ the caches (a reduction over 512 MB by default), with the same torch threads dec
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the parameters and buffers (low-bit layers keep their weights as buffers, weights.py)."""
     seen, total = set(), 0
-    for p in model.parameters():
+    for p in itertools.chain(model.parameters(), model.buffers()):
         if p.data_ptr() in seen:
             continue
         seen.add(p.data_ptr())

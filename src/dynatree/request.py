@@ -21,6 +21,7 @@ from .kernels import check_linear_kernel
 from .methods import Method, get_method, make_config
 from .models import LoadedModel
 from .sampling import SamplingConfig, sampling_config
+from .weights import weights_dtype
 from .window import KVWindow
 
 
@@ -38,7 +39,8 @@ class Request:
     ignore_eos: bool = False  # go on after an end-of-sequence token
     chat: bool = False  # wrap `prompt` in the tokenizer's chat template
     device: str | None = None  # where specs are loaded (None: cpu; a loaded target's own device)
-    dtype: str = "float32"  # dtype models are loaded in
+    dtype: str | None = None  # dtype specs are loaded in; None: float32 (bfloat16 for low-bit weights)
+    weights: str | None = None  # weight format of a target loaded here: dense, q4, int8 (weights.py); None: dense
     seed: int = 0  # seeds sampling (and any random choice of a run)
     ngram_max: int = 4  # longest n-gram the n-gram drafter matches
     kv_window: str | KVWindow | None = None  # attention-sink KV window 'SINK,RECENT', or None (full caches)
@@ -83,8 +85,18 @@ class Request:
         if not isinstance(self.target, (str, LoadedModel)):
             raise DynaTreeError(f"target must be a model spec string or a LoadedModel, got {type(self.target).__name__}")
         check_linear_kernel(self.linear)
+        self._check_weights()
         self._check_draft(spec)
         return Checked(self, spec, config, window, sampling)
+
+    def _check_weights(self) -> None:
+        """The weight format exists and takes the dtype; a loaded target keeps its own format."""
+        if self.weights is None:
+            return
+        weights_dtype(self.weights, self.dtype)
+        if isinstance(self.target, LoadedModel) and self.weights != self.target.weights:
+            raise DynaTreeError(f"weights (--weights) {self.weights!r} given, but the target is already loaded with "
+                                f"{self.target.weights!r} weights; load it with load_model(..., weights=...)")
 
     def _check_draft(self, spec: Method) -> None:
         """The draft spec parses and suits the method (loaded drafts are checked against the target later)."""

@@ -162,13 +162,13 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     texts = runner.load_all(protocol)  # fail fast, before loading models
     out = args.out or Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_out_dir(out)
-    target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear)
+    target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
     lms, loaded = {}, {}
     for spec in drafts:
         if spec.model is None:
             continue
         if spec.model not in loaded:  # one copy of a draft LM (or feature head) used alone and in ngram+
-            loaded[spec.model] = load_checked_draft(target, spec.model, args.device, args.dtype, args.linear)
+            loaded[spec.model] = load_checked_draft(target, spec.model, args.device, target.dtype, args.linear)
         lms[spec.text] = Hybrid(loaded[spec.model]) if spec.ngram else loaded[spec.model]
     runner.run(experiment, variant_list, protocol, target, lms, out_dir=out, progress=not args.no_progress,
                command=["dynatree", *args.argv], texts=texts)

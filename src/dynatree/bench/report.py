@@ -233,7 +233,7 @@ def header(results: dict) -> str:
     lines = [f"# dynatree benchmark: {results['experiment']}", "",
              f"- command: `{' '.join(results['command'])}`",
              f"- date: {results['created']}{'' if results.get('complete') else ' (INCOMPLETE run)'}",
-             f"- target: `{results['target']}` ({results['dtype']}) on {e['device']}: {e['cpu']}"
+             f"- target: `{results['target']}` ({results['dtype']}, {results.get('weights', 'dense')} weights) on {e['device']}: {e['cpu']}"
              f"{', ' + e['gpu'] if e.get('gpu') else ''}, {e['cpu_count']} CPUs, {e['torch_threads']} torch threads",
              f"- CPU support: {cpu.summary(e['cpu_support']) if e.get('cpu_support') else 'not recorded'}",
              f"- versions: {versions}; Python {e['python']}",

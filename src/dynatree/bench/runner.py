@@ -71,6 +71,8 @@ def run(
         "protocol": dataclasses.asdict(protocol),
         "target": target.name,
         "dtype": str(target.dtype).removeprefix("torch."),
+        "weights": target.weights,  # the target's weight format (weights.py)
+        "weights_note": target.weights_note,
         "linear": target.linear,  # our methods' linear kernels; the hf-* baselines run stock (peers.py)
         "env": env.describe(target.device),
         "variants": [

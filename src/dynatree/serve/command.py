@@ -9,6 +9,7 @@ import threading
 from ..cli_args import add_model_args, method_options
 from ..errors import DynaTreeError
 from ..methods import get_method, make_config
+from ..weights import weights_dtype
 
 DRAFT_HELP = ("draft of every request whose method drafts: 'ngram', 'ngram+MODEL', a draft LM or feature head "
               "(as `dynatree generate --draft`) [ngram]")
@@ -51,6 +52,7 @@ def settings_from(args):
     make_config(args.method, **options)  # unknown or bad options fail here, named
     parse_draft(args.draft)
     KVWindow.parse(args.kv_window)
+    weights_dtype(args.weights, args.dtype)  # a low-bit format with another --dtype fails before loading
     for flag, value, low in (("--port", args.port, 0), ("--queue", args.queue, 1), ("--max-tokens", args.max_tokens, 1),
                              ("--ngram-max", args.ngram_max, 1)):
         if value < low:
@@ -59,7 +61,7 @@ def settings_from(args):
         raise DynaTreeError(f"--port must be at most 65535, got {args.port}")
     return ServeSettings(target=args.target, draft=args.draft, method=args.method, options=options,
                          compile=args.compile, device=args.device, dtype=args.dtype, linear=args.linear,
-                         ngram_max=args.ngram_max, kv_window=args.kv_window, queue=args.queue,
+                         weights=args.weights, ngram_max=args.ngram_max, kv_window=args.kv_window, queue=args.queue,
                          max_tokens=args.max_tokens, warmup=args.warmup)
 
 

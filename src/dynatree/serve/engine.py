@@ -44,7 +44,8 @@ class ServeSettings:
     options: dict = dataclasses.field(default_factory=dict)  # that method's options (config field -> value)
     compile: bool = False  # decode steps through torch.compile (graphs built during the warm-up)
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str | None = None  # None: float32 (bfloat16 for low-bit weights)
+    weights: str = "dense"  # the target's weight format: dense, q4, int8 (weights.py)
     linear: str = "auto"  # linear-layer kernels of models loaded here (kernels.py)
     ngram_max: int = 4  # longest context the n-gram drafter matches
     kv_window: str | None = None  # 'SINK,RECENT' for every request, or None
@@ -129,13 +130,13 @@ class Engine:
         try:
             s = self.settings
             target = s.target if isinstance(s.target, LoadedModel) else load_model(
-                s.target, device=s.device, dtype=s.dtype, linear=s.linear)
+                s.target, device=s.device, dtype=s.dtype, linear=s.linear, weights=s.weights)
             target.compile = s.compile  # the server's setting, for every request (never switched per call)
             self.target = target
             self.tokenizer = copy.deepcopy(target.tokenizer)
             draft = s.draft
             if not (draft in AUTO or isinstance(draft, (LoadedModel, FeatureHead, Hybrid))):
-                draft = api.load_draft(draft, device=s.device, dtype=s.dtype, linear=s.linear)
+                draft = api.load_draft(draft, device=s.device, dtype=target.dtype, linear=s.linear)
             self.draft = draft
             chat = bool(getattr(target.tokenizer, "chat_template", None))
             ids = api.encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)

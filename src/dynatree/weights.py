@@ -1,0 +1,271 @@
+"""Weight formats: the linear layers' weights kept in 4 or 8 bits, computed by PyTorch's own kernels.
+
+A decode step on the CPU reads every weight of the model once, so its time is set by how
+many bytes the weights take. `--weights` picks their format:
+
+  * `dense`: the weights in the model's dtype (`--dtype`, float32 unless said), as loaded;
+  * `q4`: every linear layer stored in a GGUF file's 4-bit tensors (Q4_0, Q4_1) keeps those
+    4-bit codes as they are, in groups of 32 with one scale and one offset per group, and is
+    computed by `torch._weight_int4pack_mm_for_cpu` (dequantizes `(q - 8) * scale + zero`):
+    Q4_1's `d * q + m` is `scale = d, zero = m + 8d`; Q4_0's `d * (q - 8)` is `scale = d,
+    zero = 0`. No requantization: the layer's values are the file's, except that the scales
+    and offsets are rounded from float16 to bfloat16 (the kernel's dtype). Layers stored
+    otherwise in the file (SmolLM2's Q8_0 output layer, tied to the embeddings) stay dense;
+  * `int8`: every linear layer quantized once, weight-only, per output channel (symmetric,
+    scale = max |w| / 127), computed by `torch._weight_int8pack_mm`; for checkpoints that come
+    in 16 or 32 bits.
+
+Both low-bit formats compute with bfloat16 activations (the CPU kernels are fast there; their
+float32 path is ~20x slower), so the rest of the model (embeddings, norms, dense layers) is
+bfloat16 too; they run on the CPU only. Greedy speculative output equals `ar` in the same format,
+token for token, because a tree step computes each row bit for bit as a one-token step does:
+the low-bit kernels compute each output row from its own input row only (tested), and attention
+runs in float64 (`attention.use_exact_attention`: in bfloat16, the different order in which a
+tree step sums over its keys flips rounding bits, and greedy runs of the embedded model differed
+from `ar` in 17 of 24 cases). The output layer, when it stays dense, is not converted.
+
+Which GGUF rows feed which layer is found by value, for any architecture: transformers
+dequantizes the file (through the `gguf` package) and permutes some tensors' rows (llama's
+q/k projections); each layer's rows are looked up among the file's dequantized 4-bit rows,
+and a layer is converted only when every one of its rows is found bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .attention import use_exact_attention
+from .errors import DynaTreeError
+
+WEIGHT_FORMATS = {
+    "dense": "the weights in --dtype, as loaded",
+    "q4": "a GGUF file's 4-bit tensors kept as they are (Q4_0, Q4_1), bfloat16 activations, CPU",
+    "int8": "weight-only int8 per output channel, quantized at load, bfloat16 activations, CPU",
+}
+LOW_BIT = ("q4", "int8")
+LOW_BIT_DTYPE = torch.bfloat16  # the activations' dtype of both low-bit kernels
+GROUP = 32  # values per scale/offset group: GGUF's block size, one of the int4 kernel's group sizes
+# GGUF 4-bit block layouts (ggml-common.h): float16 fields, then 16 bytes of nibbles, value j of the
+# block in the low nibble of byte j and value j + 16 in the high nibble of byte j.
+Q4_TYPES = {"Q4_0": ("d",), "Q4_1": ("d", "m")}
+
+
+def check_weights(weights: str) -> None:
+    if weights not in WEIGHT_FORMATS:
+        raise DynaTreeError(f"unknown weight format {weights!r} (--weights); choose one of {', '.join(WEIGHT_FORMATS)}")
+
+
+def check_device(weights: str, device: torch.device) -> None:
+    """The low-bit kernels are PyTorch's CPU kernels: refuse another device before anything loads."""
+    check_weights(weights)
+    if weights in LOW_BIT and device.type != "cpu":
+        raise DynaTreeError(f"--weights {weights} runs on the CPU only (PyTorch's CPU kernels); on {device.type} "
+                            "use --weights dense with --dtype float16 or bfloat16")
+
+
+def weights_dtype(weights: str, dtype: str | None) -> str:
+    """The dtype a model in this weight format loads in: `dtype` (float32 when None) for dense
+    weights; bfloat16 for the low-bit formats, where any other explicit dtype is an error."""
+    check_weights(weights)
+    if weights not in LOW_BIT:
+        return dtype or "float32"
+    if dtype not in (None, "bfloat16", LOW_BIT_DTYPE):
+        raise DynaTreeError(f"--weights {weights} computes with bfloat16 activations (PyTorch's CPU {weights} kernel); "
+                            f"drop --dtype {dtype} or pass --dtype bfloat16")
+    return "bfloat16"
+
+
+class Int4Linear(torch.nn.Module):
+    """A linear layer on 4-bit codes in groups of 32 (see the module docstring); bfloat16 in and out."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None):
+        """`codes`: (out, in) integers 0..15; `scale`, `zero`: (out, in / 32), value = (q - 8) * scale + zero."""
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1))
+        # the kernel's layout: (in / 32, out, 2), scale then zero
+        pairs = torch.stack([scale.t(), zero.t()], dim=-1).to(LOW_BIT_DTYPE).contiguous()
+        self.register_buffer("scales_and_zeros", pairs)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().to(LOW_BIT_DTYPE), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        """The (out, in) float32 weight this layer computes with (for tests and quality reports)."""
+        eye = torch.eye(self.in_features, dtype=LOW_BIT_DTYPE)
+        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scales_and_zeros).t().float()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group={GROUP}"
+
+
+class Int8Linear(torch.nn.Module):
+    """A linear layer on int8 weights with one scale per output channel; bfloat16 in and out."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        w = weight.detach().float()
+        # the kernel's scales are bfloat16: round them up there first, so max |w| still fits in 127 steps
+        wanted = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(LOW_BIT_DTYPE).tiny)
+        scale = wanted.to(LOW_BIT_DTYPE)
+        scale = torch.where(scale.float() < wanted, torch.nextafter(scale, scale.new_tensor(float("inf"))), scale)
+        self.register_buffer("int8", torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().to(LOW_BIT_DTYPE), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        y = torch._weight_int8pack_mm(rows, self.int8, self.scales).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        return self.int8.float() * self.scales.float()[:, None]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+@dataclass(frozen=True)
+class Q4Rows:
+    """A GGUF file's 4-bit tensors: codes, scales and offsets, and their dequantized rows by value."""
+
+    codes: list[np.ndarray]  # per tensor: (rows, cols) uint8 codes 0..15
+    scale: list[np.ndarray]  # per tensor: (rows, cols / 32) float32
+    zero: list[np.ndarray]  # per tensor: (rows, cols / 32) float32, the kernel's offset (value at q = 8)
+    index: dict[bytes, tuple[int, int]]  # digest of a dequantized float32 row -> (tensor, row)
+    types: dict[str, int]  # how many tensors of each GGUF type the file holds (for messages)
+
+
+def read_q4_rows(path: Path) -> Q4Rows:
+    """Read a GGUF file's Q4_0/Q4_1 tensors (raw blocks) and index their rows by dequantized value.
+
+    The values are the `gguf` package's own dequantization, the one transformers loads with; the
+    parsed blocks are checked against it (a layout mistake would be an error, not wrong weights)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, OSError) as exc:
+        raise DynaTreeError(f"cannot read GGUF file {path}: {exc}") from None
+    codes, scales, zeros, index, types = [], [], [], {}, {}
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        types[kind] = types.get(kind, 0) + 1
+        if kind not in Q4_TYPES:
+            continue
+        raw = np.asarray(tensor.data)
+        q, scale, zero = _parse_q4(raw, kind)
+        values = dequantize(raw, tensor.tensor_type).astype(np.float32).reshape(q.shape)
+        mine = ((q.reshape(len(q), -1, GROUP).astype(np.float32) - 8) * scale[..., None] + zero[..., None]).reshape(q.shape)
+        if not np.allclose(mine, values, rtol=1e-3, atol=1e-3 * float(np.abs(values).max() + 1e-12)):
+            raise DynaTreeError(f"GGUF tensor {tensor.name} ({kind}) does not parse as dynatree expects; "
+                                "use --weights dense")
+        number = len(codes)
+        codes.append(q)
+        scales.append(scale)
+        zeros.append(zero)
+        for row, digest in enumerate(_row_digests(values)):
+            index.setdefault(digest, (number, row))
+    return Q4Rows(codes, scales, zeros, index, types)
+
+
+def _parse_q4(raw: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codes (rows, cols), scale and kernel offset (rows, cols / 32) of one Q4_0/Q4_1 tensor's blocks."""
+    fields = Q4_TYPES[kind]
+    size = 2 * len(fields) + GROUP // 2
+    blocks = raw.reshape(raw.shape[0], -1, size)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    nibbles = blocks[..., 2 * len(fields):]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(raw.shape[0], -1)
+    if kind == "Q4_1":
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        return q, d, m + 8 * d
+    return q, d, np.zeros_like(d)
+
+
+def _row_digests(values: np.ndarray) -> list[bytes]:
+    return [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in np.ascontiguousarray(values)]
+
+
+def _linears(model: torch.nn.Module):
+    """(parent module, attribute name, layer) of every nn.Linear, each layer once."""
+    seen = set()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) and id(child) not in seen:
+                seen.add(id(child))
+                yield parent, name, child
+
+
+def use_q4(model: torch.nn.Module, rows: Q4Rows, source: str) -> str:
+    """Swap every linear layer whose float32 weight is, row by row, some of the file's 4-bit rows
+    for an Int4Linear on those codes; return a one-line summary. Call before casting to bfloat16."""
+    converted, dense = 0, []
+    for parent, name, layer in _linears(model):
+        weight = layer.weight.detach()
+        if weight.dtype != torch.float32:
+            raise DynaTreeError("q4 weights are matched on the float32 dequantized model; load it in float32 first")
+        found = [rows.index.get(d) for d in _row_digests(weight.cpu().numpy())]
+        if any(f is None for f in found) or layer.out_features % 16 or layer.in_features % GROUP:
+            dense.append(name)
+            continue
+        codes = np.stack([rows.codes[t][r] for t, r in found])
+        scale = np.stack([rows.scale[t][r] for t, r in found])
+        zero = np.stack([rows.zero[t][r] for t, r in found])
+        setattr(parent, name, Int4Linear(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(zero),
+                                         layer.bias))
+        converted += 1
+    if not converted:
+        held = ", ".join(f"{n} {k}" for k, n in sorted(rows.types.items()))
+        raise DynaTreeError(f"--weights q4 needs a GGUF file whose linear layers are stored as Q4_0 or Q4_1; "
+                            f"{source} holds {held or 'no tensors'}: use --weights int8 or dense")
+    kept = f"; dense (bfloat16): {', '.join(sorted(set(dense)))}" if dense else ""
+    return f"q4: {converted} linear layers on the file's 4-bit codes{kept}"
+
+
+def use_int8(model: torch.nn.Module) -> str:
+    """Swap every linear layer but the output layer (kept dense: drafters read its rows, and it is
+    often tied to the embeddings) for an Int8Linear quantized from its weight; return a summary."""
+    converted, output = 0, model.get_output_embeddings()
+    for parent, name, layer in _linears(model):
+        if layer is not output:
+            setattr(parent, name, Int8Linear(layer.weight, layer.bias))
+            converted += 1
+    return f"int8: {converted} linear layers quantized per output channel; dense (bfloat16): output layer"
+
+
+def apply_weights(model: torch.nn.Module, weights: str, device: torch.device, gguf: Path | None, source: str) -> str | None:
+    """Put a loaded float32 model into weight format `weights` (then cast the rest to bfloat16);
+    returns the summary recorded with runs (None for dense). Errors name what is possible."""
+    check_device(weights, device)
+    if weights == "dense":
+        return None
+    if weights == "q4":
+        if gguf is None:
+            raise DynaTreeError(f"--weights q4 keeps a GGUF file's 4-bit weights; {source} is not a .gguf file or "
+                                "an embedded GGUF model: use --weights int8 (quantizes at load) or dense")
+        note = use_q4(model, read_q4_rows(gguf), source)
+    else:
+        note = use_int8(model)
+    model.to(LOW_BIT_DTYPE)
+    if not use_exact_attention(model):  # float64 attention: tree steps round as one-token steps do
+        raise DynaTreeError(f"--weights {weights} needs {source!r} to run SDPA attention through transformers' "
+                            f"attention registry (it runs {model.config._attn_implementation!r}), which keeps tree "
+                            "verification exact in bfloat16; use --weights dense")
+    return note
+
+
+def quantized_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
+

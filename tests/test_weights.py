@@ -1,0 +1,239 @@
+"""Weight formats (weights.py): a GGUF file's 4-bit codes kept as they are, int8 per channel, the
+errors for what a model or device cannot take, and what greedy decoding in those formats keeps."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from dynatree import generate
+from dynatree.errors import DynaTreeError
+from dynatree.models import LoadedModel, load_model
+from dynatree.weights import (Int4Linear, Int8Linear, apply_weights, quantized_layers, read_q4_rows, use_int8, use_q4,
+                              weights_dtype)
+from helpers import config, examples, tokenizer
+from transformers import AutoModelForCausalLM
+
+Q4_0, Q4_1, F32 = GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.F32
+
+
+def _fresh_llama(seed: int = 0) -> torch.nn.Module:
+    """A float32 tiny Llama of our own, on plain nn.Linear layers as transformers loads it (the
+    helpers' models are shared, and their linears are packed already)."""
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config("llama", 96, 128)).float().eval()
+
+
+def _write_gguf(path, tensors: dict) -> None:
+    writer = GGUFWriter(str(path), "llama")
+    for name, (values, kind) in tensors.items():
+        data = quantize(values, kind) if kind != F32 else values
+        writer.add_tensor(name, data, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _quantized_copy(model: torch.nn.Module, path) -> dict[str, torch.Tensor]:
+    """Round every linear weight but the output layer to Q4_0/Q4_1 values (as transformers loads a
+    GGUF file), write the codes to a GGUF file at `path`, with the q projections' rows stored in
+    another order (as llama GGUF files store them); return the rounded weights by module name."""
+    tensors, rounded = {}, {}
+    for i, (name, layer) in enumerate((n, m) for n, m in model.named_modules()
+                                      if isinstance(m, torch.nn.Linear) and n != "lm_head"):
+        kind = Q4_1 if i % 2 else Q4_0
+        values = layer.weight.detach().numpy()
+        codes_order = values[::-1].copy() if name.endswith("q_proj") else values
+        tensors[name] = (codes_order, kind)
+        exact = dequantize(quantize(values, kind), kind).astype(np.float32)
+        with torch.no_grad():
+            layer.weight.copy_(torch.from_numpy(exact))
+        rounded[name] = layer.weight.detach().clone()
+    _write_gguf(path, tensors)
+    return rounded
+
+
+def test_q4_keeps_the_files_codes_for_every_layer_it_finds_by_value(tmp_path):
+    model = _fresh_llama()
+    rounded = _quantized_copy(model, tmp_path / "tiny.gguf")
+    note = use_q4(model, read_q4_rows(tmp_path / "tiny.gguf"), "tiny.gguf")
+    layers = dict(model.named_modules())
+    assert note == f"q4: {len(rounded)} linear layers on the file's 4-bit codes; dense (bfloat16): lm_head"
+    assert isinstance(layers["lm_head"], torch.nn.Linear)
+    for name, weight in rounded.items():
+        layer = layers[name]
+        assert isinstance(layer, Int4Linear), name
+        # the same values as the dequantized file, up to the scales and offsets rounded to bfloat16
+        scale = weight.abs().amax(dim=1, keepdim=True)
+        assert ((layer.dequantized() - weight).abs() <= 2 ** -7 * scale + 1e-6).all(), name
+
+
+def test_q4_layers_compute_what_their_dequantized_weight_computes(tmp_path):
+    model = _fresh_llama(seed=1)
+    _quantized_copy(model, tmp_path / "tiny.gguf")
+    use_q4(model, read_q4_rows(tmp_path / "tiny.gguf"), "tiny.gguf")
+    x = torch.randn(5, 32, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    layer = model.model.layers[0].self_attn.q_proj
+    reference = x.float() @ layer.dequantized().t()
+    torch.testing.assert_close(layer(x).float(), reference, atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("make", [
+    lambda w: Int4Linear(torch.randint(0, 16, w.shape), torch.rand(w.shape[0], w.shape[1] // 32) / 8,
+                         torch.randn(w.shape[0], w.shape[1] // 32) / 8, None),
+    lambda w: Int8Linear(w, torch.randn(w.shape[0])),
+], ids=["q4", "int8"])
+def test_each_output_row_depends_on_its_own_input_row_only(make):
+    """Bit for bit, a row computed in a batch of 1, 3 or 8 rows: what makes a verified chain of
+    drafted tokens give the logits one-token steps give."""
+    gen = torch.Generator().manual_seed(0)
+    layer = make(torch.randn(48, 64, generator=gen))
+    x = torch.randn(8, 64, generator=gen).to(torch.bfloat16)
+    full = layer(x)
+    for rows in (1, 3):
+        assert torch.equal(layer(x[:rows]), full[:rows])
+    assert torch.equal(layer(x[5:6]), full[5:6])
+
+
+def test_int8_quantizes_each_output_channel_within_half_a_step():
+    model = _fresh_llama(seed=2)
+    weights = {n: m.weight.detach().clone() for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+    assert use_int8(model) == (f"int8: {len(weights)} linear layers quantized per output channel; "
+                               "dense (bfloat16): output layer")
+    layers = dict(model.named_modules())
+    assert isinstance(layers["lm_head"], torch.nn.Linear)
+    for name, weight in weights.items():
+        step = layers[name].scales.float()[:, None]
+        assert (step * 127 >= weight.abs().amax(dim=1, keepdim=True)).all(), name
+        assert ((layers[name].dequantized() - weight).abs() <= step / 2 * (1 + 1e-6)).all(), name
+
+
+def _loaded(model: torch.nn.Module, weights: str) -> LoadedModel:
+    return LoadedModel(model=model, tokenizer=tokenizer(96), name=f"tiny-{weights}", eos_ids=[], weights=weights)
+
+
+@functools.cache
+def _low_bit_target(weights: str, seed: int) -> LoadedModel:
+    model = _fresh_llama(seed)
+    if weights == "q4":
+        path = Path(tempfile.mkdtemp()) / "tiny.gguf"
+        _quantized_copy(model, path)
+    apply_weights(model, weights, torch.device("cpu"), path if weights == "q4" else None, "tiny")
+    return _loaded(model, weights)
+
+
+@pytest.mark.parametrize("weights", ["q4", "int8"])
+@pytest.mark.parametrize("method", ["linear", "fixed-tree", "dynatree", "specinfer", "wetap"])
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_greedy_in_a_low_bit_format_equals_ar_in_that_format(weights, method, data):
+    """Every method's greedy output is `ar`'s in the same format, token for token: tree steps
+    compute each row bit for bit as one-token steps (row-wise kernels, float64 attention)."""
+    target = _low_bit_target(weights, data.draw(st.integers(0, 2), label="seed"))
+    motif = data.draw(st.lists(st.integers(3, 95), min_size=2, max_size=5), label="motif")
+    prompt = (motif * 4)[: data.draw(st.integers(4, 20), label="length")]
+    # the n-gram drafter, or the target itself as its draft LM: every drafted token is then the
+    # target's own greedy choice in one-token steps, accepted unless the tree step rounds otherwise
+    draft = data.draw(st.sampled_from(["ngram", target]), label="draft")
+    ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True)
+    spec = generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True)
+    assert ar["run"]["weights"] == weights and ar["run"]["dtype"] == "bfloat16"
+    assert spec["new_token_ids"] == ar["new_token_ids"]
+
+
+@pytest.mark.parametrize("weights", ["q4", "int8"])
+def test_low_bit_trees_accept_drafted_tokens_deep(weights):
+    """The exactness test above is not vacuous: with the target as its own draft, trees verified in
+    bfloat16 accept nearly every drafted token, several per pass (a rounding difference between
+    tree and one-token steps would reject them)."""
+    target = _low_bit_target(weights, 0)
+    for method, least in (("linear", 3.9), ("dynatree", 1.5)):  # linear: k=5, all accepted; a flat tiny model's
+        spec = generate(method=method, target=target, draft=target, prompt_ids=[5, 6, 7, 8, 9],  # trees prune
+                        max_new_tokens=40, ignore_eos=True)
+        assert spec["stats"]["accepted_len"] >= least, method
+
+
+def test_q4_needs_a_gguf_file_with_4_bit_tensors(tmp_path):
+    with pytest.raises(DynaTreeError, match=r"^--weights q4 keeps a GGUF file's 4-bit weights; tiny is not a \.gguf"):
+        apply_weights(_fresh_llama(), "q4", torch.device("cpu"), None, "tiny")
+    _write_gguf(tmp_path / "dense.gguf", {"w": (np.ones((16, 32), dtype=np.float32), F32)})
+    with pytest.raises(DynaTreeError, match=r"linear layers are stored as Q4_0 or Q4_1; dense\.gguf holds 1 F32: "
+                                            r"use --weights int8 or dense$"):
+        apply_weights(_fresh_llama(), "q4", torch.device("cpu"), tmp_path / "dense.gguf", "dense.gguf")
+
+
+def test_bad_weight_formats_and_dtypes_are_one_line_errors():
+    with pytest.raises(DynaTreeError, match=r"unknown weight format 'q3' \(--weights\); choose one of dense, q4, int8"):
+        weights_dtype("q3", None)
+    with pytest.raises(DynaTreeError, match=r"--weights int8 computes with bfloat16 activations .* drop --dtype "
+                                            r"float32 or pass --dtype bfloat16"):
+        weights_dtype("int8", "float32")
+    assert weights_dtype("q4", None) == "bfloat16" and weights_dtype("dense", None) == "float32"
+    with pytest.raises(DynaTreeError, match=r"--weights q4 runs on the CPU only"):
+        apply_weights(_fresh_llama(), "q4", torch.device("meta"), None, "tiny")
+
+
+def test_the_cli_refuses_q4_for_a_checkpoint_directory_and_runs_int8(saved_tiny, capsys):
+    from dynatree.cli import main
+
+    assert main(["generate", "w5 w6", "--target", str(saved_tiny), "--weights", "q4", "--max-new-tokens", "4"]) == 2
+    assert f"--weights q4 keeps a GGUF file's 4-bit weights; {saved_tiny} is not a .gguf file" in capsys.readouterr().err
+    assert main(["generate", "w5 w6", "--target", str(saved_tiny), "--weights", "int8", "--dtype", "float16"]) == 2
+    assert "drop --dtype float16 or pass --dtype bfloat16" in capsys.readouterr().err
+    model = load_model(str(saved_tiny), weights="int8")
+    assert model.weights == "int8" and model.dtype == torch.bfloat16
+    assert model.weights_note.startswith("int8: ") and quantized_layers(model.model)
+
+
+def test_a_request_keeps_a_loaded_targets_format(saved_tiny):
+    model = load_model(str(saved_tiny), weights="int8")
+    with pytest.raises(DynaTreeError, match=r"already loaded with 'int8' weights"):
+        generate("w5 w6", "ar", target=model, weights="dense", max_new_tokens=2)
+    assert generate("w5 w6", "ar", target=model, weights="int8", max_new_tokens=2)["run"]["weights"] == "int8"
+
+
+@pytest.mark.slow
+def test_the_embedded_model_in_q4_holds_the_files_own_4_bit_weights_and_decodes_exactly():
+    """SmolLM2's 210 linear layers are Q4_1 in the GGUF file; its output layer is Q8_0 (tied to the
+    embeddings) and stays bfloat16. Each 4-bit layer's values are the float32 model's, up to the
+    scale and offset rounded to bfloat16. A chat answer by trees (n-gram, feature head) is `ar`'s."""
+    q4 = load_model("smollm2-135m", weights="q4")
+    assert q4.weights_note == "q4: 210 linear layers on the file's 4-bit codes; dense (bfloat16): lm_head"
+    question = "Explain in three sentences why the sky is blue, then repeat your answer word for word."
+    ar = generate(question, "ar", target=q4, chat=True, max_new_tokens=96)
+    for method, draft in (("dynatree", "ngram"), ("fixed-tree", "smollm2-135m-eagle")):
+        spec = generate(question, method, target=q4, draft=draft, chat=True, max_new_tokens=96)
+        assert spec["new_token_ids"] == ar["new_token_ids"], method
+        assert spec["stats"]["accepted_tokens"] >= 5, method  # drafted tokens were accepted
+    dense = dict(load_model("smollm2-135m").model.named_modules())
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.29.mlp.down_proj"):
+        weight = dense[name].weight.detach().float()
+        got = dict(q4.model.named_modules())[name].dequantized()
+        assert ((got - weight).abs() <= 2 ** -7 * weight.abs().amax(dim=1, keepdim=True) + 1e-6).all(), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["q4", "int8"])
+def test_compiled_greedy_in_a_low_bit_format_equals_compiled_ar(weights):
+    """Under torch.compile too (its one-token and tree graphs round intermediates as eager code
+    does, and one row goes through the same output-layer kernel as several: models.py, kernels.py)."""
+    target = _low_bit_target(weights, 1)
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]
+    ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=32, ignore_eos=True, compile=True)
+    for method, draft in (("dynatree", "ngram"), ("fixed-tree", target), ("linear", target)):
+        spec = generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=32,
+                        ignore_eos=True, compile=True)
+        assert spec["run"]["compile"] is True
+        assert spec["new_token_ids"] == ar["new_token_ids"], method
+    assert spec["stats"]["accepted_len"] >= 3.5  # linear with the target as draft: all but the last pass accept 4
