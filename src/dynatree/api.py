@@ -14,6 +14,8 @@ from .draftspec import AUTO, HYBRID, NGRAM, Hybrid, head_dir, parse  # noqa: F40
 from .errors import DynaTreeError
 from .featurehead import FeatureHead, check_head, load_head
 from .kernels import linear_kernel
+from .llamacpp import LlamaCppArConfig, llamacpp_generate
+from .llamacpp import check_target as check_llamacpp
 from .methods import get_method, is_lossy
 from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model, resolve_device, resolve_dtype
 from .peers import hf_generate, universal_assisted
@@ -168,6 +170,7 @@ class Prepared:
     def record(self, new_ids: list[int], stats: Stats, policy_state: dict | None = None) -> dict:
         """The result record of a run (the JSON of `dynatree generate --json`)."""
         tgt, draft, ours = self.target, self.draft, self.ours
+        engine = get_method(self.method).engine
         record = {
             "method": self.method,
             "target": tgt.name,
@@ -182,11 +185,13 @@ class Prepared:
                 "ignore_eos": self.ignore_eos,
                 "chat": self.chat,
                 "device": str(tgt.device),
-                "dtype": str(tgt.dtype).removeprefix("torch."),
-                "weights": tgt.weights,  # the target's weight format (weights.py)
-                "weights_note": tgt.weights_note,  # what a low-bit format converted and left dense
+                # llama.cpp decodes the GGUF file as stored, whatever the loaded target's format
+                "dtype": "gguf" if engine == "llama.cpp" else str(tgt.dtype).removeprefix("torch."),
+                "weights": "gguf" if engine == "llama.cpp" else tgt.weights,  # the target's format (weights.py)
+                "weights_note": None if engine == "llama.cpp" else tgt.weights_note,  # what a low-bit format converted
                 "compile": self.compile and ours,
-                "linear": tgt.linear if ours else "stock",  # hf-* run stock_linears
+                "engine": engine,  # who decoded: dynatree, transformers or llama.cpp
+                "linear": tgt.linear if ours else "llama.cpp" if engine == "llama.cpp" else "stock",  # hf-*: stock
                 "linear_note": tgt.linear_note if ours else None,  # why not oneDNN, if so
                 "draft_linear": (draft.linear if isinstance(draft, LoadedModel) else linear_kernel(draft))
                 if draft is not None and ours else None,
@@ -241,6 +246,8 @@ def prepare(request: Request) -> Prepared:
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({r.max_new_tokens}) exceeds the "
                 f"context length {limit} of {model.name!r}"
             )
+    if spec.engine == "llama.cpp":
+        check_llamacpp(tgt, len(prompt_ids), r.max_new_tokens, checked.sampling)
     return Prepared(method=r.method, config=checked.config, target=tgt, draft=draft_lm, draft_name=draft_name,
                     prompt_ids=prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos, chat=r.chat,
                     seed=r.seed, ngram_max=r.ngram_max, window=window, sampling=checked.sampling,
@@ -251,6 +258,10 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> 
     """Decode a prepared request once and return its result record (transformers' generate()
     for the hf-* methods, dynatree's decoder for the others)."""
     tgt = job.target
+    if isinstance(job.config, LlamaCppArConfig):
+        new_ids, stats = llamacpp_generate(tgt, job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens,
+                                           job.sampling)
+        return job.record(new_ids, stats)
     if not job.ours:
         torch.manual_seed(job.seed)
         new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos, job.draft,

@@ -15,6 +15,7 @@ import torch
 from transformers import Cache, DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
+from .attention import EXACT_SDPA
 from .errors import DynaTreeError
 
 MIN_CAPACITY = 256  # slots a layer allocates at first; it doubles when a forward needs more
@@ -30,15 +31,16 @@ class SlotLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = True
 
-    def __init__(self):
+    def __init__(self, dtype: torch.dtype | None = None):
         super().__init__()
+        self.store_dtype = dtype  # the buffers' dtype; None: the model's key/value dtype
         self.length = 0  # slots in use
         self.key_buf: torch.Tensor | None = None  # [batch, heads, capacity, head_dim]
         self.value_buf: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.key_buf, self.value_buf = key_states[..., :0, :], value_states[..., :0, :]
+        self.dtype, self.device = self.store_dtype or key_states.dtype, key_states.device
+        self.key_buf, self.value_buf = key_states[..., :0, :].to(self.dtype), value_states[..., :0, :].to(self.dtype)
         self.is_initialized = True
 
     def reserve(self, n: int) -> None:
@@ -111,7 +113,10 @@ def new_cache(model) -> Cache:
                 f"{model.config.model_type} uses {type(layer).__name__} cache layers "
                 "(sliding window or recurrent state), which dynatree does not support yet"
             )
-    return Cache(layers=[SlotLayer() for _ in layer_types])
+    # a model attending in float64 (attention.use_exact_attention) keeps its keys and values there:
+    # converted once when written, instead of the whole cache at every step
+    dtype = torch.float64 if model.config._attn_implementation == EXACT_SDPA else None
+    return Cache(layers=[SlotLayer(dtype) for _ in layer_types])
 
 
 def reserve(cache: Cache, n: int) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .config import field_type
 from .errors import DynaTreeError
+from .llamacpp import LlamaCppArConfig
 from .peers import HfArConfig, HfAssistedConfig, HfLookupConfig
 from .policies.dynatree import DynaTreeConfig, DynaTreePolicy
 from .policies.baselines import (
@@ -23,6 +24,12 @@ class Method:
     policy_cls: type | None  # tree policy run by dynatree's engine; None for transformers' generate()
     draft: str  # "none": no draft; "any": a draft LM or the n-gram drafter; "lm": a draft LM only
     summary: str
+    engine: str = "dynatree"  # who decodes: "dynatree", or a baseline's own: "transformers", "llama.cpp"
+
+    @property
+    def baseline(self) -> str | None:
+        """How a baseline decodes, for messages ("transformers' own generate()"); None for dynatree's methods."""
+        return {"transformers": "transformers' own generate()", "llama.cpp": "llama.cpp's own decoding"}.get(self.engine)
 
 
 METHODS = {
@@ -37,9 +44,12 @@ METHODS = {
         Method("specinfer", SpecInferConfig, SpecInferPolicy, "any", "fork-shaped tree: WIDTH chains from the root"),
         Method("specexec", SpecExecConfig, SpecExecPolicy, "any", "budgeted best-first expansion of likely continuations"),
         Method("opt-tree", OptTreeConfig, OptTreePolicy, "any", "budgeted tree maximising expected accepted length"),
-        Method("hf-ar", HfArConfig, None, "none", "transformers generate(), greedy"),
-        Method("hf-assisted", HfAssistedConfig, None, "lm", "transformers assisted generation with a draft LM"),
-        Method("hf-lookup", HfLookupConfig, None, "none", "transformers prompt-lookup decoding"),
+        Method("hf-ar", HfArConfig, None, "none", "transformers generate(), greedy", "transformers"),
+        Method("hf-assisted", HfAssistedConfig, None, "lm", "transformers assisted generation with a draft LM",
+               "transformers"),
+        Method("hf-lookup", HfLookupConfig, None, "none", "transformers prompt-lookup decoding", "transformers"),
+        Method("llamacpp-ar", LlamaCppArConfig, None, "none",
+               "llama.cpp greedy on the target's GGUF file (pip install llama-cpp-python)", "llama.cpp"),
     ]
 }
 

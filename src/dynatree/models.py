@@ -95,6 +95,7 @@ class LoadedModel:
     linear_note: str | None = None  # why the linears were left on stock kernels although not asked to (recorded)
     weights: str = "dense"  # the linear layers' weight format: dense, q4 or int8 (weights.py)
     weights_note: str | None = None  # what the low-bit format converted and what it left dense (recorded)
+    gguf: Path | None = None  # the GGUF file the model was converted from (q4 weights, llamacpp-ar), if any
     _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
 
     @property
@@ -275,7 +276,8 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None =
     note = packing_problem(model, linear) if torch_device.type == "cpu" else None
     use_packed_linears(model, linear)  # oneDNN on weights packed once (kernels.py); --linear onednn raises the note
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer),
-                         compile=compile, linear_note=note, weights=weights, weights_note=weights_note)
+                         compile=compile, linear_note=note, weights=weights, weights_note=weights_note,
+                         gguf=gguf)
     check_causal(loaded)
     check_tree_exact(loaded)  # refuse, with the reason, what tree verification cannot decode exactly
     return loaded

@@ -75,11 +75,10 @@ class Request:
                                 f"{type(self.kv_window).__name__}")
         sampling = sampling_config(self.sample, self.temperature, self.top_k, self.top_p)
         if window is not None and spec.policy_cls is None:
-            raise DynaTreeError(f"kv_window (--kv-window) is not available for {self.method!r} (transformers' own "
-                                "generate())")
+            raise DynaTreeError(f"kv_window (--kv-window) is not available for {self.method!r} ({spec.baseline})")
         if self.compile and spec.policy_cls is None:
             raise DynaTreeError(f"compile (--compile) applies to dynatree's own methods; {self.method!r} runs "
-                                "transformers' generate() as is")
+                                f"{spec.baseline} as is")
         if self.device is not None and not isinstance(self.device, str):
             raise DynaTreeError(f"device (--device) must be a string such as 'cpu' or 'cuda', got {self.device!r}")
         if not isinstance(self.target, (str, LoadedModel)):

@@ -47,7 +47,7 @@ def settings_from(args):
     spec = get_method(args.method)
     if spec.policy_cls is None:
         raise DynaTreeError(f"--method {args.method}: the server decodes with dynatree's own methods, not "
-                            "transformers' generate()")
+                            f"{spec.baseline}")
     options = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
     make_config(args.method, **options)  # unknown or bad options fail here, named
     parse_draft(args.draft)

@@ -200,7 +200,7 @@ class Engine:
     def _prepare(self, ids, method, options, max_new_tokens, seed, **sampling) -> api.Prepared:
         spec = get_method(method)
         if spec.policy_cls is None:
-            raise DynaTreeError(f"{method!r} runs transformers' own generate(), a benchmark baseline; the server "
+            raise DynaTreeError(f"{method!r} runs {spec.baseline}, a benchmark baseline; the server "
                                 "decodes with dynatree's methods (ar, linear, dynatree, ...)")
         return api.prepare(Request(method=method, options=options, target=self.target,
                                    draft=self.draft if spec.draft != "none" else None, prompt_ids=ids,

@@ -1,0 +1,61 @@
+"""llamacpp-ar: llama.cpp on the target's GGUF file, the CPU user's alternative, as a baseline method."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from dynatree import generate
+from dynatree.errors import DynaTreeError
+from dynatree.models import LoadedModel
+from helpers import tiny
+
+
+def test_llamacpp_needs_a_target_loaded_from_a_gguf_file():
+    with pytest.raises(DynaTreeError, match=r"^llamacpp-ar runs llama\.cpp on the target's GGUF file; 'tiny-llama-0' "
+                                            r"was not loaded from one \(use the embedded model or a \.gguf path\)$"):
+        generate(method="llamacpp-ar", target=tiny("llama"), prompt_ids=[5, 6], max_new_tokens=2)
+
+
+def _gguf_tiny() -> LoadedModel:
+    base = tiny("llama")
+    return LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny.gguf", gguf=Path("/nonexistent/tiny.gguf"))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"sample": True}, r"llamacpp-ar decodes greedily only .* drop --sample"),
+    ({"compile": True}, r"compile \(--compile\) applies to dynatree's own methods; 'llamacpp-ar' runs llama\.cpp's "
+                        r"own decoding as is"),
+    ({"kv_window": "4,8"}, r"kv_window \(--kv-window\) is not available for 'llamacpp-ar' \(llama\.cpp's own decoding\)"),
+    ({"max_new_tokens": 600}, r"prompt \(2 tokens\) \+ max_new_tokens \(600\) exceeds the context length 512"),
+    ({"draft": "ngram"}, r"draft \(--draft\) does not apply to 'llamacpp-ar'"),
+])
+def test_what_llamacpp_cannot_run_is_a_one_line_error(kwargs, message):
+    with pytest.raises(DynaTreeError, match=message):
+        generate(method="llamacpp-ar", target=_gguf_tiny(), prompt_ids=[5, 6], **{"max_new_tokens": 2, **kwargs})
+
+
+def test_without_the_binding_llamacpp_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
+    with pytest.raises(DynaTreeError, match=r"^llamacpp-ar needs the llama-cpp-python package: pip install "
+                                            r"llama-cpp-python"):
+        generate(method="llamacpp-ar", target=_gguf_tiny(), prompt_ids=[5, 6], max_new_tokens=2)
+
+
+@pytest.mark.slow
+def test_llamacpp_decodes_the_embedded_gguf_greedily():
+    pytest.importorskip("llama_cpp")  # an optional extra (pip install llama-cpp-python); the errors above always run
+    from dynatree.models import load_model
+
+    target = load_model("smollm2-135m", weights="q4")
+    question = "What is the capital of France? Answer in one sentence."
+    ours = generate(question, "ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
+    theirs = generate(question, "llamacpp-ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
+    assert len(theirs["new_token_ids"]) == 12 and theirs["stats"]["iterations"] == 12
+    assert theirs["run"]["engine"] == "llama.cpp" and theirs["run"]["weights"] == "gguf"
+    assert "Paris" in theirs["text"] and "Paris" in ours["text"]
+    assert theirs["new_token_ids"][:3] == ours["new_token_ids"][:3]  # the same model, decoded by another engine
+    again = generate(question, "llamacpp-ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
+    assert again["new_token_ids"] == theirs["new_token_ids"]  # each run starts from an empty cache
