@@ -600,3 +600,17 @@ def test_phase_times_per_iteration_add_up_to_at_most_the_decode_time():
                               "std": {**agg["std"], "draft_ms": 0.05, "verify_ms": 2.0, "commit_ms": 0.5}}
                              for agg in results.aggregate([rec("ar", 0, 10.0)])])
     assert "| ms/iter: draft | verify | commit |" in md and "| 0.25 ± 0.05 | 60.00 ± 2.00 | 1.50 ± 0.50 |" in md
+
+
+def test_the_exactness_line_sets_other_engines_and_dense_16_bit_apart():
+    """llama.cpp's tokens may differ (another engine); dense 16-bit mismatches are expected and
+    named as such; anything else is flagged for investigation."""
+    agg = [{"variant": "dynatree[ngram]", "method": "dynatree", "mismatches": 2, "n": 3, "max_new_tokens": 64},
+           {"variant": "llamacpp-ar", "method": "llamacpp-ar", "mismatches": 3, "n": 3, "max_new_tokens": 64}]
+    res = {"protocol": {}, "aggregates": agg, "weights": "dense", "dtype": "float32"}
+    line = report.exactness(res)
+    assert line.startswith("Exactness: tokens differ from `ar` in dynatree[ngram] (2/3 prompts, T=64). In float32")
+    assert "llama.cpp decodes with its own numerics, so its tokens may differ from `ar`'s: llamacpp-ar 3/3 prompts" in line
+    assert "expected with dense bfloat16 weights" in report.exactness({**res, "dtype": "bfloat16"})
+    agg[0]["mismatches"] = 0
+    assert report.exactness(res).startswith("Exactness: every measured run (llama.cpp aside) produced exactly")

@@ -4,6 +4,7 @@ errors for what a model or device cannot take, and what greedy decoding in those
 from __future__ import annotations
 
 import functools
+import json
 import tempfile
 from pathlib import Path
 
@@ -237,3 +238,22 @@ def test_compiled_greedy_in_a_low_bit_format_equals_compiled_ar(weights):
         assert spec["run"]["compile"] is True
         assert spec["new_token_ids"] == ar["new_token_ids"], method
     assert spec["stats"]["accepted_len"] >= 3.5  # linear with the target as draft: all but the last pass accept 4
+
+
+def test_dense_16_bit_greedy_speculation_says_it_may_differ_from_ar(saved_tiny, capsys):
+    """Dense bfloat16/float16 kernels are not row-wise (weights.inexact_greedy): the CLI and the
+    record say so for greedy speculative runs; float32 and the low-bit formats say nothing."""
+    from dynatree.cli import main
+
+    assert main(["generate", "w5 w6 w7", "--target", str(saved_tiny), "--dtype", "bfloat16", "--draft", "ngram",
+                 "--max-new-tokens", "4", "--json"]) == 0
+    out = capsys.readouterr()
+    assert ("note: dense bfloat16 weights: tree steps round some values otherwise than one-token steps, so greedy "
+            "output may differ from ar's; float32 and --weights q4/int8 keep it exact") in out.err
+    assert "dense bfloat16 weights" in json.loads(out.out)["run"]["inexact_greedy"]
+    for flags in (["--dtype", "float32"], ["--weights", "int8"], ["--dtype", "bfloat16", "--method", "ar"],
+                  ["--dtype", "bfloat16", "--sample"]):
+        assert main(["generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "4", "--json",
+                     *flags]) == 0
+        out = capsys.readouterr()
+        assert "may differ from ar" not in out.err and json.loads(out.out)["run"]["inexact_greedy"] is None, flags

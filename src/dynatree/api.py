@@ -15,6 +15,7 @@ from .errors import DynaTreeError
 from .featurehead import FeatureHead, check_head, load_head
 from .kernels import linear_kernel
 from .llamacpp import LlamaCppArConfig, llamacpp_generate
+from .weights import inexact_greedy
 from .llamacpp import check_target as check_llamacpp
 from .methods import get_method, is_lossy
 from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model, resolve_device, resolve_dtype
@@ -191,6 +192,9 @@ class Prepared:
                 "weights_note": None if engine == "llama.cpp" else tgt.weights_note,  # what a low-bit format converted
                 "compile": self.compile and ours,
                 "engine": engine,  # who decoded: dynatree, transformers or llama.cpp
+                # why greedy output may differ from ar's here (dense 16-bit weights), else None
+                "inexact_greedy": inexact_greedy(tgt.dtype, tgt.weights)
+                if ours and self.sampling is None and self.draft_name is not None else None,
                 "linear": tgt.linear if ours else "llama.cpp" if engine == "llama.cpp" else "stock",  # hf-*: stock
                 "linear_note": tgt.linear_note if ours else None,  # why not oneDNN, if so
                 "draft_linear": (draft.linear if isinstance(draft, LoadedModel) else linear_kernel(draft))

@@ -155,6 +155,7 @@ def cmd_generate(args) -> int:
     from .peers import universal_note
     from .methods import make_config
     from .models import load_model
+    from .weights import inexact_greedy
     from .request import Request
 
     prompt = _read_prompt(args)
@@ -198,6 +199,10 @@ def cmd_generate(args) -> int:
             print(f"note: {method} with --verify beam is lossy when sampling: its output does not follow the "
                   "target's distribution (--verify exact is lossless)", file=sys.stderr)
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
+    if not args.sample and any(METHODS[m].policy_cls is not None and METHODS[m].draft != "none" for m in methods):
+        reason = inexact_greedy(target.dtype, target.weights)
+        if reason:
+            print(f"note: {reason}", file=sys.stderr)
     if target.linear_note:
         print(f"note: linear layers on stock kernels: {target.linear_note}", file=sys.stderr)
     draft = args.draft

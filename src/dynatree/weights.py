@@ -266,6 +266,22 @@ def apply_weights(model: torch.nn.Module, weights: str, device: torch.device, gg
     return note
 
 
+def inexact_greedy(dtype: torch.dtype, weights: str) -> str | None:
+    """Why greedy tree decoding of a model in this dtype and format may differ from `ar`, or None.
+
+    Dense 16-bit weights: the dense kernels (oneDNN, MKL) sum some rows of a multi-row call in
+    another order than a one-row call, and bfloat16/float16 rounding makes such differences
+    change tokens (the embedded model in dense bfloat16: 23 of 24 greedy 128-token chat answers
+    of dynatree/fixed-tree differed from ar, still 15 of 24 with float64 attention). float32
+    (differences ~1e-7, below the logits' gaps in practice) and the low-bit formats (row-wise
+    kernels, float64 attention) keep greedy output equal to ar's."""
+    if weights == "dense" and dtype in (torch.bfloat16, torch.float16):
+        name = str(dtype).removeprefix("torch.")
+        return (f"dense {name} weights: tree steps round some values otherwise than one-token steps, so greedy "
+                f"output may differ from ar's; float32 and --weights q4/int8 keep it exact")
+    return None
+
+
 def quantized_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
 
