@@ -614,3 +614,16 @@ def test_the_exactness_line_sets_other_engines_and_dense_16_bit_apart():
     assert "expected with dense bfloat16 weights" in report.exactness({**res, "dtype": "bfloat16"})
     agg[0]["mismatches"] = 0
     assert report.exactness(res).startswith("Exactness: every measured run (llama.cpp aside) produced exactly")
+
+
+def test_a_compiled_only_run_checks_exactness_against_compiled_ar(tmp_path, prompt_file):
+    """With --compile every variant of ours is compiled: each is compared with `ar +compile`
+    (before, nothing was compared when no eager `ar` ran)."""
+    target = tiny("llama", eos_ids=[])
+    variants = [runner.Variant("ar", "ar", compile=True),
+                runner.Variant("dynatree[ngram]", "dynatree", {}, "ngram", {}, compile=True),
+                runner.Variant("hf-ar", "hf-ar")]
+    proto = runner.Protocol(dataset=str(prompt_file), n=2, warmup=0, max_new_tokens=[12], l_max=[800])
+    res = runner.run("custom", variants, proto, target, {}, progress=False)
+    assert {r["variant"]: r["matches_ar"] for r in res["records"] if r["prompt_index"] == 0} == {
+        "ar": True, "dynatree[ngram]": True, "hf-ar": True}

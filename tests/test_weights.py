@@ -175,7 +175,7 @@ def test_q4_needs_a_gguf_file_with_4_bit_tensors(tmp_path):
 
 
 def test_bad_weight_formats_and_dtypes_are_one_line_errors():
-    with pytest.raises(DynaTreeError, match=r"unknown weight format 'q3' \(--weights\); choose one of dense, q4, int8"):
+    with pytest.raises(DynaTreeError, match=r"unknown weight format 'q3' \(--weights\); choose one of auto, dense, q4, int8"):
         weights_dtype("q3", None)
     with pytest.raises(DynaTreeError, match=r"--weights int8 computes with bfloat16 activations .* drop --dtype "
                                             r"float32 or pass --dtype bfloat16"):
@@ -257,3 +257,22 @@ def test_dense_16_bit_greedy_speculation_says_it_may_differ_from_ar(saved_tiny, 
                      *flags]) == 0
         out = capsys.readouterr()
         assert "may differ from ar" not in out.err and json.loads(out.out)["run"]["inexact_greedy"] is None, flags
+
+
+def test_auto_is_q4_only_for_a_gguf_target_with_4_bit_layers_on_the_cpu(tmp_path, saved_tiny):
+    from dynatree.weights import resolve_auto
+
+    model = _fresh_llama()
+    _quantized_copy(model, tmp_path / "tiny.gguf")
+    cpu = torch.device("cpu")
+    weights, rows = resolve_auto("auto", None, cpu, tmp_path / "tiny.gguf")
+    assert weights == "q4" and rows.codes
+    assert resolve_auto("auto", "bfloat16", cpu, tmp_path / "tiny.gguf")[0] == "q4"
+    assert resolve_auto("auto", "float32", cpu, tmp_path / "tiny.gguf") == ("dense", None)  # the dtype asked for
+    assert resolve_auto("auto", None, torch.device("meta"), tmp_path / "tiny.gguf") == ("dense", None)
+    assert resolve_auto("auto", None, cpu, None) == ("dense", None)  # not from a GGUF file
+    _write_gguf(tmp_path / "dense.gguf", {"w": (np.ones((16, 32), dtype=np.float32), F32)})
+    assert resolve_auto("auto", None, cpu, tmp_path / "dense.gguf") == ("dense", None)
+    assert resolve_auto("int8", None, cpu, tmp_path / "tiny.gguf") == ("int8", None)
+    loaded = load_model(str(saved_tiny), weights="auto")
+    assert loaded.weights == "dense" and loaded.dtype == torch.float32

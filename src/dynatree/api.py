@@ -316,8 +316,8 @@ def generate(
     target's decode steps through torch.compile (minutes to compile on first use, cached on
     disk; see `LoadedModel.forward`); None keeps the loaded target's own setting. `linear`
     ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
-    `weights` ("dense", "q4", "int8") is the format of a target loaded here (weights.py); drafts
-    load dense, in the target's dtype.
+    `weights` ("dense", "q4", "int8", "auto"; None: dense) is the format of a target loaded here
+    (weights.py); drafts load dense, in the target's dtype.
     """
     request = Request(prompt=prompt, method=method, options=options, target=target, draft=draft,
                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, chat=chat,

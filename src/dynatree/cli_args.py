@@ -88,10 +88,12 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
     parser.add_argument("--dtype", default=None,
                         help="float32, bfloat16, float16 or float64 [float32; bfloat16 with low-bit --weights]")
-    parser.add_argument("--weights", default="dense", choices=WEIGHT_FORMATS,
+    parser.add_argument("--weights", default="auto", choices=WEIGHT_FORMATS,
                         help="the target's weight format: dense (--dtype), q4 (a GGUF file's own 4-bit weights, "
-                             "e.g. the embedded model's), int8 (quantized per channel at load); low-bit formats "
-                             "compute in bfloat16 on the CPU; drafts load dense in the target's dtype [dense]")
+                             "e.g. the embedded model's), int8 (quantized per channel at load), auto (q4 for a "
+                             "GGUF target with 4-bit layers on the CPU unless another --dtype is given, else "
+                             "dense); low-bit formats compute in bfloat16 on the CPU; drafts load dense in the "
+                             "target's dtype [auto]")
     parser.add_argument("--linear", default="auto", choices=LINEAR_KERNELS,
                         help="linear layers of our methods' models: oneDNN on weights packed once, or PyTorch's "
                              "stock kernels; auto = onednn on the CPU unless the second copy of the weights takes "

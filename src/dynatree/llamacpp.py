@@ -13,6 +13,7 @@ another implementation, with other rounding.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 from dataclasses import dataclass
@@ -34,6 +35,15 @@ class LlamaCppArConfig:
 
 
 _LOADED: dict[tuple, object] = {}  # (file, context, threads) -> llama_cpp.Llama, loaded once per process
+
+
+@atexit.register
+def _close_all() -> None:
+    """Free llama.cpp's models before the interpreter tears its modules down (the binding's own
+    finalizer fails then, printing a traceback at exit)."""
+    for llm in _LOADED.values():
+        llm.close()
+    _LOADED.clear()
 
 
 def _llama(gguf: Path, context: int, threads: int):

@@ -38,7 +38,7 @@ from .errors import DynaTreeError
 from .kernels import check_linear_kernel, linear_kernel, packing_problem, use_packed_linears
 from .probe import check_tree_exact
 from .tree import additive_mask
-from .weights import LOW_BIT, apply_weights, check_device, weights_dtype
+from .weights import LOW_BIT, apply_weights, check_device, resolve_auto, weights_dtype
 
 DTYPES = {
     "float32": torch.float32,
@@ -256,19 +256,21 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None =
     """Load a causal LM and its tokenizer from an alias, a directory, a .gguf file or a hub id.
 
     `dtype`: float32 when None (bfloat16 for low-bit weights). `weights`: "dense", "q4" (a GGUF
-    file's 4-bit tensors as they are) or "int8" (weights.py). `compile` runs the decode steps
+    file's 4-bit tensors as they are), "int8" or "auto" (q4 where it applies, else dense: weights.py). `compile` runs the decode steps
     through torch.compile (see `LoadedModel.forward`). `linear` picks the dense linear layers'
     kernels: "auto", "onednn" or "stock" (kernels.py)."""
-    torch_dtype = resolve_dtype(weights_dtype(weights, dtype))
     torch_device = resolve_device(device)
     check_linear_kernel(linear)  # before the (slow) load
     check_device(weights, torch_device)  # before the (slow) load
+    resolve_dtype(weights_dtype("dense" if weights == "auto" else weights, dtype))  # dtype errors before the load
     directory, gguf_file, local_only, gguf = _locate(spec)
+    weights, rows = resolve_auto(weights, dtype, torch_device, gguf)
+    torch_dtype = resolve_dtype(weights_dtype(weights, dtype))
     with _quiet_loading():
         # low-bit formats start from the float32 values (q4 finds the file's rows by them)
         model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only,
                                             torch.float32 if weights in LOW_BIT else torch_dtype)
-    weights_note = apply_weights(model, weights, torch_device, gguf, spec)
+    weights_note = apply_weights(model, weights, torch_device, gguf, spec, rows)
     model.to(torch_device).eval()
     if weights not in LOW_BIT:  # (low-bit formats run float64 attention: weights.apply_weights)
         use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)

@@ -40,7 +40,7 @@ class Request:
     chat: bool = False  # wrap `prompt` in the tokenizer's chat template
     device: str | None = None  # where specs are loaded (None: cpu; a loaded target's own device)
     dtype: str | None = None  # dtype specs are loaded in; None: float32 (bfloat16 for low-bit weights)
-    weights: str | None = None  # weight format of a target loaded here: dense, q4, int8 (weights.py); None: dense
+    weights: str | None = None  # format of a target loaded here: dense, q4, int8, auto (weights.py); None: dense
     seed: int = 0  # seeds sampling (and any random choice of a run)
     ngram_max: int = 4  # longest n-gram the n-gram drafter matches
     kv_window: str | KVWindow | None = None  # attention-sink KV window 'SINK,RECENT', or None (full caches)
@@ -92,8 +92,8 @@ class Request:
         """The weight format exists and takes the dtype; a loaded target keeps its own format."""
         if self.weights is None:
             return
-        weights_dtype(self.weights, self.dtype)
-        if isinstance(self.target, LoadedModel) and self.weights != self.target.weights:
+        weights_dtype("dense" if self.weights == "auto" else self.weights, self.dtype)
+        if isinstance(self.target, LoadedModel) and self.weights not in ("auto", self.target.weights):
             raise DynaTreeError(f"weights (--weights) {self.weights!r} given, but the target is already loaded with "
                                 f"{self.target.weights!r} weights; load it with load_model(..., weights=...)")
 

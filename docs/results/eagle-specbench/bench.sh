@@ -7,7 +7,7 @@ cd /work/main
 HEAD=${HEAD:-smollm2-135m-eagle}
 OUT=${OUT:-/work/runs/eagle-specbench}
 mkdir -p $OUT
-COMMON="--dataset specbench --n 3 --warmup 1 --chat --keep-eos --max-new-tokens 256 --no-ppl"
+COMMON="--dataset specbench --n 3 --warmup 1 --chat --keep-eos --max-new-tokens 256 --no-ppl --weights dense"  # float32, as measured before --weights auto (q4) became the default
 .venv/bin/dynatree bench --methods ar,linear,fixed-tree,dynatree --draft $HEAD,ngram,ngram+$HEAD --cost-aware $COMMON \
    --out $OUT/bench-eager > $OUT/bench-eager.log 2>&1
 .venv/bin/dynatree bench --methods ar,dynatree --draft $HEAD,ngram,ngram+$HEAD --cost-aware --compile $COMMON \

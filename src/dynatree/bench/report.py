@@ -278,7 +278,7 @@ def exactness(results: dict) -> str:
             f"{a['variant']} {a['mismatches']}/{counted(a['n'], 'prompt')}" for a in other) + " differ.")
     if not bad:
         return (f"Exactness: every measured run{' (llama.cpp aside)' if other else ''} produced exactly the tokens "
-                "of `ar` (under the same KV window) on the same prompt." + note)
+                "of `ar` (in the same KV window and compile setting where run) on the same prompt." + note)
     rows = ", ".join(f"{a['variant']} ({a['mismatches']}/{counted(a['n'], 'prompt')}, T={a['max_new_tokens']})" for a in bad)
     if results.get("weights", "dense") == "dense" and results.get("dtype") in ("bfloat16", "float16"):
         return (f"Exactness: tokens differ from `ar` in {rows}: expected with dense {results['dtype']} weights (tree "

@@ -104,7 +104,7 @@ def run(
                 asked = answers.setdefault((dataset, t_new, l_max, prompt.question), [])[:len(prompt.earlier)]
                 ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat, tuple(asked))
                 _check_length(target, drafts, ids, t_new)
-                reference = {}  # KV window -> tokens of plain decoding (ar) under that window
+                reference = {}  # (KV window, compiled) -> tokens of plain decoding (ar) in that setting
                 for v in rotated(variants, index):
                     bar.start(f"{dataset} {index + 1}/{len(texts[dataset])}", v.label, t_new)
                     paired = protocol.bandwidth_limit  # around every variant, so none runs in a different pause
@@ -116,8 +116,8 @@ def run(
                         sample=sampling is not None, temperature=protocol.temperature, top_k=protocol.top_k,
                         top_p=protocol.top_p, compile=v.compile)), on_tokens=bar.tokens)
                     bar.done(rec["stats"]["tokens_per_s"])
-                    if v.method == "ar" and not v.compile:  # plain eager decoding, whatever runs first
-                        reference.setdefault(rec["run"]["kv_window"], rec["new_token_ids"])
+                    if v.method == "ar":  # plain decoding in this setting, whatever runs first
+                        reference.setdefault((rec["run"]["kv_window"], v.compile), rec["new_token_ids"])
                     if v.label == "ar" and prompt.question is not None:
                         # the history of the question's next turn: plain decoding's answer, so every
                         # variant is asked the same prompt (greedy, each exact method's own answer)
@@ -135,14 +135,16 @@ def run(
                     results["records"].append(r)
                 for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
                     new = r.pop("_ids")  # None below: sampling, or no ar run under this variant's window
-                    compare = sampling is None and r["kv_window"] in reference
-                    r["matches_ar"] = new == reference[r["kv_window"]] if compare else None
-                if None in reference:  # the draft LMs' agreement and step cost on ar's continuation
-                    picks = scored.get(_key(ids, reference[None]), (None, None))[1]  # known when ppl is on
+                    key = _reference_key(reference, r["kv_window"], r.get("compile", False))
+                    r["matches_ar"] = new == reference[key] if sampling is None and key is not None else None
+                plain = _reference_key(reference, None, False)
+                if plain is not None:  # the draft LMs' agreement and step cost on ar's continuation
+                    picks = scored.get(_key(ids, reference[plain]), (None, None))[1]  # known when ppl is on
                     for spec, lm in draft_lms(drafts).items():
                         results.setdefault("draft_quality", []).append({
                             "draft": spec, "dataset": dataset, "prompt_index": index, "warmup": index in warm,
-                            "max_new_tokens": t_new, "l_max": l_max, **draftcheck.measure(target, lm, ids, reference[None], picks),
+                            "max_new_tokens": t_new, "l_max": l_max,
+                            **draftcheck.measure(target, lm, ids, reference[plain], picks),
                         })
                 if out_dir is not None:
                     save(results, out_dir)
@@ -264,3 +266,9 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _reference_key(reference: dict, window, compiled: bool):
+    """Which `ar` run a record's tokens are compared with: `ar` in the same KV window and compile
+    setting, else in the same window with the other setting (baselines run eager), else None."""
+    return next((k for k in ((window, compiled), (window, not compiled)) if k in reference), None)
