@@ -59,3 +59,12 @@ def test_llamacpp_decodes_the_embedded_gguf_greedily():
     assert theirs["new_token_ids"][:3] == ours["new_token_ids"][:3]  # the same model, decoded by another engine
     again = generate(question, "llamacpp-ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
     assert again["new_token_ids"] == theirs["new_token_ids"]  # each run starts from an empty cache
+
+
+def test_llamacpp_refuses_runs_longer_than_its_context(monkeypatch):
+    from dynatree import llamacpp
+
+    monkeypatch.setattr(llamacpp, "MAX_CONTEXT", 8)
+    with pytest.raises(DynaTreeError, match=r"^llamacpp-ar: prompt \(2 tokens\) \+ max_new_tokens \(7\) exceeds the "
+                                            r"8 tokens of llama\.cpp's context here$"):
+        generate(method="llamacpp-ar", target=_gguf_tiny(), prompt_ids=[5, 6], max_new_tokens=7)

@@ -19,8 +19,9 @@ from gguf.quants import dequantize, quantize
 from dynatree import generate
 from dynatree.errors import DynaTreeError
 from dynatree.models import LoadedModel, load_model
-from dynatree.weights import (Int4Linear, Int8Linear, apply_weights, quantized_layers, read_q4_rows, use_int8, use_q4,
-                              weights_dtype)
+from dynatree.kernels import use_packed_linears
+from dynatree.weights import (Int4Linear, Int8Linear, apply_weights, inexact_greedy, quantized_layers, read_q4_rows,
+                              resolve_auto, row_dependent_layers, use_int8, use_q4, weights_dtype)
 from helpers import config, examples, tokenizer
 from transformers import AutoModelForCausalLM
 
@@ -45,13 +46,13 @@ def _write_gguf(path, tensors: dict) -> None:
     writer.close()
 
 
-def _quantized_copy(model: torch.nn.Module, path) -> dict[str, torch.Tensor]:
+def _quantized_copy(model: torch.nn.Module, path, skip=("lm_head",)) -> dict[str, torch.Tensor]:
     """Round every linear weight but the output layer to Q4_0/Q4_1 values (as transformers loads a
     GGUF file), write the codes to a GGUF file at `path`, with the q projections' rows stored in
     another order (as llama GGUF files store them); return the rounded weights by module name."""
     tensors, rounded = {}, {}
     for i, (name, layer) in enumerate((n, m) for n, m in model.named_modules()
-                                      if isinstance(m, torch.nn.Linear) and n != "lm_head"):
+                                      if isinstance(m, torch.nn.Linear) and n not in skip):
         kind = Q4_1 if i % 2 else Q4_0
         values = layer.weight.detach().numpy()
         codes_order = values[::-1].copy() if name.endswith("q_proj") else values
@@ -126,12 +127,17 @@ def _loaded(model: torch.nn.Module, weights: str) -> LoadedModel:
 
 @functools.cache
 def _low_bit_target(weights: str, seed: int) -> LoadedModel:
+    """A tiny Llama in a low-bit format, prepared as load_model prepares one: converted, its dense
+    output layer packed for oneDNN, its dense layers checked for row-wise results."""
     model = _fresh_llama(seed)
     if weights == "q4":
         path = Path(tempfile.mkdtemp()) / "tiny.gguf"
         _quantized_copy(model, path)
     apply_weights(model, weights, torch.device("cpu"), path if weights == "q4" else None, "tiny")
-    return _loaded(model, weights)
+    use_packed_linears(model)
+    loaded = _loaded(model, weights)
+    loaded.row_dependent = row_dependent_layers(model)
+    return loaded
 
 
 @pytest.mark.parametrize("weights", ["q4", "int8"])
@@ -142,6 +148,7 @@ def test_greedy_in_a_low_bit_format_equals_ar_in_that_format(weights, method, da
     """Every method's greedy output is `ar`'s in the same format, token for token: tree steps
     compute each row bit for bit as one-token steps (row-wise kernels, float64 attention)."""
     target = _low_bit_target(weights, data.draw(st.integers(0, 2), label="seed"))
+    assert target.row_dependent == [], "a dense layer left in the low-bit model is not row-wise on this machine"
     motif = data.draw(st.lists(st.integers(3, 95), min_size=2, max_size=5), label="motif")
     prompt = (motif * 4)[: data.draw(st.integers(4, 20), label="length")]
     # the n-gram drafter, or the target itself as its draft LM: every drafted token is then the
@@ -260,8 +267,6 @@ def test_dense_16_bit_greedy_speculation_says_it_may_differ_from_ar(saved_tiny, 
 
 
 def test_auto_is_q4_only_for_a_gguf_target_with_4_bit_layers_on_the_cpu(tmp_path, saved_tiny):
-    from dynatree.weights import resolve_auto
-
     model = _fresh_llama()
     _quantized_copy(model, tmp_path / "tiny.gguf")
     cpu = torch.device("cpu")
@@ -276,3 +281,71 @@ def test_auto_is_q4_only_for_a_gguf_target_with_4_bit_layers_on_the_cpu(tmp_path
     assert resolve_auto("int8", None, cpu, tmp_path / "tiny.gguf") == ("int8", None)
     loaded = load_model(str(saved_tiny), weights="auto")
     assert loaded.weights == "dense" and loaded.dtype == torch.float32
+
+
+def test_auto_keeps_a_model_dense_when_no_layer_matches_but_q4_by_name_is_an_error(tmp_path):
+    """A GGUF file with a 4-bit tensor that is no layer of the model: auto says why it stayed
+    dense (and the model is the float32 one); --weights q4 refuses in one line."""
+    model = _fresh_llama()
+    _write_gguf(tmp_path / "other.gguf", {"x": (np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32),
+                                                Q4_1)})
+    weights, rows = resolve_auto("auto", None, torch.device("cpu"), tmp_path / "other.gguf")
+    assert weights == "q4" and rows.codes  # the file has 4-bit tensors: auto tries q4
+    with pytest.raises(DynaTreeError, match=r"^--weights q4 needs a GGUF file whose linear layers are stored as Q4_0 "
+                                            r"or Q4_1; other\.gguf holds 1 Q4_1: use --weights int8 or dense$"):
+        apply_weights(model, "q4", torch.device("cpu"), tmp_path / "other.gguf", "other.gguf", rows)
+    assert next(model.parameters()).dtype == torch.float32 and not quantized_layers(model)  # untouched
+
+
+def test_q4_keeps_an_output_layer_stored_in_4_bits_dense(tmp_path):
+    """The output layer stays dense even when the file stores it in 4 bits: drafters read its rows
+    and it is often tied to the embeddings."""
+    model = _fresh_llama(seed=4)
+    rounded = _quantized_copy(model, tmp_path / "with-head.gguf", skip=())
+    assert "lm_head" in rounded  # the file holds the output layer's rows in 4 bits too
+    note = use_q4(model, read_q4_rows(tmp_path / "with-head.gguf"), "with-head.gguf")
+    assert isinstance(model.lm_head, torch.nn.Linear) and note.endswith("dense (bfloat16): lm_head")
+    assert note.startswith(f"q4: {len(rounded) - 1} linear layers")
+
+
+def test_int8_refuses_a_model_without_linear_layers():
+    """GPT-2 computes with Conv1D layers, not nn.Linear: int8 says so instead of quantizing nothing."""
+    torch.manual_seed(0)
+    gpt2 = AutoModelForCausalLM.from_config(config("gpt2", 96, 128)).float().eval()
+    with pytest.raises(DynaTreeError, match=r"^--weights int8 found no nn\.Linear layers to quantize \(this model's are "
+                                            r"Conv1D, Linear\): use --weights dense$"):
+        use_int8(gpt2)
+
+
+def test_a_dense_layer_that_rounds_rows_by_batch_size_is_found_and_said():
+    class ByBatch(torch.nn.Linear):  # adds a trace of the batch size: not row-wise
+        def forward(self, x):
+            return super().forward(x) + 1e-2 * x.reshape(-1, x.shape[-1]).shape[0]
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16), ByBatch(32, 16)).to(torch.bfloat16)
+    assert row_dependent_layers(model) == ["1"]
+    assert inexact_greedy(torch.bfloat16, "q4", ["1"]) == (
+        "q4 weights: the dense layer(s) 1 round a row differently in a multi-row call on this machine, so greedy "
+        "output may differ from ar's")
+    assert inexact_greedy(torch.bfloat16, "q4", []) is None
+
+
+def test_transformers_greedy_on_a_low_bit_model_equals_ar():
+    """hf-ar keeps the low-bit model's float64 attention (attention.stock_attention)."""
+    target = _low_bit_target("q4", 0)
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30]
+    ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True)
+    hf = generate(method="hf-ar", target=target, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True)
+    assert hf["new_token_ids"] == ar["new_token_ids"]
+
+
+def test_a_torch_without_the_low_bit_kernels_is_refused_and_auto_stays_dense(monkeypatch, tmp_path):
+    from dynatree.weights import check_device
+
+    monkeypatch.delattr(torch, "_weight_int4pack_mm_for_cpu")
+    with pytest.raises(DynaTreeError, match=r"^--weights q4 needs torch\._weight_int4pack_mm_for_cpu, which torch .* "
+                                            r"lacks: upgrade torch$"):
+        check_device("q4", torch.device("cpu"))
+    model = _fresh_llama()
+    _quantized_copy(model, tmp_path / "tiny.gguf")
+    assert resolve_auto("auto", None, torch.device("cpu"), tmp_path / "tiny.gguf") == ("dense", None)

@@ -29,7 +29,8 @@ def _load_draft_model(spec: str, device: str, dtype, linear: str) -> LoadedModel
     """A draft LM, or a feature head (in the target's dtype) when the spec names one."""
     directory = head_dir(spec)
     if directory is not None:
-        return load_head(directory, name=spec, device=resolve_device(device), dtype=resolve_dtype(dtype), linear=linear)
+        return load_head(directory, name=spec, device=resolve_device(device), dtype=resolve_dtype(dtype or "float32"),
+                         linear=linear)
     return load_model(spec, device=device, dtype=dtype, linear=linear)
 
 
@@ -193,7 +194,7 @@ class Prepared:
                 "compile": self.compile and ours,
                 "engine": engine,  # who decoded: dynatree, transformers or llama.cpp
                 # why greedy output may differ from ar's here (dense 16-bit weights), else None
-                "inexact_greedy": inexact_greedy(tgt.dtype, tgt.weights)
+                "inexact_greedy": inexact_greedy(tgt.dtype, tgt.weights, tgt.row_dependent)
                 if ours and self.sampling is None and self.draft_name is not None else None,
                 "linear": tgt.linear if ours else "llama.cpp" if engine == "llama.cpp" else "stock",  # hf-*: stock
                 "linear_note": tgt.linear_note if ours else None,  # why not oneDNN, if so

@@ -26,7 +26,9 @@ flips grow through the layers: on the embedded SmolLM2 in q4, 17 of 24 greedy 12
 dynatree/fixed-tree differed from `ar`. In float64 the two orders agree to ~1e-16, far below
 bfloat16's rounding, so every row rounds to the same bfloat16 value as in one-token decoding
 (0 of 36 runs differed). The low-bit linear kernels compute each row on its own (tested), so
-with this attention a tree step's logits are bit for bit those of one-token steps.
+with this attention a tree step's logits are bit for bit those of one-token steps, provided the
+dense layers left in the model (the output layer) are row-wise too: `load_model` checks them
+(`weights.row_dependent_layers`), and a run says when they are not (`run.inexact_greedy`).
 """
 
 from __future__ import annotations
@@ -105,14 +107,19 @@ def use_gqa_attention(model: torch.nn.Module) -> bool:
     return config._attn_implementation == GQA_SDPA
 
 
-def use_exact_attention(model: torch.nn.Module) -> bool:
-    """Switch `model` to EXACT_SDPA if it runs stock SDPA (or GQA_SDPA) through transformers'
-    attention registry; returns whether it was switched (module docstring)."""
-    config = model.config
-    if config._attn_implementation not in (STOCK, GQA_SDPA):
+def can_use_exact_attention(model: torch.nn.Module) -> bool:
+    """Whether `model` runs stock SDPA (or GQA_SDPA) through transformers' attention registry."""
+    if model.config._attn_implementation not in (STOCK, GQA_SDPA):
         return False
     can_switch = getattr(model, "_can_set_attn_implementation", None)  # False: attention outside the registry
-    if can_switch is not None and not can_switch():
+    return can_switch is None or bool(can_switch())
+
+
+def use_exact_attention(model: torch.nn.Module) -> bool:
+    """Switch `model` to EXACT_SDPA if `can_use_exact_attention`; returns whether it was switched
+    (module docstring)."""
+    config = model.config
+    if not can_use_exact_attention(model):
         return False
     _register()
     model.set_attn_implementation(EXACT_SDPA)
@@ -121,14 +128,14 @@ def use_exact_attention(model: torch.nn.Module) -> bool:
 
 @contextlib.contextmanager
 def stock_attention(*models):
-    """Run a block with transformers' own SDPA on every model switched by `use_gqa_attention` or
-    `use_exact_attention`."""
-    switched = [(m, m.config._attn_implementation) for m in models
-                if m is not None and m.config._attn_implementation in (GQA_SDPA, EXACT_SDPA)]
-    for m, _ in switched:
+    """Run a block with transformers' own SDPA on every model switched by `use_gqa_attention`.
+    Models in EXACT_SDPA (low-bit weights) keep it: their format's attention, without which
+    transformers' greedy decoding of the same model would round otherwise than `ar`."""
+    switched = [m for m in models if m is not None and m.config._attn_implementation == GQA_SDPA]
+    for m in switched:
         m.set_attn_implementation(STOCK)
     try:
         yield
     finally:
-        for m, ours in switched:
-            m.set_attn_implementation(ours)
+        for m in switched:
+            m.set_attn_implementation(GQA_SDPA)

@@ -200,7 +200,7 @@ def cmd_generate(args) -> int:
                   "target's distribution (--verify exact is lossless)", file=sys.stderr)
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
     if not args.sample and any(METHODS[m].policy_cls is not None and METHODS[m].draft != "none" for m in methods):
-        reason = inexact_greedy(target.dtype, target.weights)
+        reason = inexact_greedy(target.dtype, target.weights, target.row_dependent)
         if reason:
             print(f"note: {reason}", file=sys.stderr)
     if target.linear_note:

@@ -38,7 +38,7 @@ from .errors import DynaTreeError
 from .kernels import check_linear_kernel, linear_kernel, packing_problem, use_packed_linears
 from .probe import check_tree_exact
 from .tree import additive_mask
-from .weights import LOW_BIT, apply_weights, check_device, resolve_auto, weights_dtype
+from .weights import LOW_BIT, apply_weights, check_device, resolve_auto, row_dependent_layers, weights_dtype
 
 DTYPES = {
     "float32": torch.float32,
@@ -96,6 +96,7 @@ class LoadedModel:
     weights: str = "dense"  # the linear layers' weight format: dense, q4 or int8 (weights.py)
     weights_note: str | None = None  # what the low-bit format converted and what it left dense (recorded)
     gguf: Path | None = None  # the GGUF file the model was converted from (q4 weights, llamacpp-ar), if any
+    row_dependent: list[str] = field(default_factory=list)  # low-bit: dense layers not row-wise (weights.py)
     _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
 
     @property
@@ -264,22 +265,33 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None =
     check_device(weights, torch_device)  # before the (slow) load
     resolve_dtype(weights_dtype("dense" if weights == "auto" else weights, dtype))  # dtype errors before the load
     directory, gguf_file, local_only, gguf = _locate(spec)
-    weights, rows = resolve_auto(weights, dtype, torch_device, gguf)
+    asked = weights
+    weights, rows = resolve_auto(weights, dtype, torch_device, gguf, spec)
     torch_dtype = resolve_dtype(weights_dtype(weights, dtype))
     with _quiet_loading():
         # low-bit formats start from the float32 values (q4 finds the file's rows by them)
         model, tokenizer = _from_pretrained(spec, directory, gguf_file, local_only,
                                             torch.float32 if weights in LOW_BIT else torch_dtype)
-    weights_note = apply_weights(model, weights, torch_device, gguf, spec, rows)
+    try:
+        weights_note = apply_weights(model, weights, torch_device, gguf, spec, rows)
+    except DynaTreeError as exc:
+        if asked != "auto":  # asked for by name: never a silent fallback
+            raise
+        # auto found 4-bit tensors it cannot use (no layer matched, attention outside the registry): the model
+        # is still the untouched float32 one
+        weights, weights_note = "dense", f"auto: dense, since {exc}"
+        model.to(resolve_dtype(weights_dtype("dense", dtype)))
     model.to(torch_device).eval()
     if weights not in LOW_BIT:  # (low-bit formats run float64 attention: weights.apply_weights)
         use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)
     # why the linears stay on stock kernels, e.g. no bfloat16 oneDNN path on an AVX2-only CPU (GPUs: always stock)
     note = packing_problem(model, linear) if torch_device.type == "cpu" else None
     use_packed_linears(model, linear)  # oneDNN on weights packed once (kernels.py); --linear onednn raises the note
+    # dense layers left in a low-bit model must compute each row alike in any batch for exact trees (weights.py)
+    row_dependent = row_dependent_layers(model) if weights in LOW_BIT else []
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=spec, eos_ids=eos_ids_of(model, tokenizer),
                          compile=compile, linear_note=note, weights=weights, weights_note=weights_note,
-                         gguf=gguf)
+                         gguf=gguf, row_dependent=row_dependent)
     check_causal(loaded)
     check_tree_exact(loaded)  # refuse, with the reason, what tree verification cannot decode exactly
     return loaded

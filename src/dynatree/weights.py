@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .attention import use_exact_attention
+from .attention import can_use_exact_attention, use_exact_attention
 from .errors import DynaTreeError
 
 WEIGHT_FORMATS = {
@@ -61,27 +61,48 @@ def check_weights(weights: str) -> None:
         raise DynaTreeError(f"unknown weight format {weights!r} (--weights); choose one of {', '.join(WEIGHT_FORMATS)}")
 
 
-def resolve_auto(weights: str, dtype, device: torch.device, gguf: Path | None) -> tuple[str, Q4Rows | None]:
+def resolve_auto(weights: str, dtype, device: torch.device, gguf: Path | None,
+                 source: str = "the target") -> tuple[str, "Q4Rows | None"]:
     """`auto`: q4 where it applies (a GGUF file with Q4_0/Q4_1 tensors, the CPU, no other --dtype
     than bfloat16), else dense; other formats as they are. The rule (docs/results/q4-cpu): q4 is
     the fastest format whose quality against the float32 model is within llama.cpp's own on the
     same file (top-1 agreement 98.8% vs llama.cpp's 98.3%; PPL no higher). Returns the format and
     the file's 4-bit rows when read (q4 uses them)."""
     check_weights(weights)
+    if weights == "q4" and gguf is None:  # before the (slow) load
+        raise DynaTreeError(f"--weights q4 keeps a GGUF file's 4-bit weights; {source} is not a .gguf file or "
+                            "an embedded GGUF model: use --weights int8 (quantizes at load) or dense")
     if weights != "auto":
         return weights, None
-    if gguf is None or device.type != "cpu" or dtype not in (None, "bfloat16", LOW_BIT_DTYPE):
+    if gguf is None or unsupported("q4", device) or dtype not in (None, "bfloat16", LOW_BIT_DTYPE):
         return "dense", None
     rows = read_q4_rows(gguf)
     return ("q4", rows) if rows.codes else ("dense", None)
 
 
+KERNELS = {"q4": ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu"), "int8": ("_weight_int8pack_mm",)}
+
+
+def unsupported(weights: str, device: torch.device) -> str | None:
+    """Why this torch on this device cannot run a low-bit format, or None."""
+    if weights not in LOW_BIT:
+        return None
+    if device.type != "cpu":
+        return (f"--weights {weights} runs on the CPU only (PyTorch's CPU kernels); on {device.type} use --weights "
+                "dense with --dtype float16 or bfloat16")
+    missing = [op for op in KERNELS[weights] if not hasattr(torch, op)]
+    if missing:
+        return f"--weights {weights} needs torch.{missing[0]}, which torch {torch.__version__} lacks: upgrade torch"
+    return None
+
+
 def check_device(weights: str, device: torch.device) -> None:
-    """The low-bit kernels are PyTorch's CPU kernels: refuse another device before anything loads."""
+    """The low-bit kernels are PyTorch's CPU kernels: refuse another device (or a torch without
+    them) before anything loads."""
     check_weights(weights)
-    if weights in LOW_BIT and device.type != "cpu":
-        raise DynaTreeError(f"--weights {weights} runs on the CPU only (PyTorch's CPU kernels); on {device.type} "
-                            "use --weights dense with --dtype float16 or bfloat16")
+    problem = unsupported(weights, device)
+    if problem:
+        raise DynaTreeError(problem)
 
 
 def weights_dtype(weights: str, dtype: str | None) -> str:
@@ -91,8 +112,9 @@ def weights_dtype(weights: str, dtype: str | None) -> str:
     if weights not in LOW_BIT:  # dense (auto resolves at load: resolve_auto)
         return dtype or "float32"
     if dtype not in (None, "bfloat16", LOW_BIT_DTYPE):
+        name = str(dtype).removeprefix("torch.")
         raise DynaTreeError(f"--weights {weights} computes with bfloat16 activations (PyTorch's CPU {weights} kernel); "
-                            f"drop --dtype {dtype} or pass --dtype bfloat16")
+                            f"drop --dtype {name} or pass --dtype bfloat16")
     return "bfloat16"
 
 
@@ -173,7 +195,7 @@ def read_q4_rows(path: Path) -> Q4Rows:
     try:
         reader = GGUFReader(str(path))
     except (ValueError, OSError) as exc:
-        raise DynaTreeError(f"cannot read GGUF file {path}: {exc}") from None
+        raise DynaTreeError(f"cannot read GGUF file {path}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
     codes, scales, zeros, index, types = [], [], [], {}, {}
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
@@ -227,8 +249,11 @@ def _linears(model: torch.nn.Module):
 def use_q4(model: torch.nn.Module, rows: Q4Rows, source: str) -> str:
     """Swap every linear layer whose float32 weight is, row by row, some of the file's 4-bit rows
     for an Int4Linear on those codes; return a one-line summary. Call before casting to bfloat16."""
-    converted, dense = 0, []
+    converted, dense, output = 0, [], model.get_output_embeddings()
     for parent, name, layer in _linears(model):
+        if layer is output:  # kept dense: drafters read its rows, and it is often tied to the embeddings
+            dense.append(name)
+            continue
         weight = layer.weight.detach()
         if weight.dtype != torch.float32:
             raise DynaTreeError("q4 weights are matched on the float32 dequantized model; load it in float32 first")
@@ -258,6 +283,10 @@ def use_int8(model: torch.nn.Module) -> str:
         if layer is not output:
             setattr(parent, name, Int8Linear(layer.weight, layer.bias))
             converted += 1
+    if not converted:
+        kinds = sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__ or "Conv1D" in type(m).__name__})
+        raise DynaTreeError(f"--weights int8 found no nn.Linear layers to quantize (this model's are {', '.join(kinds)}): "
+                            "use --weights dense")
     return f"int8: {converted} linear layers quantized per output channel; dense (bfloat16): output layer"
 
 
@@ -268,6 +297,10 @@ def apply_weights(model: torch.nn.Module, weights: str, device: torch.device, gg
     check_device(weights, device)
     if weights == "dense":
         return None
+    if not can_use_exact_attention(model):
+        raise DynaTreeError(f"--weights {weights} needs {source!r} to run SDPA attention through transformers' "
+                            f"attention registry (it runs {model.config._attn_implementation!r}), which keeps tree "
+                            "verification exact in bfloat16; use --weights dense")
     if weights == "q4":
         if gguf is None:
             raise DynaTreeError(f"--weights q4 keeps a GGUF file's 4-bit weights; {source} is not a .gguf file or "
@@ -276,14 +309,31 @@ def apply_weights(model: torch.nn.Module, weights: str, device: torch.device, gg
     else:
         note = use_int8(model)
     model.to(LOW_BIT_DTYPE)
-    if not use_exact_attention(model):  # float64 attention: tree steps round as one-token steps do
-        raise DynaTreeError(f"--weights {weights} needs {source!r} to run SDPA attention through transformers' "
-                            f"attention registry (it runs {model.config._attn_implementation!r}), which keeps tree "
-                            "verification exact in bfloat16; use --weights dense")
+    use_exact_attention(model)  # float64 attention: tree steps round as one-token steps do
     return note
 
 
-def inexact_greedy(dtype: torch.dtype, weights: str) -> str | None:
+@torch.no_grad()
+def row_dependent_layers(model: torch.nn.Module) -> list[str]:
+    """The dense 16-bit linear layers of a low-bit model whose output row depends on how many rows
+    the call computes (a random batch of 8 rows against the same rows one and three at a time, bit
+    for bit): such a layer can make a tree step's logits differ from one-token steps."""
+    gen = torch.Generator().manual_seed(0)
+    found = []
+    for name, layer in model.named_modules():
+        weight = getattr(layer, "weight", None)
+        if isinstance(layer, (Int4Linear, Int8Linear)) or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        if not (isinstance(layer, torch.nn.Linear) or type(layer).__name__ == "PackedLinear"):
+            continue
+        x = torch.randn(8, layer.in_features, generator=gen).to(weight.dtype)
+        full = layer(x)
+        if not (torch.equal(layer(x[:1]), full[:1]) and torch.equal(layer(x[2:5]), full[2:5])):
+            found.append(name)
+    return found
+
+
+def inexact_greedy(dtype: torch.dtype, weights: str, row_dependent: list[str] | None = None) -> str | None:
     """Why greedy tree decoding of a model in this dtype and format may differ from `ar`, or None.
 
     Dense 16-bit weights: the dense kernels (oneDNN, MKL) sum some rows of a multi-row call in
@@ -296,6 +346,9 @@ def inexact_greedy(dtype: torch.dtype, weights: str) -> str | None:
         name = str(dtype).removeprefix("torch.")
         return (f"dense {name} weights: tree steps round some values otherwise than one-token steps, so greedy "
                 f"output may differ from ar's; float32 and --weights q4/int8 keep it exact")
+    if row_dependent:
+        return (f"{weights} weights: the dense layer(s) {', '.join(row_dependent[:3])} round a row differently in a "
+                "multi-row call on this machine, so greedy output may differ from ar's")
     return None
 
 

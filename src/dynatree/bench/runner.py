@@ -31,7 +31,7 @@ from ..request import Request
 from ..draftspec import Hybrid, parse
 from ..errors import DynaTreeError
 from ..hardware import decode_limit, read_bandwidth
-from ..methods import make_config
+from ..methods import get_method, make_config
 from ..featurehead import FeatureHead
 from ..models import LoadedModel
 from ..peers import check_assisted, universal_assisted
@@ -135,9 +135,10 @@ def run(
                     results["records"].append(r)
                 for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
                     new = r.pop("_ids")  # None below: sampling, or no ar run under this variant's window
-                    key = _reference_key(reference, r["kv_window"], r.get("compile", False))
+                    key = _reference_key(reference, r["kv_window"], r.get("compile", False),
+                                         get_method(r["method"]).engine == "dynatree")
                     r["matches_ar"] = new == reference[key] if sampling is None and key is not None else None
-                plain = _reference_key(reference, None, False)
+                plain = _reference_key(reference, None, False, False)
                 if plain is not None:  # the draft LMs' agreement and step cost on ar's continuation
                     picks = scored.get(_key(ids, reference[plain]), (None, None))[1]  # known when ppl is on
                     for spec, lm in draft_lms(drafts).items():
@@ -268,7 +269,9 @@ class _Progress:
             self.bar.close()
 
 
-def _reference_key(reference: dict, window, compiled: bool):
+def _reference_key(reference: dict, window, compiled: bool, ours: bool):
     """Which `ar` run a record's tokens are compared with: `ar` in the same KV window and compile
-    setting, else in the same window with the other setting (baselines run eager), else None."""
-    return next((k for k in ((window, compiled), (window, not compiled)) if k in reference), None)
+    setting; for a baseline (eager, another implementation) also `ar` of the other setting; else None
+    (unchecked: in 16-bit formats a compiled and an eager `ar` may legitimately differ)."""
+    keys = ((window, compiled),) if ours else ((window, compiled), (window, not compiled))
+    return next((k for k in keys if k in reference), None)
