@@ -67,7 +67,8 @@ def resolve_auto(weights: str, dtype, device: torch.device, gguf: Path | None,
     than bfloat16), else dense; other formats as they are. The rule (docs/results/q4-cpu): q4 is
     the fastest format whose quality against the float32 model is within llama.cpp's own on the
     same file (top-1 agreement 98.8% vs llama.cpp's 98.3%; PPL no higher). Returns the format and
-    the file's 4-bit rows when read (q4 uses them)."""
+    the file's 4-bit rows when read (q4 uses them). `q4` asked for without a GGUF file is refused
+    here, before the model loads."""
     check_weights(weights)
     if weights == "q4" and gguf is None:  # before the (slow) load
         raise DynaTreeError(f"--weights q4 keeps a GGUF file's 4-bit weights; {source} is not a .gguf file or "
