@@ -349,3 +349,21 @@ def test_a_torch_without_the_low_bit_kernels_is_refused_and_auto_stays_dense(mon
     model = _fresh_llama()
     _quantized_copy(model, tmp_path / "tiny.gguf")
     assert resolve_auto("auto", None, torch.device("cpu"), tmp_path / "tiny.gguf") == ("dense", None)
+
+
+def test_the_files_4_bit_rows_are_cached_and_a_damaged_entry_is_rebuilt(tmp_path):
+    """Later loads read the rows from the cache (the file's metadata alone takes seconds)."""
+    model = _fresh_llama(seed=5)
+    _quantized_copy(model, tmp_path / "tiny.gguf")
+    fresh = read_q4_rows(tmp_path / "tiny.gguf")
+    first = read_q4_rows(tmp_path / "tiny.gguf", tmp_path / "cache")
+    (entry,) = (tmp_path / "cache").iterdir()
+    again = read_q4_rows(tmp_path / "tiny.gguf", tmp_path / "cache")
+    for rows in (first, again):
+        assert rows.index == fresh.index and rows.types == fresh.types
+        for mine, theirs in zip((rows.codes, rows.scale, rows.zero), (fresh.codes, fresh.scale, fresh.zero)):
+            assert len(mine) == len(theirs) and all(np.array_equal(a, b) for a, b in zip(mine, theirs))
+    entry.write_bytes(b"not a cache entry")
+    rebuilt = read_q4_rows(tmp_path / "tiny.gguf", tmp_path / "cache")
+    assert rebuilt.index == fresh.index and np.array_equal(rebuilt.codes[0], fresh.codes[0])
+    assert entry.stat().st_size > 100  # rewritten

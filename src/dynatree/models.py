@@ -266,7 +266,7 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None =
     resolve_dtype(weights_dtype("dense" if weights == "auto" else weights, dtype))  # dtype errors before the load
     directory, gguf_file, local_only, gguf = _locate(spec)
     asked = weights
-    weights, rows = resolve_auto(weights, dtype, torch_device, gguf, spec)
+    weights, rows = resolve_auto(weights, dtype, torch_device, gguf, spec, cache_root() / "q4")
     torch_dtype = resolve_dtype(weights_dtype(weights, dtype))
     with _quiet_loading():
         # low-bit formats start from the float32 values (q4 finds the file's rows by them)

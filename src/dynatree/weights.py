@@ -33,6 +33,8 @@ and a layer is converted only when every one of its rows is found bit for bit.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,23 +63,25 @@ def check_weights(weights: str) -> None:
         raise DynaTreeError(f"unknown weight format {weights!r} (--weights); choose one of {', '.join(WEIGHT_FORMATS)}")
 
 
-def resolve_auto(weights: str, dtype, device: torch.device, gguf: Path | None,
-                 source: str = "the target") -> tuple[str, "Q4Rows | None"]:
+def resolve_auto(weights: str, dtype, device: torch.device, gguf: Path | None, source: str = "the target",
+                 cache_dir: Path | None = None) -> tuple[str, "Q4Rows | None"]:
     """`auto`: q4 where it applies (a GGUF file with Q4_0/Q4_1 tensors, the CPU, no other --dtype
     than bfloat16), else dense; other formats as they are. The rule (docs/results/q4-cpu): q4 is
     the fastest format whose quality against the float32 model is within llama.cpp's own on the
     same file (top-1 agreement 98.8% vs llama.cpp's 98.3%; PPL no higher). Returns the format and
-    the file's 4-bit rows when read (q4 uses them). `q4` asked for without a GGUF file is refused
-    here, before the model loads."""
+    the file's 4-bit rows when read (q4 uses them; kept in `cache_dir` if given: `read_q4_rows`).
+    `q4` asked for without a GGUF file is refused here, before the model loads."""
     check_weights(weights)
-    if weights == "q4" and gguf is None:  # before the (slow) load
-        raise DynaTreeError(f"--weights q4 keeps a GGUF file's 4-bit weights; {source} is not a .gguf file or "
-                            "an embedded GGUF model: use --weights int8 (quantizes at load) or dense")
+    if weights == "q4":
+        if gguf is None:  # before the (slow) load
+            raise DynaTreeError(f"--weights q4 keeps a GGUF file's 4-bit weights; {source} is not a .gguf file or "
+                                "an embedded GGUF model: use --weights int8 (quantizes at load) or dense")
+        return "q4", read_q4_rows(gguf, cache_dir)
     if weights != "auto":
         return weights, None
     if gguf is None or unsupported("q4", device) or dtype not in (None, "bfloat16", LOW_BIT_DTYPE):
         return "dense", None
-    rows = read_q4_rows(gguf)
+    rows = read_q4_rows(gguf, cache_dir)
     return ("q4", rows) if rows.codes else ("dense", None)
 
 
@@ -185,18 +189,68 @@ class Q4Rows:
     types: dict[str, int]  # how many tensors of each GGUF type the file holds (for messages)
 
 
-def read_q4_rows(path: Path) -> Q4Rows:
+def read_q4_rows(path: Path, cache_dir: Path | None = None) -> Q4Rows:
     """Read a GGUF file's Q4_0/Q4_1 tensors (raw blocks) and index their rows by dequantized value.
 
     The values are the `gguf` package's own dequantization, the one transformers loads with; the
-    parsed blocks are checked against it (a layout mistake would be an error, not wrong weights)."""
+    parsed blocks are checked against it (a layout mistake would be an error, not wrong weights).
+    With `cache_dir`, the result is kept there per file (its path, size and modification time):
+    later loads skip reading the file, whose metadata alone (SmolLM2's tokenizer) takes ~3 s."""
+    cached = None
+    if cache_dir is not None:
+        stat = Path(path).stat()
+        key = hashlib.sha256(f"{Path(path).resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        cached = Path(cache_dir) / f"{Path(path).stem}-{key}.npz"
+        if cached.exists():
+            try:
+                return _load_rows(cached)
+            except (OSError, ValueError, KeyError, EOFError):
+                pass  # a damaged entry is read again from the file and rewritten
+    rows = _read_rows(path)
+    if cached is not None:
+        _save_rows(rows, cached)
+    return rows
+
+
+def _save_rows(rows: Q4Rows, target: Path) -> None:
+    """Codes two per byte, scales, offsets and the row index, written atomically."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {"types": np.array(json.dumps(rows.types))}
+    for i, (q, scale, zero) in enumerate(zip(rows.codes, rows.scale, rows.zero)):
+        arrays[f"codes{i}"] = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+        arrays[f"scale{i}"], arrays[f"zero{i}"] = scale, zero
+    digests = list(rows.index)
+    arrays["digests"] = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), -1)
+    arrays["where"] = np.array([rows.index[d] for d in digests], dtype=np.int64).reshape(len(digests), 2)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    tmp.rename(target)
+
+
+def _load_rows(path: Path) -> Q4Rows:
+    with np.load(path) as z:
+        count = sum(1 for name in z.files if name.startswith("codes"))
+        codes = []
+        for i in range(count):
+            packed = z[f"codes{i}"]
+            q = np.empty((packed.shape[0], packed.shape[1] * 2), dtype=np.uint8)
+            q[:, 0::2], q[:, 1::2] = packed & 0x0F, packed >> 4
+            codes.append(q)
+        index = {d.tobytes(): (int(t), int(r)) for d, (t, r) in zip(z["digests"], z["where"])}
+        return Q4Rows(codes, [z[f"scale{i}"] for i in range(count)], [z[f"zero{i}"] for i in range(count)], index,
+                      json.loads(str(z["types"])))
+
+
+def _read_rows(path: Path) -> Q4Rows:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
     try:
         reader = GGUFReader(str(path))
     except (ValueError, OSError) as exc:
-        raise DynaTreeError(f"cannot read GGUF file {path}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DynaTreeError(f"cannot read GGUF file {path}: {first}") from None
     codes, scales, zeros, index, types = [], [], [], {}, {}
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
