@@ -25,3 +25,9 @@ def check_out_dir(path) -> None:
     nearest = path if path.exists() else parent
     if nearest is not None and not os.access(nearest, os.W_OK | os.X_OK):
         raise DynaTreeError(f"--out {str(path)!r}: {str(nearest)!r} is not writable")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when empty), for one-line errors."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import inspect
 import importlib.util
 import os
@@ -34,11 +33,11 @@ import torch
 from . import cache as kv
 from .attention import use_gqa_attention
 from .embedded import DEFAULT_TARGET, EMBEDDED, EMBEDDED_DRAFTS, EmbeddedModel
-from .errors import DynaTreeError
+from .errors import DynaTreeError, first_line
 from .kernels import check_linear_kernel, linear_kernel, packing_problem, use_packed_linears
 from .probe import check_tree_exact
 from .tree import additive_mask
-from .weights import LOW_BIT, apply_weights, check_device, resolve_auto, row_dependent_layers, weights_dtype
+from .weights import LOW_BIT, apply_weights, check_device, file_key, resolve_auto, row_dependent_layers, weights_dtype
 
 DTYPES = {
     "float32": torch.float32,
@@ -362,9 +361,7 @@ def _quiet_loading():
 
 def _converted_gguf_dir(gguf: Path, label: str) -> Path:
     """Dequantize a GGUF file once into a safetensors directory in the cache; return that directory."""
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    out = cache_root() / "models" / f"{gguf.stem}-{key}"
+    out = cache_root() / "models" / f"{gguf.stem}-{file_key(gguf)}"
     if (out / "config.json").exists():
         return out
     print(f"dynatree: converting {label} to a cached checkpoint in {out} (one time, ~1 min)", file=sys.stderr)
@@ -374,7 +371,7 @@ def _converted_gguf_dir(gguf: Path, label: str) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except (ValueError, OSError, KeyError, RuntimeError) as exc:
-        raise DynaTreeError(f"cannot read GGUF file {gguf}: {_first_line(exc)}") from None
+        raise DynaTreeError(f"cannot read GGUF file {gguf}: {first_line(exc)}") from None
     # The loaded model is tagged as GGUF-quantized and refuses save_pretrained; rebuild it plainly.
     config_dict = quantized.config.to_dict()
     config_dict.pop("quantization_config", None)
@@ -406,7 +403,7 @@ def _from_pretrained(spec, directory, gguf_file, local_only, dtype):
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=local_only)
     except (OSError, ValueError) as exc:
-        raise DynaTreeError(f"cannot load model {spec!r}: {_first_line(exc)}") from None
+        raise DynaTreeError(f"cannot load model {spec!r}: {first_line(exc)}") from None
     if getattr(config, "is_encoder_decoder", False):
         raise DynaTreeError(f"{spec!r} is an encoder-decoder model ({config.model_type}); dynatree needs a causal LM")
     architectures = getattr(config, "architectures", None) or []
@@ -421,13 +418,13 @@ def _from_pretrained(spec, directory, gguf_file, local_only, dtype):
             raise DynaTreeError(
                 f"{spec!r} ({config.model_type}) is not a causal language model; dynatree needs a decoder-only LM"
             ) from None
-        raise DynaTreeError(f"cannot load model {spec!r}: {_first_line(exc)}") from None
+        raise DynaTreeError(f"cannot load model {spec!r}: {first_line(exc)}") from None
     except OSError as exc:
-        raise DynaTreeError(f"cannot load model {spec!r}: {_first_line(exc)}") from None
+        raise DynaTreeError(f"cannot load model {spec!r}: {first_line(exc)}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=local_only)
     except (OSError, ValueError, TypeError) as exc:
-        raise DynaTreeError(f"cannot load the tokenizer of {spec!r}: {_first_line(exc)}") from None
+        raise DynaTreeError(f"cannot load the tokenizer of {spec!r}: {first_line(exc)}") from None
     return model, tokenizer
 
 
@@ -495,7 +492,3 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     if draft.device != target.device:
         raise DynaTreeError(f"draft is on {draft.device} but target on {target.device}; use one --device")
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from .attention import can_use_exact_attention, use_exact_attention
-from .errors import DynaTreeError
+from .errors import DynaTreeError, first_line
 
 WEIGHT_FORMATS = {
     "auto": "q4 for a target from a GGUF file with 4-bit layers, on the CPU, in bfloat16 or no --dtype; else dense",
@@ -56,6 +56,12 @@ GROUP = 32  # values per scale/offset group: GGUF's block size, one of the int4 
 # GGUF 4-bit block layouts (ggml-common.h): float16 fields, then 16 bytes of nibbles, value j of the
 # block in the low nibble of byte j and value j + 16 in the high nibble of byte j.
 Q4_TYPES = {"Q4_0": ("d",), "Q4_1": ("d", "m")}
+
+
+def file_key(path: Path) -> str:
+    """A cache key for a file's content as it stands: its resolved path, size and modification time."""
+    stat = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
 def check_weights(weights: str) -> None:
@@ -198,9 +204,7 @@ def read_q4_rows(path: Path, cache_dir: Path | None = None) -> Q4Rows:
     later loads skip reading the file, whose metadata alone (SmolLM2's tokenizer) takes ~3 s."""
     cached = None
     if cache_dir is not None:
-        stat = Path(path).stat()
-        key = hashlib.sha256(f"{Path(path).resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-        cached = Path(cache_dir) / f"{Path(path).stem}-{key}.npz"
+        cached = Path(cache_dir) / f"{Path(path).stem}-{file_key(Path(path))}.npz"
         if cached.exists():
             try:
                 return _load_rows(cached)
@@ -249,8 +253,7 @@ def _read_rows(path: Path) -> Q4Rows:
     try:
         reader = GGUFReader(str(path))
     except (ValueError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DynaTreeError(f"cannot read GGUF file {path}: {first}") from None
+        raise DynaTreeError(f"cannot read GGUF file {path}: {first_line(exc)}") from None
     codes, scales, zeros, index, types = [], [], [], {}, {}
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
