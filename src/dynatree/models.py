@@ -262,7 +262,7 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None =
     torch_device = resolve_device(device)
     check_linear_kernel(linear)  # before the (slow) load
     check_device(weights, torch_device)  # before the (slow) load
-    resolve_dtype(weights_dtype("dense" if weights == "auto" else weights, dtype))  # dtype errors before the load
+    resolve_dtype(weights_dtype(weights, dtype))  # dtype errors before the load
     directory, gguf_file, local_only, gguf = _locate(spec)
     asked = weights
     weights, rows = resolve_auto(weights, dtype, torch_device, gguf, spec, cache_root() / "q4")

@@ -92,7 +92,7 @@ class Request:
         """The weight format exists and takes the dtype; a loaded target keeps its own format."""
         if self.weights is None:
             return
-        weights_dtype("dense" if self.weights == "auto" else self.weights, self.dtype)
+        weights_dtype(self.weights, self.dtype)
         if isinstance(self.target, LoadedModel) and self.weights not in ("auto", self.target.weights):
             raise DynaTreeError(f"weights (--weights) {self.weights!r} given, but the target is already loaded with "
                                 f"{self.target.weights!r} weights; load it with load_model(..., weights=...)")

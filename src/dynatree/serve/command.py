@@ -52,7 +52,7 @@ def settings_from(args):
     make_config(args.method, **options)  # unknown or bad options fail here, named
     parse_draft(args.draft)
     KVWindow.parse(args.kv_window)
-    weights_dtype("dense" if args.weights == "auto" else args.weights, args.dtype)  # q4/int8 + other --dtype: error
+    weights_dtype(args.weights, args.dtype)  # q4/int8 + other --dtype: error
     for flag, value, low in (("--port", args.port, 0), ("--queue", args.queue, 1), ("--max-tokens", args.max_tokens, 1),
                              ("--ngram-max", args.ngram_max, 1)):
         if value < low:
