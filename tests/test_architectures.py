@@ -82,7 +82,7 @@ def test_exact_architectures_pass_the_probe_and_decode_exactly(kind):
     def check(prompt, n, method):
         drafter = {"ar": None, "dynatree": "ngram"}.get(method, draft)
         got = api.generate(method=method, target=target, draft=drafter, prompt_ids=prompt, max_new_tokens=n,
-                           ignore_eos=True)["new_token_ids"]
+                           ignore_eos=True).new_token_ids
         assert got == reference(kind, tuple(prompt), n), (kind, method)
 
     check()
@@ -90,7 +90,7 @@ def test_exact_architectures_pass_the_probe_and_decode_exactly(kind):
         prompt = [5, 9, 11, 5, 9, 11, 5, 30]
         drafter = {"ar": None, "dynatree": "ngram"}.get(method, draft)
         got = api.generate(method=method, target=target, draft=drafter, prompt_ids=prompt, max_new_tokens=16,
-                           ignore_eos=True)["new_token_ids"]
+                           ignore_eos=True).new_token_ids
         assert got == reference(kind, tuple(prompt), 16), (kind, method)
 
 

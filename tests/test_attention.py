@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import fresh, steps, tiny
+from helpers import fresh, steps
 from dynatree.attention import GQA_SDPA, STOCK, stock_attention, use_gqa_attention
 from dynatree.models import load_model
 

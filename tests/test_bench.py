@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import math
 
 import pytest
@@ -590,12 +589,12 @@ def test_phase_times_per_iteration_add_up_to_at_most_the_decode_time():
     target = tiny("llama", seed=4)
     out = api.generate(method="dynatree", target=target, draft="ngram", prompt_ids=[5, 9, 14, 9, 5, 9, 14, 30],
                        max_new_tokens=30, ignore_eos=True)
-    s = out["stats"]
-    phases = [s["draft_ms"], s["verify_ms"], s["commit_ms"]]
+    s = out.stats
+    phases = [s.draft_ms, s.verify_ms, s.commit_ms]
     assert all(p > 0 for p in phases)
-    assert sum(phases) * (s["iterations"] - 1) <= 1e3 * (s["wall_s"] - s["ttft_s"])
-    hf = api.generate(method="hf-ar", target=target, prompt_ids=[5, 9], max_new_tokens=3, ignore_eos=True)["stats"]
-    assert hf["draft_ms"] is None and hf["verify_ms"] is None
+    assert sum(phases) * (s.iterations - 1) <= 1e3 * (s.wall_s - s.ttft_s)
+    hf = api.generate(method="hf-ar", target=target, prompt_ids=[5, 9], max_new_tokens=3, ignore_eos=True).stats
+    assert hf.draft_ms is None and hf.verify_ms is None
     md = report.main_tables([{**agg, "mean": {**agg["mean"], "draft_ms": 0.25, "verify_ms": 60.0, "commit_ms": 1.5},
                               "std": {**agg["std"], "draft_ms": 0.05, "verify_ms": 2.0, "commit_ms": 0.5}}
                              for agg in results.aggregate([rec("ar", 0, 10.0)])])

@@ -29,13 +29,13 @@ def test_compiled_decoding_equals_plain_greedy(method, arch, dtype):
     expected = hf_greedy(target, prompt, 40)
     rec = api.generate(method=method, target=target, draft="ngram" if method != "ar" else None, prompt_ids=prompt,
                        max_new_tokens=40, ignore_eos=True, compile=True)
-    assert rec["new_token_ids"] == expected
-    assert rec["run"]["compile"] is True
+    assert rec.new_token_ids == expected
+    assert rec.run.compile is True
     assert target._compiled is not None  # the decode steps did go through torch.compile
     assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT  # no silent fallback to eager after 8 graphs
     assert target.compile is False  # the setting applied to that call only
     if method == "dynatree":
-        assert rec["stats"]["accepted_tokens"] > 0  # trees (masked multi-token steps) were verified compiled
+        assert rec.stats.accepted_tokens > 0  # trees (masked multi-token steps) were verified compiled
 
 
 def test_compile_is_rejected_for_transformers_methods(saved_tiny, capsys):
@@ -64,7 +64,7 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
     monkeypatch.setattr(models, "module_guards", spy)
     prompt = [5, 9, 14, 9, 5, 9, 14, 30]
     run = lambda: api.generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=6,  # noqa: E731
-                               ignore_eos=True, compile=True)["new_token_ids"]
+                               ignore_eos=True, compile=True).new_token_ids
     expected = hf_greedy(target, prompt, 6)
     assert run() == expected
     assert dropped_types == models.SKIPPED_MODULE_GUARDS  # all four kinds occur on a transformers model
@@ -85,9 +85,9 @@ def test_growing_kv_buffers_do_not_recompile(monkeypatch):
     prompt = [5, 9, 14, 9, 5]
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     rec = api.generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=40, ignore_eos=True, compile=True)
-    assert rec["new_token_ids"] == hf_greedy(target, prompt, 40)
+    assert rec.new_token_ids == hf_greedy(target, prompt, 40)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1  # capacity 8 -> 16 -> 32 -> 64 inside
-    assert rec["stats"]["graphs_compiled_while_timed"] == 0
+    assert rec.stats.graphs_compiled_while_timed == 0
 
 
 @pytest.mark.parametrize("method,options,kv_window,graphs", [
@@ -111,22 +111,26 @@ def test_compiled_graphs_are_bounded_and_built_before_the_clock(method, options,
                                kv_window=kv_window, **options)
     first = run()
     assert models.compiled_graphs() - before == graphs
-    assert first["stats"]["compile_s"] > 0 and first["stats"]["graphs_compiled_while_timed"] == 0
-    assert first["stats"]["ttft_s"] < first["stats"]["compile_s"]  # compiling is not in the time to first token
+    assert first.stats.compile_s > 0 and first.stats.graphs_compiled_while_timed == 0
+    assert first.stats.ttft_s < first.stats.compile_s  # compiling is not in the time to first token
     second = run()
     assert models.compiled_graphs() - before == graphs
-    assert second["stats"]["compile_s"] == 0.0 and second["stats"]["graphs_compiled_while_timed"] == 0
-    assert second["new_token_ids"] == first["new_token_ids"]
+    assert second.stats.compile_s == 0.0 and second.stats.graphs_compiled_while_timed == 0
+    assert second.new_token_ids == first.new_token_ids
     if kv_window is None:
-        assert first["new_token_ids"] == hf_greedy(target, prompt, 30)
+        assert first.new_token_ids == hf_greedy(target, prompt, 30)
     uncompiled = api.generate(method=method, target=target, draft=None if method == "ar" else "ngram",
                               prompt_ids=prompt, max_new_tokens=30, ignore_eos=True, kv_window=kv_window, **options)
-    assert uncompiled["stats"]["compile_s"] is None and uncompiled["new_token_ids"] == first["new_token_ids"]
+    assert uncompiled.stats.compile_s is None and uncompiled.new_token_ids == first.new_token_ids
 
 
 def test_stats_line_reports_compiling_apart():
     from dynatree.cli import compile_note
+    from dynatree.stats import Stats
 
-    assert compile_note({"compile_s": None}) == ""
-    assert compile_note({"compile_s": 95.24, "graphs_compiled_while_timed": 0}) == " | compiled 95.2 s before timing"
-    assert "2 graph(s) compiled while timed" in compile_note({"compile_s": 0.0, "graphs_compiled_while_timed": 2})
+    def note(**counts):
+        return compile_note(Stats(**counts).summary())
+
+    assert note(compile_s=None) == ""
+    assert note(compile_s=95.24, graphs_compiled_while_timed=0) == " | compiled 95.2 s before timing"
+    assert "2 graph(s) compiled while timed" in note(compile_s=0.0, graphs_compiled_while_timed=2)

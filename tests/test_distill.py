@@ -60,8 +60,8 @@ def test_distillation_lowers_the_loss_and_writes_a_loadable_draft(tmp_path, corp
     check_compatible(target, draft)  # same tokenizer, same ids
     prompt = [5, 6, 7, 5, 6]
     rec = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=12, ignore_eos=True)
-    assert rec["new_token_ids"] == hf_greedy(target, prompt, 12)
-    assert rec["stats"]["drafted_tokens"] > 0
+    assert rec.new_token_ids == hf_greedy(target, prompt, 12)
+    assert rec.stats.drafted_tokens > 0
 
 
 def test_resume_from_a_checkpoint_reaches_the_same_weights(tmp_path, corpus, monkeypatch):

@@ -119,8 +119,8 @@ def test_training_fits_the_data_and_the_head_drafts_exactly(tmp_path, prompts):
     prompt = target.tokenizer("w9 w10 w11 w4", add_special_tokens=False).input_ids
     record = generate(prompt_ids=prompt, method="dynatree", target=target, draft=str(out), max_new_tokens=20,
                       ignore_eos=True)
-    assert record["new_token_ids"] == hf_greedy(target, prompt, 20)
-    assert record["stats"]["drafted_tokens"] > 0
+    assert record.new_token_ids == hf_greedy(target, prompt, 20)
+    assert record.stats.drafted_tokens > 0
     with pytest.raises(DynaTreeError, match="pass --resume"):
         distill_eagle(target, out, EagleConfig(**{**SMALL, "prompts": str(prompts)}), progress=False)
     # --init-head continues it (sub-vocabulary and weights kept; a near-zero rate leaves them as they were)

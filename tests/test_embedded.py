@@ -39,10 +39,10 @@ def assert_greedy(target, prompt_ids, new_ids, tol=1e-3):
 def test_every_committed_token_is_the_argmax(smol, method):
     ids = encode_prompt(smol.tokenizer, PROMPT, chat=True)
     rec = generate(method=method, target=smol, prompt_ids=ids, max_new_tokens=48, ignore_eos=True)
-    assert rec["stats"]["new_tokens"] == 48
-    assert_greedy(smol, ids, rec["new_token_ids"])
+    assert rec.stats.new_tokens == 48
+    assert_greedy(smol, ids, rec.new_token_ids)
     if method != "ar":
-        assert rec["draft"] == "ngram" and rec["stats"]["drafted_tokens"] > 0
+        assert rec.draft == "ngram" and rec.stats.drafted_tokens > 0
 
 
 def test_cli_end_to_end_on_embedded_default(smol):
@@ -53,10 +53,10 @@ def test_cli_end_to_end_on_embedded_default(smol):
     )
     assert proc.returncode == 0, proc.stderr
     dyna, ar = json.loads(proc.stdout)
-    assert dyna["target"] == "smollm2-135m" and dyna["method"] == "dynatree" and ar["method"] == "ar"
-    assert dyna["stats"]["new_tokens"] > 0 and dyna["text"].strip()
+    assert dyna.target == "smollm2-135m" and dyna.method == "dynatree" and ar.method == "ar"
+    assert dyna.stats.new_tokens > 0 and dyna.text.strip()
     for rec in (dyna, ar):
-        assert_greedy(smol, encode_prompt(smol.tokenizer, PROMPT, chat=True), rec["new_token_ids"])
+        assert_greedy(smol, encode_prompt(smol.tokenizer, PROMPT, chat=True), rec.new_token_ids)
 
 
 def test_gguf_file_path_loads_like_the_alias(smol):
@@ -84,8 +84,8 @@ def test_shipped_draft_is_small_loads_offline_and_drafts_exactly(smol):
     check_compatible(smol, draft)
     ids = encode_prompt(smol.tokenizer, PROMPT, chat=True)
     rec = generate(method="dynatree", target=smol, draft=draft, prompt_ids=ids, max_new_tokens=48, ignore_eos=True)
-    assert rec["stats"]["new_tokens"] == 48 and rec["stats"]["accepted_tokens"] > 0
-    assert_greedy(smol, ids, rec["new_token_ids"])
+    assert rec.stats.new_tokens == 48 and rec.stats.accepted_tokens > 0
+    assert_greedy(smol, ids, rec.new_token_ids)
 
 
 def test_shipped_feature_head_is_small_loads_offline_and_drafts_exactly(smol):
@@ -102,7 +102,7 @@ def test_shipped_feature_head_is_small_loads_offline_and_drafts_exactly(smol):
     ids = encode_prompt(smol.tokenizer, "Explain why the sky is blue in three sentences.", chat=True)
     for method in ("linear", "dynatree"):
         rec = generate(method=method, target=smol, draft=head, prompt_ids=ids, max_new_tokens=48, ignore_eos=True)
-        assert rec["stats"]["new_tokens"] == 48 and rec["stats"]["accepted_tokens"] > 0
-        assert_greedy(smol, ids, rec["new_token_ids"])
+        assert rec.stats.new_tokens == 48 and rec.stats.accepted_tokens > 0
+        assert_greedy(smol, ids, rec.new_token_ids)
     with pytest.raises(DynaTreeError, match="is a feature head"):
         load_model("smollm2-135m-eagle")

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import ARCHS, EOS, VOCAB, examples, hf_greedy, noisy_copy, tiny, tiny_head
+from helpers import ARCHS, VOCAB, examples, hf_greedy, noisy_copy, tiny, tiny_head
 from dynatree import Decoder, make_config
 from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.methods import METHODS
@@ -104,9 +104,9 @@ def test_greedy_equals_plain_decoding(case):
     drafter = make_drafter(drafter_kind, arch) if drafter_kind else None
     run = Decoder(target, policy, drafter).generate(prompt, max_new, ignore_eos=eos is None)
     assert run.new_tokens == expected, (method, drafter_kind, options)
-    stats = run.stats.record()
-    assert stats["new_tokens"] == len(expected)
-    assert stats["acceptance_rate"] is None or 0.0 <= stats["acceptance_rate"] <= 1.0
+    stats = run.stats.summary()
+    assert stats.new_tokens == len(expected)
+    assert stats.acceptance_rate is None or 0.0 <= stats.acceptance_rate <= 1.0
     assert run.stats.accepted_tokens <= run.stats.drafted_tokens
 
 

@@ -9,12 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import ARCHS, VOCAB, hf_greedy, tiny, tiny_head, tokenizer
+from helpers import ARCHS, VOCAB, hf_greedy, tiny, tiny_head
 from dynatree import DynaTreeError, Decoder, generate, make_config
-from dynatree import cache as kv
 from dynatree import kernels
 from dynatree.drafters import FeatureDrafter, HybridDrafter, NgramDrafter
-from dynatree.featurehead import FeatureHead, HeadConfig, check_head, load_head
+from dynatree.featurehead import FeatureHead, check_head, load_head
 from dynatree.methods import METHODS
 from dynatree.window import KVWindow
 
@@ -154,12 +153,12 @@ def test_generate_api_takes_a_head_directory(tmp_path):
     tiny_head("llama").save(tmp_path / "h")
     record = generate(prompt_ids=PROMPT, method="dynatree", target=target, draft=str(tmp_path / "h"),
                       max_new_tokens=20, ignore_eos=True, dtype="float64")
-    assert record["new_token_ids"] == hf_greedy(target, PROMPT, 20)
-    assert record["draft"] == str(tmp_path / "h")
-    assert record["run"]["draft_linear"] == "stock"  # float64: oneDNN packs float32/bfloat16/float16 only
+    assert record.new_token_ids == hf_greedy(target, PROMPT, 20)
+    assert record.draft == str(tmp_path / "h")
+    assert record.run.draft_linear == "stock"  # float64: oneDNN packs float32/bfloat16/float16 only
     hybrid = generate(prompt_ids=PROMPT, method="dynatree", target=target, draft="ngram+" + str(tmp_path / "h"),
                       max_new_tokens=20, ignore_eos=True, dtype="float64")
-    assert hybrid["new_token_ids"] == record["new_token_ids"]
+    assert hybrid.new_token_ids == record.new_token_ids
 
 
 @pytest.mark.parametrize("change, message", [

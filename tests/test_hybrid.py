@@ -128,8 +128,8 @@ def test_api_and_cli_take_ngram_plus_a_model(saved_tiny, capsys):
     for draft in (f"ngram+{saved_tiny}", api.Hybrid(target), api.load_draft(f"ngram+{saved_tiny}")):
         rec = api.generate(method="dynatree", target=target, draft=draft, prompt_ids=prompt, max_new_tokens=12,
                            ignore_eos=True)
-        assert rec["draft"].startswith("ngram+") and rec["new_token_ids"] == hf_greedy(target, prompt, 12)
-        assert rec["run"]["ngram_max"] == 4
+        assert rec.draft.startswith("ngram+") and rec.new_token_ids == hf_greedy(target, prompt, 12)
+        assert rec.run.ngram_max == 4
     with pytest.raises(DynaTreeError, match="needs a draft model after"):
         api.generate(method="dynatree", target=target, draft="ngram+", prompt_ids=prompt, max_new_tokens=2)
     with pytest.raises(DynaTreeError, match="needs a draft model after"):

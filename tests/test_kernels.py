@@ -154,8 +154,8 @@ def test_greedy_tokens_equal_transformers_stock(arch, method, draft):
     ref = hf_greedy(target, prompt, 40)  # transformers' generate on its stock kernels
     out = api.generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=40,
                        ignore_eos=True)
-    assert out["new_token_ids"] == ref
-    assert out["run"]["linear"] == "onednn"
+    assert out.new_token_ids == ref
+    assert out.run.linear == "onednn"
 
 
 def test_gradients_flow_through_the_original_weight():
@@ -218,7 +218,7 @@ def test_hf_baseline_runs_stock_kernels(saved_tiny):
     finally:
         hook.remove()
     assert seen and not any(seen)
-    assert out["run"]["linear"] == "stock"
+    assert out.run.linear == "stock"
     assert linear_kernel(target.model) == "onednn"
 
 

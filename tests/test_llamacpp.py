@@ -53,12 +53,12 @@ def test_llamacpp_decodes_the_embedded_gguf_greedily():
     question = "What is the capital of France? Answer in one sentence."
     ours = generate(question, "ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
     theirs = generate(question, "llamacpp-ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
-    assert len(theirs["new_token_ids"]) == 12 and theirs["stats"]["iterations"] == 12
-    assert theirs["run"]["engine"] == "llama.cpp" and theirs["run"]["weights"] == "gguf"
-    assert "Paris" in theirs["text"] and "Paris" in ours["text"]
-    assert theirs["new_token_ids"][:3] == ours["new_token_ids"][:3]  # the same model, decoded by another engine
+    assert len(theirs.new_token_ids) == 12 and theirs.stats.iterations == 12
+    assert theirs.run.engine == "llama.cpp" and theirs.run.weights == "gguf"
+    assert "Paris" in theirs.text and "Paris" in ours.text
+    assert theirs.new_token_ids[:3] == ours.new_token_ids[:3]  # the same model, decoded by another engine
     again = generate(question, "llamacpp-ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
-    assert again["new_token_ids"] == theirs["new_token_ids"]  # each run starts from an empty cache
+    assert again.new_token_ids == theirs.new_token_ids  # each run starts from an empty cache
 
 
 def test_llamacpp_refuses_runs_longer_than_its_context(monkeypatch):

@@ -18,28 +18,28 @@ def test_peers_match_ar_and_report_stats(arch):
     ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=30, ignore_eos=True)
     for method, draft in [("hf-ar", None), ("hf-lookup", None), ("hf-assisted", noisy_copy(arch, 0, 0.08))]:
         rec = generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=30, ignore_eos=True)
-        assert rec["new_token_ids"] == ar["new_token_ids"], method
-        s = rec["stats"]
-        assert s["new_tokens"] == 30
-        assert 1 <= s["iterations"] <= 30
-        assert s["new_tokens"] == s["iterations"] + s["accepted_tokens"]
-        assert s["acceptance_rate"] is None or 0 <= s["acceptance_rate"] <= 1
-        assert 0 < s["ttft_s"] <= s["wall_s"]
+        assert rec.new_token_ids == ar.new_token_ids, method
+        s = rec.stats
+        assert s.new_tokens == 30
+        assert 1 <= s.iterations <= 30
+        assert s.new_tokens == s.iterations + s.accepted_tokens
+        assert s.acceptance_rate is None or 0 <= s.acceptance_rate <= 1
+        assert 0 < s.ttft_s <= s.wall_s
         if method == "hf-ar":
-            assert s["iterations"] == 30 and s["drafted_tokens"] == 0
+            assert s.iterations == 30 and s.drafted_tokens == 0
         if method == "hf-assisted":
-            assert s["accepted_tokens"] > 0 and s["iterations"] < 30
+            assert s.accepted_tokens > 0 and s.iterations < 30
 
 
 def test_peer_stops_at_eos_like_ours():
     target = tiny("llama", eos_ids=[])
     prompt = [9, 10, 11, 9, 10]
-    full = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=30, ignore_eos=True)["new_token_ids"]
+    full = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=30, ignore_eos=True).new_token_ids
     eos = full[7]
     stopped = tiny("llama", eos_ids=[eos])
     for method in ("ar", "hf-ar", "hf-lookup", "dynatree"):
         rec = generate(method=method, target=stopped, prompt_ids=prompt, max_new_tokens=30)
-        assert rec["new_token_ids"] == full[: full.index(eos) + 1], method
+        assert rec.new_token_ids == full[: full.index(eos) + 1], method
 
 
 def _lm(vocab: int, seed: int = 1) -> LoadedModel:
@@ -63,11 +63,11 @@ def test_a_draft_with_a_padded_output_layer_runs_everywhere():
     ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True)
     for method in ("hf-assisted", "dynatree", "linear", "fixed-tree"):
         rec = generate(method=method, target=target, draft=padded, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True)
-        assert rec["new_token_ids"] == ar["new_token_ids"], method
-        assert rec["run"]["hf_universal_assisted"] is (method == "hf-assisted")
+        assert rec.new_token_ids == ar.new_token_ids, method
+        assert rec.run.hf_universal_assisted is (method == "hf-assisted")
     for method in ("dynatree", "specinfer"):  # sampled, the draft's extra rows are never proposed
         rec = generate(method=method, target=target, draft=padded, prompt_ids=prompt, max_new_tokens=20, sample=True, seed=3)
-        assert all(0 <= t < 96 for t in rec["new_token_ids"])
+        assert all(0 <= t < 96 for t in rec.new_token_ids)
     with pytest.raises(DynaTreeError, match=r"hf-assisted cannot sample with draft 'draft-128-rows': its vocabulary size \(128\) differs from the target's \(96\)"):
         generate(method="hf-assisted", target=target, draft=padded, prompt_ids=prompt, max_new_tokens=4, sample=True)
 
@@ -120,7 +120,7 @@ def test_a_draft_with_a_smaller_output_layer_samples_with_every_method():
         for d in (draft, Hybrid(draft)):
             rec = generate(prompt_ids=[5, 6, 7, 5, 6, 7], method=method, target=target, draft=d, max_new_tokens=24,
                            sample=True, seed=1, ignore_eos=True)
-            assert len(rec["new_token_ids"]) == 24, (method, d)
+            assert len(rec.new_token_ids) == 24, (method, d)
 
 
 def test_a_draft_lm_reads_target_ids_beyond_its_embedding_as_proposals_only():
@@ -130,11 +130,11 @@ def test_a_draft_lm_reads_target_ids_beyond_its_embedding_as_proposals_only():
     target = LoadedModel(model=padded.model, tokenizer=padded.tokenizer, name="padded-target", eos_ids=[])
     draft = _lm(96)
     prompt = [5, 6, 7, 5, 6, 7, 5]
-    ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=40, ignore_eos=True)["new_token_ids"]
+    ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=40, ignore_eos=True).new_token_ids
     assert any(t >= 96 for t in ar), "the test needs the target to commit a padding id"
     for method in ("dynatree", "linear"):
         rec = generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=40, ignore_eos=True)
-        assert rec["new_token_ids"] == ar, method
+        assert rec.new_token_ids == ar, method
 
 
 def test_a_draft_whose_embedding_does_not_cover_its_tokenizer_is_refused():

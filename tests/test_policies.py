@@ -321,11 +321,11 @@ def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
                        ignore_eos=True, history=False, cost_aware=True)
     finally:
         del _CURVES[target.model]
-    assert cut["new_token_ids"] == full["new_token_ids"] == hf_greedy(target, prompt, 20)
-    assert cut["policy_state"]["cost_curve_ms"] == {1: 100.0, 2: 105.0, 3: 300.0}  # recorded with the run
-    assert "cost_curve_ms" not in full["policy_state"]
-    assert full["stats"]["drafted_tokens"] > cut["stats"]["drafted_tokens"]
-    assert cut["stats"]["drafted_tokens"] <= cut["stats"]["iterations"] - 1  # at most one node per verification
+    assert cut.new_token_ids == full.new_token_ids == hf_greedy(target, prompt, 20)
+    assert cut.policy_state["cost_curve_ms"] == {1: 100.0, 2: 105.0, 3: 300.0}  # recorded with the run
+    assert "cost_curve_ms" not in full.policy_state
+    assert full.stats.drafted_tokens > cut.stats.drafted_tokens
+    assert cut.stats.drafted_tokens <= cut.stats.iterations - 1  # at most one node per verification
 
 
 def test_cost_curve_is_measured_once_per_compile_setting(monkeypatch):

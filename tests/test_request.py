@@ -5,12 +5,14 @@ and the server (their own tests run through it)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from helpers import hf_greedy, tiny
-from dynatree import DynaTreeError, Request, prepare, run
+from dynatree import DynaTreeError, Request, Result, prepare, run
 from dynatree.draftspec import Hybrid
+from dynatree.result import RunInfo, Summary
 from dynatree.window import KVWindow
 
 MISSING = "/nonexistent/model-that-would-fail-to-load"  # check() must never load it
@@ -69,5 +71,22 @@ def test_prepare_and_run_decode_like_plain_greedy_and_the_request_is_reusable():
                       max_new_tokens=12, ignore_eos=True, dtype="float64", options={"d0": 2})
     first = run(prepare(request))
     again = run(prepare(dataclasses.replace(request, method="linear", options={"k": 3})))
-    assert first["new_token_ids"] == again["new_token_ids"] == hf_greedy(target, [5, 6, 7, 5, 6], 12)
-    assert first["config"]["d0"] == 2 and again["config"]["k"] == 3
+    assert first.new_token_ids == again.new_token_ids == hf_greedy(target, [5, 6, 7, 5, 6], 12)
+    assert first.config["d0"] == 2 and again.config["k"] == 3
+
+
+def test_the_result_is_typed_and_its_json_is_the_cli_record():
+    target = tiny("llama", eos_ids=[])
+    request = Request(prompt_ids=[5, 6, 7, 5, 6], method="dynatree", target=target, draft="ngram",
+                      max_new_tokens=10, ignore_eos=True, dtype="float64")
+    result = run(prepare(request))
+    assert isinstance(result, Result) and isinstance(result.stats, Summary) and isinstance(result.run, RunInfo)
+    assert result.stats.new_tokens == len(result.new_token_ids) == 10 and result.run.max_new_tokens == 10
+    record = result.to_json()
+    assert list(record) == [f.name for f in dataclasses.fields(Result)]  # policy_state: dynatree has one
+    assert list(record["stats"]) == [f.name for f in dataclasses.fields(Summary)]
+    assert json.loads(json.dumps(record)) == record  # plain JSON values only
+    plain = run(prepare(dataclasses.replace(request, method="ar", draft=None))).to_json()
+    assert "policy_state" not in plain and plain["new_token_ids"] == record["new_token_ids"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.text = "changed"

@@ -328,7 +328,7 @@ def test_top_k_fast_path_equals_the_full_computation():
 def test_seeded_runs_are_reproducible():
     target = tiny("llama", eos_ids=[])
     runs = [generate(method="dynatree", target=target, prompt_ids=[5, 6, 7, 5, 6], max_new_tokens=16, ignore_eos=True,
-                     sample=True, temperature=1.0, top_k=10, top_p=0.9, seed=s)["new_token_ids"] for s in (1, 1, 2)]
+                     sample=True, temperature=1.0, top_k=10, top_p=0.9, seed=s).new_token_ids for s in (1, 1, 2)]
     assert runs[0] == runs[1] != runs[2]
 
 

@@ -81,7 +81,7 @@ def server():
     s.stop()
 
 
-def expected(prompt: str, max_new_tokens: int, chat: bool = True, method: str = "dynatree", **options) -> dict:
+def expected(prompt: str, max_new_tokens: int, chat: bool = True, method: str = "dynatree", **options) -> api.Result:
     draft = DRAFT if method not in ("ar",) else None
     return api.generate(prompt, method, target=TARGET, draft=draft, chat=chat, max_new_tokens=max_new_tokens,
                         **options)
@@ -106,37 +106,37 @@ def test_health_models_and_metrics(server):
 @pytest.mark.parametrize("prompt", ["w5 w6 w7", "w9 w10 w9 w10 w9 w10 w11"])
 def test_greedy_chat_equals_generate_and_plain_decoding(server, prompt):
     want = expected(prompt, 40)
-    assert want["new_token_ids"] == expected(prompt, 40, method="ar")["new_token_ids"]
+    assert want.new_token_ids == expected(prompt, 40, method="ar").new_token_ids
     got = server.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
                                                 temperature=0, max_tokens=40)
-    assert got.choices[0].message.content == want["text"]
-    assert got.dynatree["completion_token_ids"] == want["new_token_ids"]
-    assert got.usage.prompt_tokens == want["prompt_tokens"]
-    assert got.usage.completion_tokens == len(want["new_token_ids"])
-    assert got.choices[0].finish_reason == ("stop" if want["new_token_ids"][-1] == EOS else "length")
+    assert got.choices[0].message.content == want.text
+    assert got.dynatree["completion_token_ids"] == want.new_token_ids
+    assert got.usage.prompt_tokens == want.prompt_tokens
+    assert got.usage.completion_tokens == len(want.new_token_ids)
+    assert got.choices[0].finish_reason == ("stop" if want.new_token_ids[-1] == EOS else "length")
     assert got.dynatree["method"] == "dynatree" and got.dynatree["tokens_per_pass"] >= 1
 
     chunks = list(server.client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=40, stream=True,
         stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want["text"]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert len(finish) == 1 and finish[0].dynatree["completion_token_ids"] == want["new_token_ids"]
-    assert chunks[-1].usage.completion_tokens == len(want["new_token_ids"]) and chunks[-1].choices == []
+    assert len(finish) == 1 and finish[0].dynatree["completion_token_ids"] == want.new_token_ids
+    assert chunks[-1].usage.completion_tokens == len(want.new_token_ids) and chunks[-1].choices == []
 
 
 def test_text_completion_streamed_and_whole_equal_generate(server):
     want = expected("w7 w8 w9 w7 w8", 30, chat=False)
     whole = server.client.completions.create(model=MODEL, prompt="w7 w8 w9 w7 w8", temperature=0, max_tokens=30)
-    assert whole.choices[0].text == want["text"]
+    assert whole.choices[0].text == want.text
     parts = list(server.client.completions.create(model=MODEL, prompt="w7 w8 w9 w7 w8", temperature=0,
                                                   max_tokens=30, stream=True))
     assert len(parts) > 2  # one chunk per committed group, not one blob
-    assert "".join(p.choices[0].text for p in parts) == want["text"]
+    assert "".join(p.choices[0].text for p in parts) == want.text
     ids = TARGET.tokenizer("w7 w8 w9 w7 w8").input_ids
     by_ids = server.client.completions.create(model=MODEL, prompt=ids, temperature=0, max_tokens=30)
-    assert by_ids.choices[0].text == want["text"]
+    assert by_ids.choices[0].text == want.text
 
 
 def test_method_and_options_per_request(server):
@@ -150,11 +150,11 @@ def test_method_and_options_per_request(server):
             extra_body={"dynatree": extra})
         assert got.dynatree["method"] == method
         assert {k: got.dynatree["config"][k] for k in options} == options
-        assert got.dynatree["completion_token_ids"] == want["new_token_ids"], extra
+        assert got.dynatree["completion_token_ids"] == want.new_token_ids, extra
 
 
 def test_stop_strings_cut_the_text_before_the_stop(server):
-    full = expected("w20 w21", 40)["text"].split()
+    full = expected("w20 w21", 40).text.split()
     assert len(full) > 6
     stop = " ".join(full[3:5])  # two words in the middle: the stop may straddle committed groups
     prefix = " ".join(full)[: " ".join(full).find(stop)]
@@ -172,7 +172,7 @@ def test_stop_strings_cut_the_text_before_the_stop(server):
             assert got.usage.completion_tokens == len(ids) < 40  # the tokens up to the one completing the stop
             assert TARGET.tokenizer.decode(ids).find(stop) >= 0 > TARGET.tokenizer.decode(ids[:-1]).find(stop)
         assert text == prefix and reason == ["stop"]
-    plain = expected("w5 w6 w7", 40, chat=False)["text"]
+    plain = expected("w5 w6 w7", 40, chat=False).text
     assert len(plain.split()) > 3
     cut = plain.split()[2]
     got = server.client.completions.create(model=MODEL, prompt="w5 w6 w7", temperature=0, max_tokens=40, stop=cut)
@@ -190,7 +190,7 @@ def test_seed_reproduces_sampled_answers(server):
     assert len({tuple(ask(s)) for s in (1, 2, 3, 4)}) > 1  # random models sample different tokens per seed
     want = api.generate("w30 w31", "dynatree", target=TARGET, draft=DRAFT, chat=True, max_new_tokens=20, seed=7,
                         sample=True, temperature=1.0, top_p=0.95)
-    assert first == want["new_token_ids"]
+    assert first == want.new_token_ids
 
 
 BAD = [
@@ -263,13 +263,13 @@ def test_openai_fields_at_their_defaults_and_echoed_messages_are_accepted(server
     again = server.client.chat.completions.create(model=MODEL, messages=history, temperature=0, max_tokens=6)
     prompt = api.encode_prompt(TARGET.tokenizer, "w7", chat=True, history=[("w5 w6", first.choices[0].message.content)])
     assert again.dynatree["completion_token_ids"] == api.generate(
-        method="dynatree", target=TARGET, draft=DRAFT, prompt_ids=prompt, max_new_tokens=6)["new_token_ids"]
+        method="dynatree", target=TARGET, draft=DRAFT, prompt_ids=prompt, max_new_tokens=6).new_token_ids
 
 
 def test_a_temperature_too_small_to_sample_decodes_greedily(server):
     tiny_t = server.client.completions.create(model=MODEL, prompt="w5 w6", temperature=1e-9, max_tokens=10)
     assert tiny_t.dynatree["sampling"] is None
-    assert tiny_t.choices[0].text == expected("w5 w6", 10, chat=False)["text"]
+    assert tiny_t.choices[0].text == expected("w5 w6", 10, chat=False).text
 
 
 def test_a_chat_template_that_rejects_the_messages_is_a_400(server):
@@ -323,7 +323,7 @@ def wait_until(condition, timeout: float = 10) -> None:
 def test_a_full_queue_answers_429_with_retry_after_and_the_rest_complete(server):
     gate = gated(server.engine)
     body = {"model": MODEL, "prompt": "w40 w41", "max_tokens": 12, "temperature": 0}
-    want = expected("w40 w41", 12, chat=False)["text"]
+    want = expected("w40 w41", 12, chat=False).text
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         first = pool.submit(server.post, "/v1/completions", body)
         wait_until(lambda: server.engine.metrics.running._value.get() == 1)  # the worker holds the first
@@ -342,7 +342,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_rest_complete(server)
 
 def test_eight_clients_five_requests_each_all_answered(server):
     prompts = [f"w{50 + i} w{60 + i}" for i in range(8)]
-    wants = {p: expected(p, 16, chat=False)["text"] for p in prompts}
+    wants = {p: expected(p, 16, chat=False).text for p in prompts}
     refusals = []
 
     def client(prompt):
@@ -414,7 +414,7 @@ def test_a_client_that_disconnects_cancels_its_decode_and_frees_the_model(server
     wait_until(lambda: cancelled_decodes(server) == before + 1)
     assert time.time() - start < 15  # noticed by the server, not by the 20 s hold running out
     ok = server.client.completions.create(model=MODEL, prompt="w5 w6", max_tokens=5, temperature=0)
-    assert ok.choices[0].text == expected("w5 w6", 5, chat=False)["text"]
+    assert ok.choices[0].text == expected("w5 w6", 5, chat=False).text
 
 
 class _Chars:

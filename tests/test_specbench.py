@@ -123,7 +123,7 @@ def test_multi_turn_run_asks_later_turns_with_ar_s_answers_and_reports_per_task(
     # the second turn of question 2 was asked after its first turn and ar's answer to it
     prompts = load_texts(str(questions), 2, turns="all")
     first = tokenize(target.tokenizer, prompts[3], proto.l_max[0], chat=True)
-    answer = api.generate(method="ar", target=target, prompt_ids=first, max_new_tokens=6, ignore_eos=True)["text"]
+    answer = api.generate(method="ar", target=target, prompt_ids=first, max_new_tokens=6, ignore_eos=True).text
     expected = tokenize(target.tokenizer, prompts[4], proto.l_max[0], chat=True, answers=(answer,))
     assert len(expected) > len(first) + 3  # the history is in it
     second = [r for r in recs if r["prompt_id"] == "questions.jsonl:2/2"]

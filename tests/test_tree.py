@@ -21,7 +21,8 @@ NEG = torch.finfo(torch.float32).min
 def drawn_tree():
     b = TreeBuilder(10)
     a, bb = b.add(0, 11, 0.6), b.add(0, 12, 0.3)
-    c, d = b.add(a, 13, 0.5), b.add(a, 14, 0.25)
+    c = b.add(a, 13, 0.5)
+    b.add(a, 14, 0.25)
     b.add(bb, 15, 0.9)
     b.add(c, 16, 0.8)
     return b.build()

@@ -156,8 +156,8 @@ def test_greedy_in_a_low_bit_format_equals_ar_in_that_format(weights, method, da
     draft = data.draw(st.sampled_from(["ngram", target]), label="draft")
     ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True)
     spec = generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True)
-    assert ar["run"]["weights"] == weights and ar["run"]["dtype"] == "bfloat16"
-    assert spec["new_token_ids"] == ar["new_token_ids"]
+    assert ar.run.weights == weights and ar.run.dtype == "bfloat16"
+    assert spec.new_token_ids == ar.new_token_ids
 
 
 @pytest.mark.parametrize("weights", ["q4", "int8"])
@@ -169,7 +169,7 @@ def test_low_bit_trees_accept_drafted_tokens_deep(weights):
     for method, least in (("linear", 3.9), ("dynatree", 1.5)):  # linear: k=5, all accepted; a flat tiny model's
         spec = generate(method=method, target=target, draft=target, prompt_ids=[5, 6, 7, 8, 9],  # trees prune
                         max_new_tokens=40, ignore_eos=True)
-        assert spec["stats"]["accepted_len"] >= least, method
+        assert spec.stats.accepted_len >= least, method
 
 
 def test_q4_needs_a_gguf_file_with_4_bit_tensors(tmp_path):
@@ -208,7 +208,7 @@ def test_a_request_keeps_a_loaded_targets_format(saved_tiny):
     model = load_model(str(saved_tiny), weights="int8")
     with pytest.raises(DynaTreeError, match=r"already loaded with 'int8' weights"):
         generate("w5 w6", "ar", target=model, weights="dense", max_new_tokens=2)
-    assert generate("w5 w6", "ar", target=model, weights="int8", max_new_tokens=2)["run"]["weights"] == "int8"
+    assert generate("w5 w6", "ar", target=model, weights="int8", max_new_tokens=2).run.weights == "int8"
 
 
 @pytest.mark.slow
@@ -222,8 +222,8 @@ def test_the_embedded_model_in_q4_holds_the_files_own_4_bit_weights_and_decodes_
     ar = generate(question, "ar", target=q4, chat=True, max_new_tokens=96)
     for method, draft in (("dynatree", "ngram"), ("fixed-tree", "smollm2-135m-eagle")):
         spec = generate(question, method, target=q4, draft=draft, chat=True, max_new_tokens=96)
-        assert spec["new_token_ids"] == ar["new_token_ids"], method
-        assert spec["stats"]["accepted_tokens"] >= 5, method  # drafted tokens were accepted
+        assert spec.new_token_ids == ar.new_token_ids, method
+        assert spec.stats.accepted_tokens >= 5, method  # drafted tokens were accepted
     dense = dict(load_model("smollm2-135m").model.named_modules())
     for name in ("model.layers.0.self_attn.q_proj", "model.layers.29.mlp.down_proj"):
         weight = dense[name].weight.detach().float()
@@ -242,9 +242,9 @@ def test_compiled_greedy_in_a_low_bit_format_equals_compiled_ar(weights):
     for method, draft in (("dynatree", "ngram"), ("fixed-tree", target), ("linear", target)):
         spec = generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=32,
                         ignore_eos=True, compile=True)
-        assert spec["run"]["compile"] is True
-        assert spec["new_token_ids"] == ar["new_token_ids"], method
-    assert spec["stats"]["accepted_len"] >= 3.5  # linear with the target as draft: all but the last pass accept 4
+        assert spec.run.compile is True
+        assert spec.new_token_ids == ar.new_token_ids, method
+    assert spec.stats.accepted_len >= 3.5  # linear with the target as draft: all but the last pass accept 4
 
 
 def test_dense_16_bit_greedy_speculation_says_it_may_differ_from_ar(saved_tiny, capsys):
@@ -257,13 +257,13 @@ def test_dense_16_bit_greedy_speculation_says_it_may_differ_from_ar(saved_tiny, 
     out = capsys.readouterr()
     assert ("note: dense bfloat16 weights: tree steps round some values otherwise than one-token steps, so greedy "
             "output may differ from ar's; float32 and --weights q4/int8 keep it exact") in out.err
-    assert "dense bfloat16 weights" in json.loads(out.out)["run"]["inexact_greedy"]
+    assert "dense bfloat16 weights" in json.loads(out.out).run.inexact_greedy
     for flags in (["--dtype", "float32"], ["--weights", "int8"], ["--dtype", "bfloat16", "--method", "ar"],
                   ["--dtype", "bfloat16", "--sample"]):
         assert main(["generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "4", "--json",
                      *flags]) == 0
         out = capsys.readouterr()
-        assert "may differ from ar" not in out.err and json.loads(out.out)["run"]["inexact_greedy"] is None, flags
+        assert "may differ from ar" not in out.err and json.loads(out.out).run.inexact_greedy is None, flags
 
 
 def test_auto_is_q4_only_for_a_gguf_target_with_4_bit_layers_on_the_cpu(tmp_path, saved_tiny):
@@ -336,7 +336,7 @@ def test_transformers_greedy_on_a_low_bit_model_equals_ar():
     prompt = [5, 9, 14, 9, 5, 9, 14, 30]
     ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True)
     hf = generate(method="hf-ar", target=target, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True)
-    assert hf["new_token_ids"] == ar["new_token_ids"]
+    assert hf.new_token_ids == ar.new_token_ids
 
 
 def test_a_torch_without_the_low_bit_kernels_is_refused_and_auto_stays_dense(monkeypatch, tmp_path):

@@ -87,8 +87,8 @@ def test_api_and_record():
     target = tiny("gpt_neox", eos_ids=[])
     rec = generate(method="dynatree", target=target, prompt_ids=[5, 6, 7, 5, 6], max_new_tokens=20,
                    ignore_eos=True, kv_window="2,6")
-    assert rec["run"]["kv_window"] == "2,6"
-    assert rec["new_token_ids"] == windowed_reference("gpt_neox", (5, 6, 7, 5, 6), 20, 2, 6)
+    assert rec.run.kv_window == "2,6"
+    assert rec.new_token_ids == windowed_reference("gpt_neox", (5, 6, 7, 5, 6), 20, 2, 6)
 
 
 @pytest.mark.parametrize("text, message", [

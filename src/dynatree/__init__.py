@@ -12,6 +12,7 @@ _EXPORTS = {
     "prepare": "api",
     "run": "api",
     "Request": "request",
+    "Result": "result",
     "Decoder": "decode",
     "DynaTreeError": "errors",
     "METHODS": "methods",

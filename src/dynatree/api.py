@@ -1,4 +1,5 @@
-"""The Python API: `generate()` returns the same record as `dynatree generate --json`."""
+"""The Python API: `generate()` returns a typed `Result` whose `to_json()` is the record of
+`dynatree generate --json`."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from .llamacpp import check_target as check_llamacpp
 from .methods import get_method, is_lossy
 from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model, resolve_device, resolve_dtype
 from .peers import hf_generate, universal_assisted
-from .sampling import Sampler, SamplingConfig, sampling_config  # noqa: F401 (sampling_config re-exported)
+from .sampling import Sampler, SamplingConfig
 from .stats import Stats
 from .request import Request, is_int
+from .result import Result, RunInfo
 from .window import KVWindow
 
 def _load_draft_model(spec: str, device: str, dtype, linear: str) -> LoadedModel | FeatureHead:
@@ -131,7 +133,7 @@ class Prepared:
     """One validated `generate()` request with its models loaded: everything a decode needs.
 
     `prepare()` builds it (all argument checks, model loading, prompt encoding; no forward pass),
-    `decoder()` gives a fresh seeded decoder for one run of it, `record()` the result record.
+    `decoder()` gives a fresh seeded decoder for one run of it, `result()` a run's typed result.
     The server prepares each request in its handler (bad requests fail there) and decodes it later
     on its worker thread, one `Decoder.steps` iteration at a time.
     """
@@ -169,51 +171,39 @@ class Prepared:
         sampler = Sampler(self.sampling, self.seed) if self.sampling is not None else None
         return Decoder(self.target, policy, drafter, self.window, sampler, compile=self.compile)
 
-    def record(self, new_ids: list[int], stats: Stats, policy_state: dict | None = None) -> dict:
-        """The result record of a run (the JSON of `dynatree generate --json`)."""
+    def result(self, new_ids: list[int], stats: Stats, policy_state: dict | None = None) -> Result:
+        """The typed result of a run (`Result.to_json()` is the JSON of `dynatree generate --json`)."""
         tgt, draft, ours = self.target, self.draft, self.ours
         engine = get_method(self.method).engine
-        record = {
-            "method": self.method,
-            "target": tgt.name,
-            "draft": self.draft_name,
-            "prompt_tokens": len(self.prompt_ids),
-            "new_token_ids": new_ids,
-            "text": tgt.tokenizer.decode(new_ids, skip_special_tokens=True),
-            "stats": stats.record(),
-            "config": dataclasses.asdict(self.config),
-            "run": {
-                "max_new_tokens": self.max_new_tokens,
-                "ignore_eos": self.ignore_eos,
-                "chat": self.chat,
-                "device": str(tgt.device),
-                # llama.cpp decodes the GGUF file as stored, whatever the loaded target's format
-                "dtype": "gguf" if engine == "llama.cpp" else str(tgt.dtype).removeprefix("torch."),
-                "weights": "gguf" if engine == "llama.cpp" else tgt.weights,  # the target's format (weights.py)
-                "weights_note": None if engine == "llama.cpp" else tgt.weights_note,  # what a low-bit format converted
-                "compile": self.compile and ours,
-                "engine": engine,  # who decoded: dynatree, transformers or llama.cpp
-                # why greedy output may differ from ar's here (dense 16-bit weights), else None
-                "inexact_greedy": inexact_greedy(tgt.dtype, tgt.weights, tgt.row_dependent)
-                if ours and self.sampling is None and self.draft_name is not None else None,
-                "linear": tgt.linear if ours else "llama.cpp" if engine == "llama.cpp" else "stock",  # hf-*: stock
-                "linear_note": tgt.linear_note if ours else None,  # why not oneDNN, if so
-                "draft_linear": (draft.linear if isinstance(draft, LoadedModel) else linear_kernel(draft))
-                if draft is not None and ours else None,
-                "draft_linear_note": draft.linear_note if isinstance(draft, LoadedModel) else None,
-                "seed": self.seed,
-                # transformers re-tokenizes text between draft and target (output layers of different sizes)
-                "hf_universal_assisted": self.method == "hf-assisted" and universal_assisted(tgt, draft),
-                "ngram_max": self.ngram_max if self.uses_ngram else None,
-                "kv_window": str(self.window) if self.window is not None else None,
-                "sampling": dataclasses.asdict(self.sampling) if self.sampling is not None else None,
-                "lossy": self.sampling is not None and is_lossy(self.config),
-            },
-            "env": env.describe(tgt.device),
-        }
-        if policy_state is not None:
-            record["policy_state"] = policy_state
-        return record
+        llama = engine == "llama.cpp"  # llama.cpp decodes the GGUF file as stored, whatever the target's format
+        info = RunInfo(
+            max_new_tokens=self.max_new_tokens,
+            ignore_eos=self.ignore_eos,
+            chat=self.chat,
+            device=str(tgt.device),
+            dtype="gguf" if llama else str(tgt.dtype).removeprefix("torch."),
+            weights="gguf" if llama else tgt.weights,
+            weights_note=None if llama else tgt.weights_note,
+            compile=self.compile and ours,
+            engine=engine,
+            inexact_greedy=inexact_greedy(tgt.dtype, tgt.weights, tgt.row_dependent)
+            if ours and self.sampling is None and self.draft_name is not None else None,
+            linear=tgt.linear if ours else "llama.cpp" if llama else "stock",  # hf-*: stock kernels
+            linear_note=tgt.linear_note if ours else None,
+            draft_linear=(draft.linear if isinstance(draft, LoadedModel) else linear_kernel(draft))
+            if draft is not None and ours else None,
+            draft_linear_note=draft.linear_note if isinstance(draft, LoadedModel) else None,
+            seed=self.seed,
+            hf_universal_assisted=self.method == "hf-assisted" and universal_assisted(tgt, draft),
+            ngram_max=self.ngram_max if self.uses_ngram else None,
+            kv_window=str(self.window) if self.window is not None else None,
+            sampling=dataclasses.asdict(self.sampling) if self.sampling is not None else None,
+            lossy=self.sampling is not None and is_lossy(self.config),
+        )
+        return Result(method=self.method, target=tgt.name, draft=self.draft_name, prompt_tokens=len(self.prompt_ids),
+                      new_token_ids=new_ids, text=tgt.tokenizer.decode(new_ids, skip_special_tokens=True),
+                      stats=stats.summary(), config=dataclasses.asdict(self.config), run=info,
+                      env=env.describe(tgt.device), policy_state=policy_state)
 
 
 def prepare(request: Request) -> Prepared:
@@ -259,22 +249,22 @@ def prepare(request: Request) -> Prepared:
                     compile=bool(compile) and spec.policy_cls is not None)
 
 
-def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> dict:
-    """Decode a prepared request once and return its result record (transformers' generate()
+def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> Result:
+    """Decode a prepared request once and return its result (transformers' generate()
     for the hf-* methods, dynatree's decoder for the others)."""
     tgt = job.target
     if isinstance(job.config, LlamaCppArConfig):
         new_ids, stats = llamacpp_generate(tgt, job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens,
                                            job.sampling)
-        return job.record(new_ids, stats)
+        return job.result(new_ids, stats)
     if not job.ours:
         torch.manual_seed(job.seed)
         new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos, job.draft,
                                      on_tokens, job.sampling)
-        return job.record(new_ids, stats)
+        return job.result(new_ids, stats)
     decoder = job.decoder()
     run = decoder.generate(job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens)
-    return job.record(run.new_tokens, run.stats, decoder.policy.state())
+    return job.result(run.new_tokens, run.stats, decoder.policy.state())
 
 
 def generate(
@@ -301,8 +291,8 @@ def generate(
     linear: str = "auto",
     on_tokens: Callable[[list[int]], None] | None = None,
     **options,
-) -> dict:
-    """Decode one prompt with one method and return its result record: `run(prepare(Request(...)))`
+) -> Result:
+    """Decode one prompt with one method and return its `Result`: `run(prepare(Request(...)))`
     with the request's fields as keyword arguments (`request.Request` documents each).
 
     `target`/`draft` take a model spec (alias, directory, .gguf file, hub id) or a model

@@ -14,6 +14,7 @@ import sys
 from .cli_args import Parser, add_model_args, add_sampling_args, method_options
 from .errors import DynaTreeError
 from .methods import METHODS, get_method, is_lossy
+from .result import Result, Summary
 from .textstream import TextStream
 
 EXIT_USAGE = 2
@@ -97,49 +98,49 @@ class _TextStream:
             self.out.flush()
 
 
-def stats_line(record: dict) -> str:
-    s = record["stats"]
-    acc = "-" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.1f}%"
-    tpot = "-" if s["tpot_s"] is None else f"{1000 * s['tpot_s']:.1f} ms"
+def stats_line(result: Result) -> str:
+    s = result.stats
+    acc = "-" if s.acceptance_rate is None else f"{100 * s.acceptance_rate:.1f}%"
+    tpot = "-" if s.tpot_s is None else f"{1000 * s.tpot_s:.1f} ms"
     line = (
-        f"[{record['method']}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s) | "
-        f"iterations {s['iterations']}, L {s['tokens_per_iter']:.2f}, l {s['accepted_len']:.2f}, acceptance {acc} | "
-        f"TTFT {1000 * s['ttft_s']:.0f} ms, TPOT {tpot} | peak {s['peak_mem_mb']:.0f} MB"
+        f"[{result.method}] {s.new_tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s) | "
+        f"iterations {s.iterations}, L {s.tokens_per_iter:.2f}, l {s.accepted_len:.2f}, acceptance {acc} | "
+        f"TTFT {1000 * s.ttft_s:.0f} ms, TPOT {tpot} | peak {s.peak_mem_mb:.0f} MB"
     )
     return line + compile_note(s)
 
 
-def compile_note(stats: dict) -> str:
+def compile_note(stats: Summary) -> str:
     """How long --compile compiled (before the clock started), and any graph compiled inside the timings."""
-    if stats.get("compile_s") is None:
+    if stats.compile_s is None:
         return ""
-    note = f" | compiled {stats['compile_s']:.1f} s before timing"
-    if stats.get("graphs_compiled_while_timed"):
-        note += f" | {stats['graphs_compiled_while_timed']} graph(s) compiled while timed: the figures include compiling"
+    note = f" | compiled {stats.compile_s:.1f} s before timing"
+    if stats.graphs_compiled_while_timed:
+        note += f" | {stats.graphs_compiled_while_timed} graph(s) compiled while timed: the figures include compiling"
     return note
 
 
-def record_label(record: dict) -> str:
+def result_label(result: Result) -> str:
     """A run's method with what changes it: "+cost-aware", "+compile", "(lossy)"."""
-    return (record["method"] + (" +cost-aware" if record["config"].get("cost_aware") else "")
-            + (" +compile" if record["run"]["compile"] else "") + (" (lossy)" if record["run"]["lossy"] else ""))
+    return (result.method + (" +cost-aware" if result.config.get("cost_aware") else "")
+            + (" +compile" if result.run.compile else "") + (" (lossy)" if result.run.lossy else ""))
 
 
-def comparison_table(records: list[dict]) -> str:
+def comparison_table(results: list[Result]) -> str:
     """One row per method; speedup over `ar` (over the first method when ar is not compared, said in the
     header). Sampled runs are not comparable token by token: no token column, lossy rules labelled."""
-    base = next((r for r in records if r["method"] == "ar"), records[0])
-    sampled = base["run"]["sampling"] is not None
-    same = "same tokens as " + record_label(base) if not sampled else "tokens (sampled)"
-    rows = [("method", "draft", "tok/s", f"speedup over {record_label(base)}", "L", "accept", "TTFT ms", "TPOT ms", same)]
-    for r in records:
-        s = r["stats"]
+    base = next((r for r in results if r.method == "ar"), results[0])
+    sampled = base.run.sampling is not None
+    same = "same tokens as " + result_label(base) if not sampled else "tokens (sampled)"
+    rows = [("method", "draft", "tok/s", f"speedup over {result_label(base)}", "L", "accept", "TTFT ms", "TPOT ms", same)]
+    for r in results:
+        s = r.stats
         rows.append((
-            record_label(r), r["draft"] or "-", f"{s['tokens_per_s']:.1f}",
-            f"{s['tokens_per_s'] / base['stats']['tokens_per_s']:.2f}x", f"{s['tokens_per_iter']:.2f}",
-            "-" if s["acceptance_rate"] is None else f"{100 * s['acceptance_rate']:.1f}%",
-            f"{1000 * s['ttft_s']:.0f}", "-" if s["tpot_s"] is None else f"{1000 * s['tpot_s']:.1f}",
-            "n/a" if sampled else "yes" if r["new_token_ids"] == base["new_token_ids"] else "NO",
+            result_label(r), r.draft or "-", f"{s.tokens_per_s:.1f}",
+            f"{s.tokens_per_s / base.stats.tokens_per_s:.2f}x", f"{s.tokens_per_iter:.2f}",
+            "-" if s.acceptance_rate is None else f"{100 * s.acceptance_rate:.1f}%",
+            f"{1000 * s.ttft_s:.0f}", "-" if s.tpot_s is None else f"{1000 * s.tpot_s:.1f}",
+            "n/a" if sampled else "yes" if r.new_token_ids == base.new_token_ids else "NO",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
@@ -213,28 +214,30 @@ def cmd_generate(args) -> int:
         request, target=target, draft=draft if method in drafting else None, prompt=None, prompt_ids=prompt_ids))
         for method, request in requests.items()}
 
-    warm_compile: dict[str, float] = {}  # compiling done in a method's warm-up: reported with its record
+    warm_compile: dict[str, float] = {}  # compiling done in a method's warm-up: reported with its result
     if len(methods) > 1:  # a short discarded run of each, so no measured method pays a cold start
         for method, job in jobs.items():
             warm = api.run(dataclasses.replace(job, max_new_tokens=8, ignore_eos=True))
-            warm_compile[method] = warm["stats"]["compile_s"] or 0.0
-    records = []
+            warm_compile[method] = warm.stats.compile_s or 0.0
+    results = []
     for i, (method, job) in enumerate(jobs.items()):
         stream = None if args.json or i > 0 else _TextStream(target.tokenizer, sys.stdout)
-        record = api.run(job, on_tokens=stream)
-        if record["stats"]["compile_s"] is not None:  # compiled before the clock, in the warm-up or the run
-            record["stats"]["compile_s"] += warm_compile.get(method, 0.0)
-        records.append(record)
+        result = api.run(job, on_tokens=stream)
+        if result.stats.compile_s is not None:  # compiled before the clock, in the warm-up or the run
+            compiled = result.stats.compile_s + warm_compile.get(method, 0.0)
+            result = dataclasses.replace(result, stats=dataclasses.replace(result.stats, compile_s=compiled))
+        results.append(result)
         if stream:
             print(flush=True)
     if args.json:
+        records = [r.to_json() for r in results]
         print(json.dumps(records[0] if len(records) == 1 else records, indent=None))
-    elif len(records) == 1:
-        print(stats_line(records[0]), file=sys.stderr)
+    elif len(results) == 1:
+        print(stats_line(results[0]), file=sys.stderr)
     else:
         print(file=sys.stderr)
-        print(comparison_table(records), file=sys.stderr)
-    if any(r["run"]["hf_universal_assisted"] for r in records):
+        print(comparison_table(results), file=sys.stderr)
+    if any(r.run.hf_universal_assisted for r in results):
         print(f"note: {universal_note(target, draft)}", file=sys.stderr)
     return 0
 

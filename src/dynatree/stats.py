@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .result import Summary
+
 
 @dataclass
 class Stats:
@@ -46,28 +48,33 @@ class Stats:
     compile_s: float | None = None  # compiling the target's decode steps before the clock started (--compile)
     graphs_compiled_while_timed: int | None = None  # graphs compiled inside the timings (--compile; 0 expected)
 
-    def record(self) -> dict:
-        """The `stats` object of a result record."""
+    def summary(self) -> Summary:
+        """The figures of a result (`Result.stats`), derived from the counts above."""
         n, it = self.new_tokens, self.iterations
-        return {
-            "new_tokens": n,
-            "iterations": it,
-            "acceptance_rate": self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None,
-            "tokens_per_iter": n / it if it else None,
-            "mean_generated_len": (n - 1) / (it - 1) if it > 1 else None,
-            "accepted_len": self.accepted_tokens / it if it else None,
-            "ttft_s": self.ttft_s,
-            "tpot_s": (self.wall_s - self.ttft_s) / (n - 1) if n > 1 else None,
-            "wall_s": self.wall_s,
-            "tokens_per_s": n / self.wall_s if self.wall_s > 0 else None,
-            "peak_mem_mb": self.peak_mem_mb,
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "compile_s": self.compile_s,
-            "graphs_compiled_while_timed": self.graphs_compiled_while_timed,
-            **{f"{phase}_ms": None if total is None or it < 2 else 1e3 * total / (it - 1)
-               for phase, total in (("draft", self.draft_s), ("verify", self.verify_s), ("commit", self.commit_s))},
-        }
+
+        def per_iteration(total: float | None) -> float | None:  # ms per decode iteration, prefill excluded
+            return None if total is None or it < 2 else 1e3 * total / (it - 1)
+
+        return Summary(
+            new_tokens=n,
+            iterations=it,
+            acceptance_rate=self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None,
+            tokens_per_iter=n / it if it else None,
+            mean_generated_len=(n - 1) / (it - 1) if it > 1 else None,
+            accepted_len=self.accepted_tokens / it if it else None,
+            ttft_s=self.ttft_s,
+            tpot_s=(self.wall_s - self.ttft_s) / (n - 1) if n > 1 else None,
+            wall_s=self.wall_s,
+            tokens_per_s=n / self.wall_s if self.wall_s > 0 else None,
+            peak_mem_mb=self.peak_mem_mb,
+            drafted_tokens=self.drafted_tokens,
+            accepted_tokens=self.accepted_tokens,
+            compile_s=self.compile_s,
+            graphs_compiled_while_timed=self.graphs_compiled_while_timed,
+            draft_ms=per_iteration(self.draft_s),
+            verify_ms=per_iteration(self.verify_s),
+            commit_ms=per_iteration(self.commit_s),
+        )
 
 
 class Clock:

@@ -78,7 +78,7 @@ def main() -> int:
     for q in picked:
         prompt = encode_prompt(reference.tokenizer, q.text, chat=True)
         answer = generate(prompt_ids=prompt, method="ar", target=reference, max_new_tokens=args.max_new_tokens)
-        ids = prompt + answer["new_token_ids"]
+        ids = prompt + answer.new_token_ids
         rows = {"float32": logits_of(reference, ids), **{n: logits_of(m, ids) for n, m in formats.items()},
                 "llama.cpp": llamacpp_logits(reference.gguf, ids)}
         for name, logits in rows.items():

@@ -28,6 +28,7 @@ from pathlib import Path
 from .. import env
 from ..api import prepare, run as run_one
 from ..request import Request
+from ..result import Result
 from ..draftspec import Hybrid, parse
 from ..errors import DynaTreeError
 from ..hardware import decode_limit, read_bandwidth
@@ -115,22 +116,22 @@ def run(
                         kv_window=v.kv_window or protocol.kv_window, seed=protocol.seed + index,
                         sample=sampling is not None, temperature=protocol.temperature, top_k=protocol.top_k,
                         top_p=protocol.top_p, compile=v.compile)), on_tokens=bar.tokens)
-                    bar.done(rec["stats"]["tokens_per_s"])
+                    bar.done(rec.stats.tokens_per_s)
                     if v.method == "ar":  # plain decoding in this setting, whatever runs first
-                        reference.setdefault((rec["run"]["kv_window"], v.compile), rec["new_token_ids"])
+                        reference.setdefault((rec.run.kv_window, v.compile), rec.new_token_ids)
                     if v.label == "ar" and prompt.question is not None:
                         # the history of the question's next turn: plain decoding's answer, so every
                         # variant is asked the same prompt (greedy, each exact method's own answer)
                         answers[(dataset, t_new, l_max, prompt.question)][len(prompt.earlier):] = [
-                            _answer(target, rec["new_token_ids"])]
+                            _answer(target, rec.new_token_ids)]
                     r = _record(v, prompt, dataset, index, index in warm, t_new, l_max, rec)
                     r["prompt_sha1"] = hashlib.sha1(json.dumps(ids).encode()).hexdigest()  # what was asked
                     if paired:  # the machine's bandwidth drifts: measure it beside each run, keep the higher
                         r["bandwidth_bytes_per_s"] = max(bandwidth, read_bandwidth(target.device))
                     if protocol.ppl:
-                        key = _key(ids, rec["new_token_ids"])
+                        key = _key(ids, rec.new_token_ids)
                         if key not in scored:  # (ppl, the target's argmax per position)
-                            scored[key] = teacher_forced(target, ids, rec["new_token_ids"])
+                            scored[key] = teacher_forced(target, ids, rec.new_token_ids)
                         r["ppl"] = scored[key][0]
                     results["records"].append(r)
                 for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
@@ -189,12 +190,12 @@ def load_all(protocol: Protocol) -> dict[str, list[Prompt]]:
 
 
 def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, t_new: int, l_max: int,
-            rec: dict) -> dict:
-    ids = rec["new_token_ids"]
+            rec: Result) -> dict:
+    ids = rec.new_token_ids
     return {
         "variant": v.label,
         "method": v.method,
-        "draft": rec["draft"],
+        "draft": rec.draft,
         "dataset": dataset,
         "prompt_id": prompt.id,
         "prompt_index": index,
@@ -203,12 +204,12 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, 
         "warmup": warmup,
         "max_new_tokens": t_new,
         "l_max": l_max,
-        "prompt_tokens": rec["prompt_tokens"],
-        "kv_window": rec["run"]["kv_window"],
-        "compile": rec["run"]["compile"],
-        "stats": rec["stats"],
-        "policy_state": rec.get("policy_state"),
-        "seed": rec["run"]["seed"],
+        "prompt_tokens": rec.prompt_tokens,
+        "kv_window": rec.run.kv_window,
+        "compile": rec.run.compile,
+        "stats": dataclasses.asdict(rec.stats),
+        "policy_state": rec.policy_state,
+        "seed": rec.run.seed,
         "tokens_sha1": hashlib.sha1(json.dumps(ids).encode()).hexdigest(),
         "_ids": ids,
     }

@@ -41,12 +41,12 @@ def _usage(done: Finished) -> dict:
 
 def _extra(done: Finished) -> dict:
     """dynatree's own figures for one request (the `dynatree` field of a response)."""
-    record, stats, run = done.record, done.record["stats"], done.record["run"]
+    result, stats, run = done.result, done.result.stats, done.result.run
     return {
-        "method": record["method"], "draft": record["draft"], "config": record["config"],
-        "seed": run["seed"], "sampling": run["sampling"], "lossy": run["lossy"], "compile": run["compile"],
-        "tokens_per_pass": stats["tokens_per_iter"], "acceptance_rate": stats["acceptance_rate"],
-        "tokens_per_s": stats["tokens_per_s"], "ttft_s": stats["ttft_s"], "queue_s": done.queue_s,
+        "method": result.method, "draft": result.draft, "config": result.config,
+        "seed": run.seed, "sampling": run.sampling, "lossy": run.lossy, "compile": run.compile,
+        "tokens_per_pass": stats.tokens_per_iter, "acceptance_rate": stats.acceptance_rate,
+        "tokens_per_s": stats.tokens_per_s, "ttft_s": stats.ttft_s, "queue_s": done.queue_s,
         "completion_token_ids": done.completion_ids,
     }
 

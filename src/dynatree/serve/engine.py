@@ -19,6 +19,7 @@ import time
 
 from .. import api
 from ..request import Request
+from ..result import Result
 from ..draftspec import AUTO, Hybrid
 from ..errors import DynaTreeError
 from ..featurehead import FeatureHead
@@ -69,7 +70,7 @@ class Finished:
     finish_reason: str  # 'stop' (EOS or a stop string), 'length' (max_tokens), 'cancelled'
     prompt_tokens: int
     completion_ids: list[int]
-    record: dict  # api.Prepared.record() of the run (stats, method, draft, seed, ...)
+    result: Result  # the run's typed result (stats, method, draft, seed, ...)
     queue_s: float  # time spent waiting in the queue
 
 
@@ -264,10 +265,10 @@ class Engine:
         if rest:
             job.emit("text", rest)
         state = decoder.policy.state()
-        record = prepared.record(new_ids, run.stats, state)  # stats count every committed token, the ids end at a stop
+        result = prepared.result(new_ids, run.stats, state)  # stats count every committed token, the ids end at a stop
         if observe:
-            self.metrics.observe(record, queue_s, job.first_token_s, time.perf_counter() - job.submitted, reason)
-        job.emit("done", Finished(reason, len(prepared.prompt_ids), new_ids, record, queue_s))
+            self.metrics.observe(result, queue_s, job.first_token_s, time.perf_counter() - job.submitted, reason)
+        job.emit("done", Finished(reason, len(prepared.prompt_ids), new_ids, result, queue_s))
 
     def close(self) -> None:
         """Stop the worker after the job it is running."""

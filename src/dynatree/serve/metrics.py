@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ..result import Result
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 PASS_BUCKETS = (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
 
@@ -29,14 +31,14 @@ class Metrics:
         self.queue_wait = Histogram("dynatree_queue_seconds", "time waiting in the queue", buckets=LATENCY_BUCKETS,
                                     registry=r)
 
-    def observe(self, record: dict, queue_s: float, ttft_s: float | None, total_s: float, reason: str) -> None:
+    def observe(self, result: Result, queue_s: float, ttft_s: float | None, total_s: float, reason: str) -> None:
         """One finished decode."""
-        stats = record["stats"]
-        self.prompt_tokens.inc(record["prompt_tokens"])
-        self.completion_tokens.inc(stats["new_tokens"])
+        stats = result.stats
+        self.prompt_tokens.inc(result.prompt_tokens)
+        self.completion_tokens.inc(stats.new_tokens)
         self.finished.labels(reason).inc()
-        if stats["tokens_per_iter"] is not None:
-            self.tokens_per_pass.observe(stats["tokens_per_iter"])
+        if stats.tokens_per_iter is not None:
+            self.tokens_per_pass.observe(stats.tokens_per_iter)
         self.queue_wait.observe(queue_s)
         self.latency.observe(total_s)
         if ttft_s is not None:
