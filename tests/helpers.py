@@ -20,7 +20,7 @@ from dynatree import cache as kv
 from dynatree.attention import stock_attention, use_gqa_attention
 from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
 from dynatree.kernels import repack_linears, stock_linears, use_packed_linears
-from dynatree.models import LoadedModel
+from dynatree.runtime import LoadedModel
 from dynatree.tree import additive_mask
 
 VOCAB = 96

@@ -21,7 +21,8 @@ from dynatree import api
 from dynatree.attention import use_gqa_attention
 from dynatree.errors import DynaTreeError
 from dynatree.kernels import use_packed_linears
-from dynatree.models import LoadedModel, load_model
+from dynatree.models import load_model
+from dynatree.runtime import LoadedModel
 from dynatree.probe import check_tree_exact
 
 _DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -12,7 +12,7 @@ from dynatree import cache as kv
 from dynatree.drafters import LMDrafter
 from dynatree.errors import DynaTreeError
 from dynatree.methods import METHODS
-from dynatree.models import cache_kwarg
+from dynatree.runtime import cache_kwarg
 
 
 @torch.no_grad()

@@ -11,7 +11,7 @@ import torch
 from transformers import BertConfig, BertForMaskedLM
 
 from helpers import tiny, tokenizer
-from dynatree.models import LoadedModel
+from dynatree.runtime import LoadedModel
 from dynatree.draftspec import Hybrid
 from dynatree.window import KVWindow
 from dynatree.cli import main

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from helpers import hf_greedy, tiny
-from dynatree import api, models
+from dynatree import api, runtime
 from dynatree import cache as kv
 from dynatree.bench import runner
 from dynatree.cli import main
 from dynatree.errors import DynaTreeError
 from dynatree.kernels import stock_linears
-from dynatree.models import RECOMPILE_LIMIT, LoadedModel
+from dynatree.runtime import LoadedModel, RECOMPILE_LIMIT
 
 pytestmark = pytest.mark.slow  # torch.compile: seconds per graph
 
@@ -47,9 +47,31 @@ def test_compile_is_rejected_for_transformers_methods(saved_tiny, capsys):
     assert "--compile applies to dynatree's own methods" in capsys.readouterr().err
 
 
+def test_compiled_steps_freeze_the_weights(monkeypatch):
+    """`freezing` given as a torch.compile option reaches inductor: the weights become graph constants
+    (inductor's freeze pass runs on the decode step's graph), which runtime.compiled's docstring says."""
+    import torch._inductor.freezing as freezing  # compile_fx imports `freeze` from it when it freezes a graph
+
+    frozen = []
+    freeze = freezing.freeze
+
+    def spy(*args, **kwargs):
+        frozen.append(1)
+        return freeze(*args, **kwargs)
+
+    monkeypatch.setattr(freezing, "freeze", spy)
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-frozen", eos_ids=[])
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):  # a cached graph would skip the pass
+        out = api.generate(method="ar", target=target, prompt_ids=[5, 9, 14], max_new_tokens=4, ignore_eos=True,
+                           compile=True)
+    assert frozen and out.new_token_ids == hf_greedy(target, [5, 9, 14], 4)
+
+
 def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_recompiles(monkeypatch):
     kept_types, dropped_types = set(), set()
-    module_guards = models.module_guards
+    module_guards = runtime.module_guards
 
     def spy(entries):
         keep = module_guards(entries)
@@ -61,13 +83,13 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
     base = tiny("llama", seed=4, dtype=torch.float32)
     target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-guards", eos_ids=[])
     torch._dynamo.reset()  # graphs an earlier test compiled for this model would be reused without guarding anew
-    monkeypatch.setattr(models, "module_guards", spy)
+    monkeypatch.setattr(runtime, "module_guards", spy)
     prompt = [5, 9, 14, 9, 5, 9, 14, 30]
     run = lambda: api.generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=6,  # noqa: E731
                                ignore_eos=True, compile=True).new_token_ids
     expected = hf_greedy(target, prompt, 6)
     assert run() == expected
-    assert dropped_types == models.SKIPPED_MODULE_GUARDS  # all four kinds occur on a transformers model
+    assert dropped_types == runtime.SKIPPED_MODULE_GUARDS  # all four kinds occur on a transformers model
     assert "CONSTANT_MATCH" in kept_types  # attribute values such as PackedLinear.enabled stay guarded
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     with stock_linears(target.model):  # enabled=False must fail a kept guard: a new graph on F.linear
@@ -105,16 +127,16 @@ def test_compiled_graphs_are_bounded_and_built_before_the_clock(method, options,
     target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-bounded", eos_ids=[])
     torch._dynamo.reset()
     prompt = [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]
-    before = models.compiled_graphs()
+    before = runtime.compiled_graphs()
     run = lambda: api.generate(method=method, target=target, draft=None if method == "ar" else "ngram",  # noqa: E731
                                prompt_ids=prompt, max_new_tokens=30, ignore_eos=True, compile=True,
                                kv_window=kv_window, **options)
     first = run()
-    assert models.compiled_graphs() - before == graphs
+    assert runtime.compiled_graphs() - before == graphs
     assert first.stats.compile_s > 0 and first.stats.graphs_compiled_while_timed == 0
     assert first.stats.ttft_s < first.stats.compile_s  # compiling is not in the time to first token
     second = run()
-    assert models.compiled_graphs() - before == graphs
+    assert runtime.compiled_graphs() - before == graphs
     assert second.stats.compile_s == 0.0 and second.stats.graphs_compiled_while_timed == 0
     assert second.new_token_ids == first.new_token_ids
     if kv_window is None:

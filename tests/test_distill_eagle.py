@@ -18,7 +18,7 @@ from dynatree.bench.data import load_texts
 from dynatree.cli import main
 from dynatree.distill_eagle import EagleConfig, _pass_mask, build_data, distill_eagle, instruction_prompts
 from dynatree.featurehead import load_head
-from dynatree.models import LoadedModel
+from dynatree.runtime import LoadedModel
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }} w3 {% endfor %}{% if add_generation_prompt %}w4 {% endif %}"
 SMALL = dict(prompts="", self_prompts=0, max_new_tokens=12, gen_batch=3, label_batch=2, draft_vocab=60, unroll=2,

@@ -9,7 +9,7 @@ import pytest
 
 from dynatree import generate
 from dynatree.errors import DynaTreeError
-from dynatree.models import LoadedModel
+from dynatree.runtime import LoadedModel
 from helpers import tiny
 
 

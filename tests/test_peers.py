@@ -8,7 +8,7 @@ from helpers import ARCHS, noisy_copy, tiny
 from dynatree import DynaTreeError, generate
 from dynatree.bench import draftcheck, report, results, runner
 from dynatree.draftspec import Hybrid
-from dynatree.models import LoadedModel
+from dynatree.runtime import LoadedModel
 
 
 @pytest.mark.parametrize("arch", ARCHS)

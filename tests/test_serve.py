@@ -21,7 +21,7 @@ import uvicorn
 from helpers import EOS, hf_greedy, tiny, tokenizer
 from dynatree import api
 from dynatree.cli import main
-from dynatree.models import LoadedModel
+from dynatree.runtime import LoadedModel
 from dynatree.serve.app import create_app
 from dynatree.serve.engine import Engine, ServeSettings
 from dynatree.textstream import TextStream
@@ -488,20 +488,20 @@ def test_bench_serve_without_a_server_is_one_line_error(capsys):
 def test_compiled_server_builds_its_graphs_in_the_warm_up_and_stays_exact():
     import torch
 
-    from dynatree import models
+    from dynatree import runtime
 
     base = tiny("llama", seed=4, dtype=torch.float32)
     tok = copy.deepcopy(tokenizer())
     tok.chat_template = TEMPLATE
     target = LoadedModel(model=base.model, tokenizer=tok, name="tiny-compiled", eos_ids=[])
     torch._dynamo.reset()
-    before = models.compiled_graphs()
+    before = runtime.compiled_graphs()
     s = Server(target=target, draft="ngram", method="dynatree", compile=True)
     try:
-        assert models.compiled_graphs() - before == 2  # one-token steps and trees, before 'ready'
+        assert runtime.compiled_graphs() - before == 2  # one-token steps and trees, before 'ready'
         got = s.client.chat.completions.create(model="tiny-compiled", messages=[{"role": "user", "content": "w5 w9"}],
                                                temperature=0, max_tokens=24)
-        assert models.compiled_graphs() - before == 2  # nothing compiled while serving
+        assert runtime.compiled_graphs() - before == 2  # nothing compiled while serving
         assert got.dynatree["compile"] is True
         prompt = api.encode_prompt(tok, "w5 w9", chat=True)
         assert got.dynatree["completion_token_ids"] == hf_greedy(target, prompt, 24)

@@ -15,7 +15,7 @@ from dynatree import api
 from dynatree.bench.data import SPEC_BENCH_FILE, SPEC_BENCH_TASKS, Prompt, load_texts, tokenize
 from dynatree.cli import main
 from dynatree.errors import DynaTreeError
-from dynatree.models import LoadedModel
+from dynatree.runtime import LoadedModel
 
 # a chat template for the word-level test tokenizer: user turns after w3, answers after w4
 TEMPLATE = ("{% for m in messages %}{{ 'w3' if m['role'] == 'user' else 'w4' }} {{ m['content'] }} {% endfor %}"

@@ -18,7 +18,8 @@ from gguf.quants import dequantize, quantize
 
 from dynatree import generate
 from dynatree.errors import DynaTreeError
-from dynatree.models import LoadedModel, load_model
+from dynatree.models import load_model
+from dynatree.runtime import LoadedModel
 from dynatree.kernels import use_packed_linears
 from dynatree.weights import (Int4Linear, Int8Linear, apply_weights, inexact_greedy, quantized_layers, read_q4_rows,
                               resolve_auto, row_dependent_layers, use_int8, use_q4, weights_dtype)
@@ -257,13 +258,13 @@ def test_dense_16_bit_greedy_speculation_says_it_may_differ_from_ar(saved_tiny, 
     out = capsys.readouterr()
     assert ("note: dense bfloat16 weights: tree steps round some values otherwise than one-token steps, so greedy "
             "output may differ from ar's; float32 and --weights q4/int8 keep it exact") in out.err
-    assert "dense bfloat16 weights" in json.loads(out.out).run.inexact_greedy
+    assert "dense bfloat16 weights" in json.loads(out.out)["run"]["inexact_greedy"]
     for flags in (["--dtype", "float32"], ["--weights", "int8"], ["--dtype", "bfloat16", "--method", "ar"],
                   ["--dtype", "bfloat16", "--sample"]):
         assert main(["generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "4", "--json",
                      *flags]) == 0
         out = capsys.readouterr()
-        assert "may differ from ar" not in out.err and json.loads(out.out).run.inexact_greedy is None, flags
+        assert "may differ from ar" not in out.err and json.loads(out.out)["run"]["inexact_greedy"] is None, flags
 
 
 def test_auto_is_q4_only_for_a_gguf_target_with_4_bit_layers_on_the_cpu(tmp_path, saved_tiny):

@@ -18,7 +18,7 @@ _EXPORTS = {
     "METHODS": "methods",
     "make_config": "methods",
     "DEFAULT_TARGET": "models",
-    "LoadedModel": "models",
+    "LoadedModel": "runtime",
     "load_model": "models",
     "Tree": "tree",
     "TreeBuilder": "tree",

@@ -19,7 +19,8 @@ from .llamacpp import LlamaCppArConfig, llamacpp_generate
 from .weights import inexact_greedy
 from .llamacpp import check_target as check_llamacpp
 from .methods import get_method, is_lossy
-from .models import DEFAULT_TARGET, LoadedModel, check_compatible, load_model, resolve_device, resolve_dtype
+from .models import DEFAULT_TARGET, check_compatible, load_model, resolve_device, resolve_dtype
+from .runtime import LoadedModel
 from .peers import hf_generate, universal_assisted
 from .sampling import Sampler, SamplingConfig
 from .stats import Stats

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from . import cache as kv
-from .models import LoadedModel, compiled_graphs
+from .runtime import LoadedModel, compiled_graphs
 from .tree import additive_mask
 
 # Every size up to 12, then coarser: small sizes are where trees live and where CPU GEMM kernels

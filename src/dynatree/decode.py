@@ -17,7 +17,7 @@ import torch
 
 from . import cache as kv
 from .drafters.base import Drafter
-from .models import LoadedModel, compiled_graphs
+from .runtime import LoadedModel, compiled_graphs
 from .costmodel import curve_for
 from .policies.base import Timing, TreePolicy
 from .stats import Clock, PeakMemory, Stats
@@ -156,7 +156,7 @@ class Decoder:
                 stats.compile_s, stats.graphs_compiled_while_timed = compile_s, compiled_graphs() - graphs
 
     def _step_kinds(self) -> set[str]:
-        """The kinds of target step (models.STEP_KINDS) this run makes (the cost curve's sweep makes
+        """The kinds of target step (runtime.STEP_KINDS) this run makes (the cost curve's sweep makes
         the same): one token, masked under a KV window; trees when there is a drafter."""
         kinds = {"masked-token" if self.window is not None else "token"}
         if self.policy.needs_drafter:

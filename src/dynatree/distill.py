@@ -47,7 +47,8 @@ import torch
 from . import env
 from .config import option, positive
 from .errors import DynaTreeError
-from .models import LoadedModel, resolve_dtype
+from .models import resolve_dtype
+from .runtime import LoadedModel
 
 
 @dataclass

@@ -46,7 +46,7 @@ from .draftspec import is_head_dir
 from .distill import _lr, _save_atomic, batches
 from .errors import DynaTreeError
 from .featurehead import FeatureHead, HeadConfig, check_head, load_head, target_features, tokenizer_fingerprint
-from .models import LoadedModel
+from .runtime import LoadedModel
 
 TOPICS = (
     "cooking", "gardening", "personal finance", "the solar system", "ancient Rome", "climate change", "machine learning",

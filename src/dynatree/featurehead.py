@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from .draftspec import HEAD_CONFIG_FILE
 from .errors import DynaTreeError
 from .kernels import use_packed_linears
-from .models import cache_kwarg
+from .runtime import cache_kwarg
 
 CONFIG_FILE = HEAD_CONFIG_FILE
 WEIGHTS_FILE = "head.safetensors"

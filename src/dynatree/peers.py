@@ -26,7 +26,7 @@ from .attention import stock_attention
 from .errors import DynaTreeError
 from .config import in_open_unit, option, positive, require
 from .kernels import stock_linears
-from .models import LoadedModel
+from .runtime import LoadedModel
 from .stats import Clock, PeakMemory, Stats
 
 

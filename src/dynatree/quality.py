@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .models import LoadedModel
+from .runtime import LoadedModel
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ from .errors import DynaTreeError
 from .featurehead import FeatureHead
 from .kernels import check_linear_kernel
 from .methods import Method, get_method, make_config
-from .models import LoadedModel
+from .runtime import LoadedModel
 from .sampling import SamplingConfig, sampling_config
 from .weights import weights_dtype
 from .window import KVWindow

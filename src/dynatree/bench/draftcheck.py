@@ -20,7 +20,7 @@ import torch
 from .. import cache as kv
 from ..drafters import FeatureDrafter
 from ..featurehead import FeatureHead
-from ..models import LoadedModel
+from ..runtime import LoadedModel
 from ..tree import TreeBuilder
 
 

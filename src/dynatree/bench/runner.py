@@ -34,7 +34,7 @@ from ..errors import DynaTreeError
 from ..hardware import decode_limit, read_bandwidth
 from ..methods import get_method, make_config
 from ..featurehead import FeatureHead
-from ..models import LoadedModel
+from ..runtime import LoadedModel
 from ..peers import check_assisted, universal_assisted
 from ..quality import teacher_forced
 from . import draftcheck

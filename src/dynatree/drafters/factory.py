@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..featurehead import FeatureHead
-from ..models import LoadedModel
+from ..runtime import LoadedModel
 from ..window import KVWindow
 from .base import Drafter
 from .feature import FeatureDrafter

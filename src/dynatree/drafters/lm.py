@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .. import cache as kv
-from ..models import LoadedModel
+from ..runtime import LoadedModel
 from ..tree import TreeBuilder, additive_mask
 from ..window import KVWindow
 from .base import Proposal

@@ -24,7 +24,8 @@ from ..draftspec import AUTO, Hybrid
 from ..errors import DynaTreeError
 from ..featurehead import FeatureHead
 from ..methods import get_method
-from ..models import DEFAULT_TARGET, LoadedModel, load_model
+from ..models import DEFAULT_TARGET, load_model
+from ..runtime import LoadedModel
 from ..window import KVWindow
 from .metrics import Metrics
 from .protocol import ChatRequest, CompletionRequest

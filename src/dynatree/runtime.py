@@ -1,0 +1,209 @@
+"""A loaded causal LM at run time: one forward over explicit positions on a KV cache, and its
+torch.compile wrapper.
+
+`LoadedModel` is what the engine decodes with; models.py builds it (from an alias, a directory,
+a .gguf file or a hub id) and this module runs it: `forward` (ids at explicit positions with a
+4-D mask on top of a cache), `compiled` (decode steps through torch.compile, one graph per kind
+of step) and `warm_up` (those graphs built before any clock starts).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import cache as kv
+from .kernels import linear_kernel
+from .tree import additive_mask
+
+
+# Graphs torch.compile may build per function before it falls back to eager (see `LoadedModel.compiled`).
+RECOMPILE_LIMIT = 64
+# What dynamo makes symbolic from the first compile (torch.compiler.config.dynamic_sources): every
+# cache layer's length and a step's token count. Left to dynamo, each kind of step compiled twice:
+# once with static sizes, then again at the next step with these sizes symbolic.
+# Entries are regular expressions (an optional ":dim" suffix names one dimension). The setting is
+# process-wide: it adds these names to whatever the user set, and touches no other source.
+DYNAMIC_SOURCES = (
+    r"L\['kwargs'\]\['(cache|past_key_values)'\]\.layers\[\d+\]\.length",
+    *(re.escape(f"L['kwargs']['{name}']") + f":{dim}"
+      for name, dim in (("input_ids", 1), ("position_ids", 1), ("attention_mask", 2), ("attention_mask", 3))),
+)
+# The kinds of decode step a compiled target builds one graph each for (see `LoadedModel.warm_up`):
+# one token without a mask (plain steps), a masked tree of 2+ tokens (sizes are symbolic, but
+# dynamo specialises a size of 1), and one token with a mask (steps under a KV window).
+STEP_KINDS = ("token", "tree", "masked-token")
+# Guards dynamo need not check on the model's modules before every compiled call (see `module_guards`).
+SKIPPED_MODULE_GUARDS = frozenset({"EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT", "TENSOR_MATCH",
+                                   "DICT_NOT_CONTAINS"})
+
+
+def module_guards(entries) -> list[bool]:
+    """torch.compile's `guard_filter_fn`: which guards to keep (see `LoadedModel.compiled`).
+
+    Drops, on sources inside the model's modules only, the checks that no hooks were added,
+    that no instance attribute shadows a class one, and the weights' shapes and strides (the
+    weights are frozen into the graph anyway): about two thirds of SmolLM2's guards. Kept: attribute values (PackedLinear.enabled, the config's attention
+    implementation, training), module types, and every guard on the inputs
+    (ids, positions, mask, KV cache), so switching kernels or attention still recompiles.
+    """
+    return [not (e.guard_type in SKIPPED_MODULE_GUARDS and e.orig_guard.source.is_unspecialized_nn_module())
+            for e in entries]
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A causal LM ready for decoding, with what the engine needs to know about it."""
+
+    model: torch.nn.Module  # a transformers *ForCausalLM in eval mode
+    tokenizer: object  # its tokenizer (PreTrainedTokenizerBase)
+    name: str  # the spec the user gave (alias, path or hub id)
+    eos_ids: list[int] = field(default_factory=list)  # tokens that end generation
+    compile: bool = False  # run decode steps (not prefills) through torch.compile; may be switched per run
+    linear_note: str | None = None  # why the linears were left on stock kernels although not asked to (recorded)
+    weights: str = "dense"  # the linear layers' weight format: dense, q4 or int8 (weights.py)
+    weights_note: str | None = None  # what the low-bit format converted and what it left dense (recorded)
+    gguf: Path | None = None  # the GGUF file the model was converted from (q4 weights, llamacpp-ar), if any
+    row_dependent: list[str] = field(default_factory=list)  # low-bit: dense layers not row-wise (weights.py)
+    _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def linear(self) -> str:
+        """What the linear layers run now: "onednn" (packed weights, kernels.py) or "stock"."""
+        return linear_kernel(self.model)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def context_length(self) -> int | None:
+        """Longest sequence the model supports, when its config says."""
+        cfg = self.model.config
+        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
+    def embedding_rows(self) -> int:
+        """Rows of the input embedding: the token ids the model can read."""
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
+    def readable(self, ids: list[int]) -> list[int]:
+        """`ids` with those the model has no embedding row for read as id 0. Only a draft meets such
+        ids (padding rows of a larger target output layer, beyond every tokenizer string; check_embedding
+        guarantees the tokenizer is covered), and only to shape its proposals, never what is committed."""
+        rows = self.embedding_rows
+        return [t if t < rows else 0 for t in ids]
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output layer (may exceed the tokenizer's size because of padding)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def forward(self, cache, ids: list[int], positions: list[int], mask: torch.Tensor | None,
+                last_only: bool = False, hidden: bool = False, compiled: bool | None = None):
+        """Run `ids` at explicit `positions` on top of `cache` (which grows by len(ids)).
+
+        `mask` is a [1, 1, len(ids), cached + len(ids)] additive mask, or None for plain
+        causal attention. Returns logits [len(ids), vocab] ([1, vocab] with `last_only`);
+        with `hidden`, (logits, last hidden states [len(ids), hidden size]): the features the
+        output layer reads, of every row even with `last_only` (for feature drafters).
+        `compiled` (default: the model's `compile` setting): every call but the prefill
+        (`last_only`) goes through torch.compile, compiled on first use and cached on disk: see
+        `compiled`. The decoder passes its run's setting, so one loaded model serves compiled
+        and eager runs side by side.
+        """
+        device = self.device
+        model = self.model
+        kv.reserve(cache, len(ids))  # room for the new entries, so a compiled forward never reallocates
+        if (self.compile if compiled is None else compiled) and not last_only:
+            model = self.compiled()
+        out = model(
+            input_ids=torch.tensor([ids], device=device),
+            position_ids=torch.tensor([positions], device=device),
+            attention_mask=mask,
+            **{cache_kwarg(self.model): cache},
+            use_cache=True,
+            **({"logits_to_keep": 1} if last_only else {}),
+            **({"output_hidden_states": True} if hidden else {}),
+        )
+        return (out.logits[0], out.hidden_states[-1][0]) if hidden else out.logits[0]
+
+    def compiled(self):
+        """The model wrapped in torch.compile for decode steps, built on first use.
+
+        `freezing`: the weights become constants of the graph (the decoder runs under no_grad,
+        which inductor's freezing needs), so inductor lays them out once for its matrix kernels
+        instead of on every call. Packed linears (kernels.py) emit their own operations when
+        compiled (a multiply-sum on the frozen weight for one row, the oneDNN copy for several).
+        The weights must not change while the model is used compiled (inference only).
+        Sizes that vary from step to step (cache length, tree size: `DYNAMIC_SOURCES`) are symbolic
+        from the first compile, so each kind of step (`STEP_KINDS`) builds one graph: at most 2 for
+        a run (1 for `ar`), which `warm_up` builds before any timing (left to dynamo, each kind
+        compiled twice, first with static sizes). The recompile limit is raised to
+        RECOMPILE_LIMIT anyway, so switching kernels or attention never silently falls back to
+        eager. Before every call dynamo checks its guards; `module_guards` leaves out those on the
+        modules' hooks, instance dicts and weight metadata (docs/benchmarks.md has the measurement).
+        """
+        if self._compiled is None:
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            given = [s for s in torch.compiler.config.dynamic_sources.split(",") if s]
+            torch.compiler.config.dynamic_sources = ",".join(dict.fromkeys(given + list(DYNAMIC_SOURCES)))
+            # 16-bit models: inductor rounds every intermediate to the dtype where eager code does, as it
+            # would not by default: otherwise the one-token and tree graphs, fused differently, round some
+            # values differently and greedy tokens differ (q4: 28 of 36 compiled runs differed from ar)
+            options = {"freezing": True, "guard_filter_fn": module_guards,
+                       "emulate_precision_casts": self.dtype in (torch.bfloat16, torch.float16)}
+            self._compiled = torch.compile(self.model, options=options)
+        return self._compiled
+
+    @torch.no_grad()
+    def warm_up(self, kinds, hidden: bool = False) -> float:  # (always compiled: called for compiled runs)
+        """Run every kind of decode step in `kinds` (STEP_KINDS) once, compiled, on a scratch cache,
+        so that graphs not built yet are built now; returns the seconds that took when a graph was
+        compiled, else 0.0. The decoder calls it before its clock starts, so compiling (minutes on a
+        CPU) never counts as decoding: it is reported apart, as `compile_s`. Once built, the steps
+        cost milliseconds; they are run every time rather than remembered, because dynamo may drop
+        or invalidate graphs (a reset, a kernel switch) without telling. `hidden`: the steps
+        return hidden states too (a run with a feature drafter), which is another graph."""
+        start, graphs = time.perf_counter(), compiled_graphs()
+        cache, context = kv.new_cache(self.model), 4
+        self.forward(cache, [0] * context, list(range(context)), None, last_only=True)  # eager prefill
+        for kind in (k for k in STEP_KINDS if k in kinds):
+            n = 2 if kind == "tree" else 1
+            allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
+            mask = None if kind == "token" else additive_mask(allowed, self.dtype, self.device)
+            self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden, compiled=True)
+            kv.crop(cache, context)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start if compiled_graphs() != graphs else 0.0
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process (to tell whether a timed span compiled)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+@functools.cache
+def _forward_takes_cache(cls: type) -> bool:
+    return "cache" in inspect.signature(cls.forward).parameters
+
+
+def cache_kwarg(module: torch.nn.Module) -> str:
+    """The name the module's forward takes the KV cache by: `cache` since transformers renamed
+    `past_key_values` (which still works there, with a deprecation notice on every call)."""
+    return "cache" if _forward_takes_cache(type(module)) else "past_key_values"
