@@ -135,17 +135,8 @@ class Decoder:
                     self.drafter.commit(run.seq, tree.drafted_nodes(path), None if features is None else features[keep])
                 t_done = time.perf_counter()
                 self.policy.observe(tree, path, Timing(draft_s=t_verify - t_draft, verify_s=t_done - t_verify))
-                stats.draft_s += t_verify - t_draft
-                stats.verify_s += t_commit - t_verify
-                stats.commit_s += time.perf_counter() - t_commit
-
-                stats.iterations += 1
-                stats.new_tokens += len(committed)
-                stats.drafted_tokens += tree.n_drafted
-                accepted = min(len(path), len(committed))
-                stats.accepted_tokens += accepted
-                stats.tree_sizes.append(tree.n_drafted)
-                stats.accepted_lens.append(accepted)
+                stats.count_iteration(tree.n_drafted, min(len(path), len(committed)), len(committed), draft_s=t_verify - t_draft,
+                                      verify_s=t_commit - t_verify, commit_s=time.perf_counter() - t_commit)
                 if on_tokens:
                     on_tokens(committed)
                 yield Step(tree=tree, path=path, committed=committed)

@@ -48,6 +48,20 @@ class Stats:
     compile_s: float | None = None  # compiling the target's decode steps before the clock started (--compile)
     graphs_compiled_while_timed: int | None = None  # graphs compiled inside the timings (--compile; 0 expected)
 
+    def count_iteration(self, drafted: int, accepted: int, committed: int, draft_s: float, verify_s: float,
+                        commit_s: float) -> None:
+        """One verification: `drafted` nodes verified, `accepted` of them committed (bonus excluded),
+        `committed` new tokens in all, and the seconds each phase of the iteration took."""
+        self.iterations += 1
+        self.new_tokens += committed
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        self.tree_sizes.append(drafted)
+        self.accepted_lens.append(accepted)
+        self.draft_s = (self.draft_s or 0.0) + draft_s
+        self.verify_s = (self.verify_s or 0.0) + verify_s
+        self.commit_s = (self.commit_s or 0.0) + commit_s
+
     def summary(self) -> Summary:
         """The figures of a result (`Result.stats`), derived from the counts above."""
         n, it = self.new_tokens, self.iterations
