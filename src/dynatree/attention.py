@@ -4,11 +4,10 @@ Models with fewer key/value heads than query heads (SmolLM2: 9 query, 3 KV heads
 in transformers by repeating K and V to every query head (`repeat_kv`) whenever an
 attention mask is passed on the CPU - and every tree step passes one. PyTorch's SDPA takes
 the grouped heads directly (`enable_gqa=True`) with the same result (bit for bit on the
-SmolLM2 shapes we checked; tests/test_attention.py allows 1e-5 in float32) without the copies.
-Measured on the embedded SmolLM2 (float32 eager, 2 cores, context 400, median of 15): a tree
-step of 2-16 tokens 2.4-5.0 ms faster (36.8 -> 33.7 ms at 2 tokens, 52.3 -> 49.0 ms at 4,
-66.1 -> 61.6 ms at 8); a 1-token step without a mask is unchanged (33 ms). Compiled steps
-gain less (4 tokens 45.3 -> 44.1 ms): inductor already fuses much of the copy.
+SmolLM2 shapes we checked; tests/test_attention.py allows 1e-5 in float32) without the copies,
+so masked (tree) steps get faster while 1-token steps without a mask are unchanged; compiled
+steps gain less, since inductor already fuses much of the copy (docs/benchmarks.md,
+"Measurements behind the design").
 
 `use_gqa_attention(model)` switches a loaded model to the registered implementation
 `GQA_SDPA` when that pays (grouped KV heads, stock SDPA, CPU). It uses transformers' public

@@ -1,8 +1,8 @@
-"""Cost-aware tree size (issue 5): the target's verification time as a function of the
+"""Cost-aware tree size: the target's verification time as a function of the
 number of tokens it verifies, and the tree size that maximises expected tokens per second.
 
-On a CPU a verification pass is far from free (on the 2-core test machine ~68 ms for one
-token, ~180 ms for 64), so drafting as many nodes as the tree rules allow can lose time.
+On a CPU a verification pass is far from free (64 tokens cost a few times one token), so
+drafting as many nodes as the tree rules allow can lose time.
 With p(u) the chance that node u's path is accepted (estimated from the draft's probabilities,
 see `Calibration`), the k drafted nodes of largest p (always ancestor-closed, since a child's p never
 exceeds its parent's) commit about 1 + p_1 + ... + p_k tokens per pass, so the best k maximises
@@ -167,8 +167,8 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 
     """Time forwards of n chained tokens on top of a cache holding `context` (at least 1 token).
 
     Sizes are timed in whole sweeps: one untimed sweep first (compiled, that is where graphs not
-    built yet are built, and steps right after compiling run slower: on the 2-core test machine a
-    first sweep made one token look 27-34 ms instead of 19-20), then `rounds` timed sweeps, each
+    built yet are built, and steps right after compiling run slower: a first sweep made one token
+    look about 1.5x dearer than it is), then `rounds` timed sweeps, each
     size's time being its median over the sweeps. A timed sweep during which torch.compile built a
     graph is thrown away and swept again (at most `rounds` times), so no curve is learnt from a
     pass that compiled. Sweeping, rather than timing one size's repeats in a row, spreads a slow

@@ -116,8 +116,7 @@ class FeatureHead(torch.nn.Module):
 def load_head(directory, name: str | None = None, device="cpu", dtype=torch.float32, linear: str = "stock") -> FeatureHead:
     """A head saved by `FeatureHead.save`, in `dtype` on `device`, its linear layers on the `linear`
     kernels (kernels.py: "auto" packs them for oneDNN where the CPU can, as for targets; a head
-    drafts with 1-8 rows, where MKL's per-call repacking costs most: on the 2-core AMD EPYC one
-    3-row head step 2.4 -> 0.9 ms). Training needs "stock" (packed layers compute F.linear under
+    drafts with 1-8 rows, where MKL's per-call repacking costs most). Training needs "stock" (packed layers compute F.linear under
     autograd anyway, but the packed copies would go stale as the weights change)."""
     directory = Path(directory)
     try:

@@ -4,11 +4,10 @@ On the CPU, PyTorch computes `nn.Linear` with MKL's sgemm, which repacks the wei
 call; a decode step multiplies 1-32 rows by every weight of the model, so the repacking and the
 kernel choice for so few rows decide the step's time. oneDNN takes the weight reordered once
 (`torch.ops.mkldnn._reorder_linear_weight`, the layout inductor's `freezing` also builds) and
-the activations as they are (`torch.ops.mkldnn._linear_pointwise`). Measured on the embedded
-SmolLM2-135M, float32, 2 cores of an AMD EPYC (all 211 linear layers of a step, median of 9):
-1 row 54 -> 33 ms, 3 rows 106 -> 28 ms, 4 rows 73 -> 26 ms, 8 rows 69 -> 31 ms. MKL is
-slowest at 2-3 rows (the output layer: 11 ms at 1 row, 38 ms at 3), which made 2-3 token
-trees cost more than 4-token ones. Results equal MKL's up to float rounding (2e-6 relative).
+the activations as they are (`torch.ops.mkldnn._linear_pointwise`): a step's linears take
+about half the time or less at every row count, and MKL's slowness at 2-3 rows, which made
+2-3 token trees cost more than 4-token ones, goes (docs/benchmarks.md, "Measurements behind
+the design"). Results equal MKL's up to float rounding (2e-6 relative).
 
 `use_packed_linears(model)` swaps each `nn.Linear` for a `PackedLinear` that keeps the
 original weight and bias (tied weights stay tied; `parameters()` are unchanged) and adds the
@@ -19,14 +18,12 @@ only: with gradients enabled the layer computes `F.linear` on its original weigh
 transformers gets by default.
 
 Inside torch.compile (`--compile`) the opaque packed tensor cannot be traced, and inductor's
-own `freezing` would hand fixed-shape float32 products to MKL's packed GEMM (on the AMD EPYC
-slower than eager: compiled 4-8 token steps 100-125 ms). So a compiled layer emits either
+own `freezing` would hand fixed-shape float32 products to MKL's packed GEMM (slower than
+eager for 4-8 token steps). So a compiled layer emits either
 `dynatree::packed_linear` (several rows: an operator inductor calls as it is, which finds
 the layer's packed copy by number) or, for one row (every `ar` step), `(x * W).sum(-1)`,
 which inductor fuses into one loop that streams the weight near the memory bandwidth
-(SmolLM2's 49152x576 output layer 4.4 ms vs 6.9 oneDNN, 13.9 MKL). Measured on SmolLM2
-(2 cores, AMD EPYC): a compiled one-token step 21-28 ms (eager 53-64), 4 tokens 46-55 ms.
-No modeling code is copied or patched: only module instances are replaced, as quantization
+(faster than oneDNN and MKL on an output layer as large as SmolLM2's). No modeling code is copied or patched: only module instances are replaced, as quantization
 libraries do.
 """
 

@@ -10,14 +10,14 @@
   dynatree-sensitivity  DynaTree's thresholds, breadth and depth, one group at a time
   streaming   AR and DynaTree with and without an attention-sink KV window (paper 003's
               StreamingLLM + speculative baseline): peak memory and throughput over T
-  perf        issue 5's speed table: transformers' greedy generate (hf-ar), hf-lookup,
+  perf        the speed table: transformers' greedy generate (hf-ar), hf-lookup,
               hf-assisted (with a draft LM), and our ar, linear, fixed tree, DynaTree with every
               drafter, DynaTree with `cost_aware` ("+cost-aware"), plus ar and cost-aware
               DynaTree with torch.compile ("+compile"); ratios to hf-ar and to the best hf-*
               speculative method, and the memory-bandwidth limit of plain decoding. Default
               drafters as for `draft`
   draft       a draft LM against the n-gram drafter and against transformers' assisted
-              generation with the same draft (issue 6): ar, linear and DynaTree with each
+              generation with the same draft: ar, linear and DynaTree with each
               drafter, DynaTree with `cost_aware` ("+cost-aware"), hf-lookup, hf-assisted;
               plus each draft's top-1 agreement with the target and its step cost relative
               to a target forward. Default drafters: `ngram`, the embedded target's shipped

@@ -80,7 +80,7 @@ class DynaTreeConfig:
     eta_tau: float = option(0.2, "step size for tau_h per unit of acceptance error")
     cost_aware: bool = option(False, "grow and cut each tree to the size that maximises expected tokens per second "
                                      "under the target's measured verification cost and the time spent drafting "
-                                     "(issue 5; costmodel.py)")
+                                     "(costmodel.py)")
 
     def validate(self) -> None:
         positive(self, "d0", "d_max", "b_min", "b_mid", "b_max", "n_max", "history_window")
