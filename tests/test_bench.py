@@ -85,7 +85,7 @@ def test_wikitext_rows_filtered_like_the_papers(monkeypatch):
 # ---------------------------------------------------------------- aggregation
 def rec(variant, index, tps, warmup=False, t=8, acc=None, matches=True):
     stats = {k: 1.0 for k in results.STATS}
-    stats.update(tokens_per_s=tps, acceptance_rate=acc)
+    stats.update(tokens_per_s=tps, acceptance_rate=acc, new_tokens=t, wall_s=t / tps)
     return {"variant": variant, "method": variant, "draft": None, "prompt_index": index, "warmup": warmup,
             "max_new_tokens": t, "l_max": 800, "prompt_tokens": 10 + index, "stats": stats, "matches_ar": matches}
 
@@ -245,21 +245,26 @@ def test_quality_plot_is_titled_with_its_data_sets(tmp_path, monkeypatch):
 def test_perf_table_ratios_and_bandwidth_limit():
     res = fixed_results("perf")
     assert [v["label"] for v in res["variants"]] == ["hf-ar", "hf-lookup", "ar", "linear", "fixed-tree", "dynatree",
-                                                     "dynatree +cost-aware", "ar +compile",
+                                                     "dynatree +cost-aware", "hf-ar +compile", "ar +compile",
                                                      "dynatree +cost-aware +compile"]
     perf = presets.variants("perf", "small", ["ngram"])
-    assert [v.compile for v in perf] == [False] * 7 + [True] * 2
-    assert [v.options.get("cost_aware", False) for v in perf] == [False] * 6 + [True, False, True]
+    assert [v.compile for v in perf] == [False] * 7 + [True] * 3  # hf-ar +compile: transformers at its best
+    assert [v.options.get("cost_aware", False) for v in perf] == [False] * 6 + [True, False, False, True]
     res["hardware"] = {"weight_bytes": 500e6, "bandwidth_bytes_per_s": 10e9, "limit_tokens_per_s": 20.0}
     md = report.render(res)
     # tokens/s = 10 + variant index + prompt index; measured prompts 1 and 2
-    # linear (3) / hf-ar (0): 14/11, 15/12 -> median 1.26, range 1.25-1.27; vs hf-lookup (1): 14/12, 15/13
-    assert "| linear | 14.5 ± 0.7 | 1.26× (1.25-1.27; of means 1.26×) | 1.16× (1.15-1.17; of means 1.16×) |" in md
-    assert "| hf-lookup | 12.5 ± 0.7 | 1.09× (1.08-1.09; of means 1.09×) | - |" in md
+    # linear (3) / hf-ar (0): 14/11, 15/12 -> median 1.26, range 1.25-1.27; vs hf-ar +compile (7): 14/18, 15/19;
+    # vs hf-lookup (1): 14/12, 15/13
+    assert ("| linear | 14.5 ± 0.7 | 1.26× (1.25-1.27; of means 1.26×, of totals 1.26×) | 0.78× (0.78-0.79; of means "
+            "0.78×, of totals 0.78×) | 1.16× (1.15-1.17; of means 1.16×, of totals 1.16×) |") in md
+    assert "| hf-lookup | 12.5 ± 0.7 | 1.09× (1.08-1.09; of means 1.09×, of totals 1.09×) | 0.68× (" in md
+    # dynatree (5) / hf-ar: 16/11, 17/12; of means 16.5/11.5 = 1.435, of totals 2/(1/16+1/17) / 2/(1/11+1/12) = 1.437
+    assert "| dynatree | 16.5 ± 0.7 | 1.44× (1.42-1.45; of means 1.43×, of totals 1.44×) |" in md
+    assert "vs hf-ar +compile (transformers at its best: static cache, compiled)" in md
     assert "vs best hf-* speculative (hf-lookup)" in md
     assert "500 MB of weights per forward / 10.0 GB/s measured read bandwidth = **20.0 tokens/s**" in md
     assert "Our `ar` reaches 13.5 tokens/s, 68% of it (1.48× from the limit)" in md
-    assert "Our `ar +compile` reaches 18.5 tokens/s, 92% of it (1.08× from the limit)" in md
+    assert "Our `ar +compile` reaches 19.5 tokens/s, 98% of it (1.03× from the limit)" in md
     assert "Measured again beside" not in md  # no run had a paired measurement
     for r in res["records"]:  # bandwidth measured beside each ar run: 1e12 on the warm-up prompt 0 (ignored)
         if r["variant"] == "ar":
@@ -277,9 +282,10 @@ def test_perf_table_has_a_column_per_hf_speculative_peer_and_names_the_best_by_m
     # tokens/s = 10 + variant index + prompt index, measured prompts 1 and 2: hf-ar 11, 12; hf-lookup 12, 13;
     # hf-assisted 13, 14 (the faster, so "best"); ar 14, 15 -> vs hf-lookup 14/12, 15/13, vs hf-assisted 14/13, 15/14
     assert "| vs hf-lookup | vs best hf-* speculative (hf-assisted) |" in md
-    assert "| ar | 14.5 ± 0.7 | 1.26× (1.25-1.27; of means 1.26×) | 1.16× (1.15-1.17; of means 1.16×) | " \
-           "1.07× (1.07-1.08; of means 1.07×) |" in md
-    assert "| hf-assisted | 13.5 ± 0.7 | 1.17× (1.17-1.18; of means 1.17×) | - | - |" in md
+    assert ("| ar | 14.5 ± 0.7 | 1.26× (1.25-1.27; of means 1.26×, of totals 1.26×) | 0.62× (0.61-0.62; of means 0.62×, "
+            "of totals 0.62×) | 1.16× (1.15-1.17; of means 1.16×, of totals 1.16×) | 1.07× (1.07-1.08; of means 1.07×, "
+            "of totals 1.07×) |") in md
+    assert "| hf-assisted | 13.5 ± 0.7 | 1.17× (1.17-1.18; of means 1.17×, of totals 1.17×) | 0.57× (" in md
 
 
 def test_weight_bytes_and_bandwidth():

@@ -8,9 +8,6 @@ import torch
 from helpers import hf_greedy, tiny
 from dynatree import api, runtime
 from dynatree import cache as kv
-from dynatree.bench import runner
-from dynatree.cli import main
-from dynatree.errors import DynaTreeError
 from dynatree.kernels import stock_linears
 from dynatree.runtime import LoadedModel, RECOMPILE_LIMIT
 
@@ -38,13 +35,24 @@ def test_compiled_decoding_equals_plain_greedy(method, arch, dtype):
         assert rec.stats.accepted_tokens > 0  # trees (masked multi-token steps) were verified compiled
 
 
-def test_compile_is_rejected_for_transformers_methods(saved_tiny, capsys):
-    with pytest.raises(DynaTreeError, match=r"compile \(--compile\) applies to dynatree's own methods"):
-        api.generate(method="hf-ar", target=tiny("llama"), prompt_ids=[5, 6], max_new_tokens=2, compile=True)
-    with pytest.raises(DynaTreeError, match="--compile applies"):
-        runner.check_variants([runner.Variant("ar", "ar"), runner.Variant("hf-ar", "hf-ar", compile=True)])
-    assert main(["generate", "--target", str(saved_tiny), "--method", "hf-ar", "--compile", "w5 w6"]) == 2
-    assert "--compile applies to dynatree's own methods" in capsys.readouterr().err
+def test_hf_ar_compiled_is_transformers_with_a_static_cache_and_the_same_tokens():
+    """hf-ar +compile: transformers' generate() with a static cache and its compiled forward; the graph
+    is built before the clock (compile_s), none inside the timings, and the tokens are plain greedy's."""
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-hf-compiled", eos_ids=[])
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30]
+    first = api.generate(method="hf-ar", target=target, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True,
+                         compile=True)
+    assert first.run.compile is True and first.run.engine == "transformers"
+    assert first.new_token_ids == hf_greedy(target, prompt, 24)
+    assert first.stats.compile_s is not None and first.stats.graphs_compiled_while_timed == 0
+    assert first.stats.iterations == 24 and first.stats.ttft_s < first.stats.wall_s
+    again = api.generate(method="hf-ar", target=target, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True,
+                         compile=True)
+    assert again.stats.compile_s == 0.0 and again.stats.graphs_compiled_while_timed == 0
+    assert again.new_token_ids == first.new_token_ids
+    eager = api.generate(method="hf-ar", target=target, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True)
+    assert eager.run.compile is False and eager.stats.compile_s is None and eager.new_token_ids == first.new_token_ids
 
 
 def test_compiled_steps_freeze_the_weights(monkeypatch):

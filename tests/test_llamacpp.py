@@ -26,8 +26,8 @@ def _gguf_tiny() -> LoadedModel:
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"sample": True}, r"llamacpp-ar decodes greedily only .* drop --sample"),
-    ({"compile": True}, r"compile \(--compile\) applies to dynatree's own methods; 'llamacpp-ar' runs llama\.cpp's "
-                        r"own decoding as is"),
+    ({"compile": True}, r"compile \(--compile\) does not apply to 'llamacpp-ar': llama\.cpp runs its own native "
+                        r"kernels"),
     ({"kv_window": "4,8"}, r"kv_window \(--kv-window\) is not available for 'llamacpp-ar' \(llama\.cpp's own decoding\)"),
     ({"max_new_tokens": 600}, r"prompt \(2 tokens\) \+ max_new_tokens \(600\) exceeds the context length 512"),
     ({"draft": "ngram"}, r"draft \(--draft\) does not apply to 'llamacpp-ar'"),

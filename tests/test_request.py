@@ -35,7 +35,7 @@ MISSING = "/nonexistent/model-that-would-fail-to-load"  # check() must never loa
     ({"temperature": 0.7}, "only with --sample"),
     ({"sample": True, "top_p": 1.5}, "top"),
     ({"method": "hf-ar", "kv_window": "4,8"}, "not available for 'hf-ar'"),
-    ({"method": "hf-ar", "compile": True}, "compile (--compile) applies to dynatree's own methods"),
+    ({"method": "hf-lookup", "compile": True}, "compile (--compile) does not apply to 'hf-lookup'"),
     ({"device": 0}, "device (--device) must be a string"),
     ({"target": 3}, "target must be a model spec string or a LoadedModel"),
     ({"linear": "fast"}, "unknown linear kernel"),
@@ -90,3 +90,23 @@ def test_the_result_is_typed_and_its_json_is_the_cli_record():
     assert "policy_state" not in plain and plain["new_token_ids"] == record["new_token_ids"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.text = "changed"
+
+
+@pytest.mark.parametrize("method,reason", [
+    ("hf-lookup", "prompt-lookup decoding with a static cache fails inside the compiled graph"),
+    ("hf-assisted", "runs assisted generation uncompiled even with a static cache"),
+    ("llamacpp-ar", "no torch graph to compile"),
+])
+def test_compile_is_refused_with_the_reason_where_it_cannot_apply(method, reason, saved_tiny, capsys):
+    from dynatree.bench import runner
+    from dynatree.cli import main
+
+    with pytest.raises(DynaTreeError, match=rf"compile \(--compile\) does not apply to '{method}': .*{reason}"):
+        Request(prompt_ids=[5, 6], method=method, target=MISSING, draft="x" if method == "hf-assisted" else None,
+                compile=True).check()
+    with pytest.raises(DynaTreeError, match=f"--compile does not apply to '{method}'"):
+        runner.check_variants([runner.Variant("ar", "ar"), runner.Variant(method, method, compile=True,
+                                                                          draft="d" if method == "hf-assisted" else None)])
+    assert main(["generate", "--target", str(saved_tiny), "--method", method, "--compile", "w5 w6"]) == 2
+    assert reason in capsys.readouterr().err
+    assert Request(prompt_ids=[5, 6], method="hf-ar", target=MISSING, compile=True).check().method.compilable

@@ -152,7 +152,7 @@ class Prepared:
     ngram_max: int
     window: KVWindow | None
     sampling: SamplingConfig | None  # None: greedy
-    compile: bool  # decode steps through torch.compile (dynatree's own methods only)
+    compile: bool  # decode steps through torch.compile (dynatree's methods; hf-ar with a static cache)
 
     @property
     def ours(self) -> bool:
@@ -185,7 +185,7 @@ class Prepared:
             dtype="gguf" if llama else str(tgt.dtype).removeprefix("torch."),
             weights="gguf" if llama else tgt.weights,
             weights_note=None if llama else tgt.weights_note,
-            compile=self.compile and ours,
+            compile=self.compile,
             engine=engine,
             inexact_greedy=inexact_greedy(tgt.dtype, tgt.weights, tgt.row_dependent)
             if ours and self.sampling is None and self.draft_name is not None else None,
@@ -247,7 +247,7 @@ def prepare(request: Request) -> Prepared:
     return Prepared(method=r.method, config=checked.config, target=tgt, draft=draft_lm, draft_name=draft_name,
                     prompt_ids=prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos, chat=r.chat,
                     seed=r.seed, ngram_max=r.ngram_max, window=window, sampling=checked.sampling,
-                    compile=bool(compile) and spec.policy_cls is not None)
+                    compile=bool(compile) and spec.compilable)
 
 
 def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> Result:
@@ -261,7 +261,7 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> 
     if not job.ours:
         torch.manual_seed(job.seed)
         new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos, job.draft,
-                                     on_tokens, job.sampling)
+                                     on_tokens, job.sampling, compile=job.compile)
         return job.result(new_ids, stats)
     decoder = job.decoder()
     run = decoder.generate(job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens)
@@ -306,7 +306,8 @@ def generate(
     `sample=True` samples (temperature, then top-k, then top-p; seeded by `seed`) with lossless
     verification instead of greedy decoding (see `sampling.py`). `compile=True` runs the
     target's decode steps through torch.compile (minutes to compile on first use, cached on
-    disk; see `LoadedModel.forward`); None keeps the loaded target's own setting. `linear`
+    disk; see `LoadedModel.forward`; for hf-ar: transformers' generate() with a static cache and
+    its own compiled forward); None keeps the loaded target's own setting. `linear`
     ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
     `weights` ("dense", "q4", "int8", "auto"; None: dense) is the format of a target loaded here
     (weights.py); drafts load dense, in the target's dtype.

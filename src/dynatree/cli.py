@@ -185,14 +185,14 @@ def cmd_generate(args) -> int:
     for name in given:
         if not any(m in args.method_fields[name] for m in methods):
             make_config(args.method, **{name: given[name]})  # raises "does not apply to method ..."
-    ours = [m for m in methods if METHODS[m].policy_cls is not None]
-    if args.compile and not ours:
-        raise DynaTreeError("--compile applies to dynatree's own methods, not to transformers' generate() (hf-*)")
+    compilable = [m for m in methods if METHODS[m].compilable]  # the others run uncompiled, labelled so
+    if args.compile and not compilable:
+        raise DynaTreeError(f"--compile does not apply to {methods[0]!r}: {METHODS[methods[0]].not_compilable}")
     requests = {method: Request(  # one per method, every value checked before any model loads
         prompt=prompt, method=method, options=options_for(method), target=args.target,
         draft=args.draft if method in drafting else None, max_new_tokens=args.max_new_tokens,
         ignore_eos=args.ignore_eos, chat=args.chat, device=args.device, dtype=args.dtype, weights=args.weights, seed=args.seed,
-        ngram_max=ngram_max, kv_window=args.kv_window, compile=args.compile and method in ours, linear=args.linear,
+        ngram_max=ngram_max, kv_window=args.kv_window, compile=args.compile and method in compilable, linear=args.linear,
         **sampling_kwargs(args)) for method in methods}
     for method, request in requests.items():
         checked = request.check()

@@ -25,6 +25,11 @@ class Method:
     draft: str  # "none": no draft; "any": a draft LM or the n-gram drafter; "lm": a draft LM only
     summary: str
     engine: str = "dynatree"  # who decodes: "dynatree", or a baseline's own: "transformers", "llama.cpp"
+    not_compilable: str | None = None  # why --compile cannot apply to it; None: it can
+
+    @property
+    def compilable(self) -> bool:
+        return self.not_compilable is None
 
     @property
     def baseline(self) -> str | None:
@@ -46,10 +51,14 @@ METHODS = {
         Method("opt-tree", OptTreeConfig, OptTreePolicy, "any", "budgeted tree maximising expected accepted length"),
         Method("hf-ar", HfArConfig, None, "none", "transformers generate(), greedy", "transformers"),
         Method("hf-assisted", HfAssistedConfig, None, "lm", "transformers assisted generation with a draft LM",
-               "transformers"),
-        Method("hf-lookup", HfLookupConfig, None, "none", "transformers prompt-lookup decoding", "transformers"),
+               "transformers", "transformers runs assisted generation uncompiled even with a static cache "
+               "(it builds no graph), so compiling it would change nothing"),
+        Method("hf-lookup", HfLookupConfig, None, "none", "transformers prompt-lookup decoding", "transformers",
+               "transformers' prompt-lookup decoding with a static cache fails inside the compiled graph "
+               "(an index out of bounds in inductor's kernel)"),
         Method("llamacpp-ar", LlamaCppArConfig, None, "none",
-               "llama.cpp greedy on the target's GGUF file (pip install llama-cpp-python)", "llama.cpp"),
+               "llama.cpp greedy on the target's GGUF file (pip install llama-cpp-python)", "llama.cpp",
+               "llama.cpp runs its own native kernels; there is no torch graph to compile"),
     ]
 }
 

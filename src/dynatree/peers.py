@@ -12,11 +12,20 @@ tokens = received tokens - prompt length - (passes - 1), and committed drafted t
 new tokens - passes (every pass commits its accepted candidates plus one target token).
 `ignore_eos` is applied the same way as in dynatree: EOS is an ordinary token and
 generation runs to max_new_tokens (`eos_token_id=None`), never by suppressing EOS.
+
+`hf-ar` with compile is transformers at its best: `generate()` with a static cache sized for
+the prompt and the new tokens, and transformers' own compiled forward for its decode steps
+(inductor with `freezing`, the option dynatree compiles with; on the CPU without CUDA graphs,
+which need a GPU). An untimed 2-token generate() first builds the graph, so compiling is
+reported apart (`compile_s`) as for dynatree's methods, and graphs built inside the timed run
+are counted. transformers compiles nothing for assisted generation and fails for prompt lookup
+with a static cache, so those run uncompiled only (methods.py says why).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +35,7 @@ from .attention import stock_attention
 from .errors import DynaTreeError
 from .config import in_open_unit, option, positive, require
 from .kernels import stock_linears
-from .runtime import LoadedModel
+from .runtime import LoadedModel, compiled_graphs
 from .stats import Clock, PeakMemory, Stats
 
 
@@ -158,8 +167,10 @@ def hf_generate(
     draft: LoadedModel | None = None,
     on_tokens=None,
     sampling=None,
+    compile: bool = False,
 ) -> tuple[list[int], Stats]:
-    """Run transformers' generate() for one of the hf-* configs; return new tokens and stats."""
+    """Run transformers' generate() for one of the hf-* configs; return new tokens and stats.
+    `compile` (hf-ar only): a static cache and transformers' compiled forward (see above)."""
     device = target.device
     received: list[int] = []
 
@@ -173,24 +184,27 @@ def hf_generate(
         extra["do_sample"] = False
     else:  # the same temperature -> top-k -> top-p chain as dynatree's; seeded by the caller
         extra.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+    if compile:
+        extra.update(_static_compiled(device, len(prompt_ids) + max_new_tokens))
     eos = None if ignore_eos else (target.eos_ids or None)
+    ids = torch.tensor([prompt_ids], device=device)
+    common = dict(attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=device),
+                  pad_token_id=target.eos_ids[0] if target.eos_ids else 0, **extra)
     # the baselines run the attention and the linear kernels transformers gets by default
     # (see attention.stock_attention, kernels.stock_linears)
     models = (target.model, draft.model if draft is not None else None)
     with stock_attention(*models), stock_linears(*models), _notices_off():
+        compile_s = None
+        if compile:  # build the decode step's graph before the clock (prefill + one compiled step)
+            start, graphs = time.perf_counter(), compiled_graphs()
+            target.model.generate(ids, max_new_tokens=2, eos_token_id=None, **common)
+            compile_s = time.perf_counter() - start if compiled_graphs() != graphs else 0.0
         hook = target.model.register_forward_pre_hook(count, with_kwargs=True)
         try:
+            graphs = compiled_graphs()
             memory, clock = PeakMemory(device), Clock(device)
             stamps = _Stamps(clock, on_tokens)
-            out = target.model.generate(
-                torch.tensor([prompt_ids], device=device),
-                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=device),
-                max_new_tokens=max_new_tokens,
-                eos_token_id=eos,
-                pad_token_id=target.eos_ids[0] if target.eos_ids else 0,
-                streamer=stamps,
-                **extra,
-            )
+            out = target.model.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, streamer=stamps, **common)
             wall = clock.elapsed()
         finally:
             hook.remove()
@@ -204,5 +218,19 @@ def hf_generate(
         ttft_s=stamps.times[0] if stamps.times else wall,
         wall_s=wall,
         peak_mem_mb=memory.peak_mb(),
+        compile_s=compile_s,
+        graphs_compiled_while_timed=compiled_graphs() - graphs if compile else None,
     )
     return new_ids, stats
+
+
+def _static_compiled(device: torch.device, length: int) -> dict:
+    """generate() options for a static cache of `length` slots and transformers' compiled forward."""
+    from transformers import CompileConfig
+
+    if device.type == "cuda":
+        config = CompileConfig()  # transformers' default: CUDA graphs ("reduce-overhead")
+    else:
+        config = CompileConfig(mode=None, options={"freezing": True})  # torch takes a mode or options, not both
+        config._compile_all_devices = True  # transformers' own switch to compile off the GPU
+    return {"cache_implementation": "static", "max_cache_len": length, "compile_config": config}

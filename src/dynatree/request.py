@@ -48,7 +48,7 @@ class Request:
     temperature: float | None = None  # sampling temperature (only with sample)
     top_k: int | None = None  # keep the k most likely tokens (only with sample)
     top_p: float | None = None  # nucleus sampling mass (only with sample)
-    compile: bool | None = None  # decode steps through torch.compile; None: the loaded target's own setting
+    compile: bool | None = None  # decode steps through torch.compile (hf-ar: transformers' static cache + compile); None: the loaded target's own setting
     linear: str = "auto"  # linear-layer kernels of models loaded here: auto, onednn, stock (kernels.py)
 
     def check(self) -> Checked:
@@ -76,9 +76,8 @@ class Request:
         sampling = sampling_config(self.sample, self.temperature, self.top_k, self.top_p)
         if window is not None and spec.policy_cls is None:
             raise DynaTreeError(f"kv_window (--kv-window) is not available for {self.method!r} ({spec.baseline})")
-        if self.compile and spec.policy_cls is None:
-            raise DynaTreeError(f"compile (--compile) applies to dynatree's own methods; {self.method!r} runs "
-                                f"{spec.baseline} as is")
+        if self.compile and not spec.compilable:
+            raise DynaTreeError(f"compile (--compile) does not apply to {self.method!r}: {spec.not_compilable}")
         if self.device is not None and not isinstance(self.device, str):
             raise DynaTreeError(f"device (--device) must be a string such as 'cpu' or 'cuda', got {self.device!r}")
         if not isinstance(self.target, (str, LoadedModel)):

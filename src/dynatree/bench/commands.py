@@ -219,11 +219,12 @@ def cmd_bench(args) -> int:
             v.options = {**v.options, **mine}
             if v.options.get("cost_aware") and not v.label.endswith("+cost-aware"):
                 v.label += " +cost-aware"  # as the presets' own cost-aware rows are labelled
-    if args.compile:  # every variant of ours, under its own label
-        ours = [v for v in variant_list if get_method(v.method).policy_cls is not None]
-        if not ours:
-            raise DynaTreeError("--compile applies to dynatree's own methods, and this run has none")
-        for v in ours:
+    if args.compile:  # every variant that can be compiled, under its own label
+        compilable = [v for v in variant_list if get_method(v.method).compilable]
+        if not compilable:
+            m = get_method(variant_list[0].method)
+            raise DynaTreeError(f"--compile applies to none of the methods in this run ({m.name}: {m.not_compilable})")
+        for v in compilable:
             v.compile = True
     unused = [k for k in given if not any(v.method in args.method_fields[k] for v in variant_list)]
     if unused:

@@ -21,7 +21,7 @@ class Variant:
     draft: str | None = None  # "ngram", a draft model spec, or None (methods without a draft)
     tags: dict = field(default_factory=dict)  # what the variant varies, for plots (e.g. {"depth": 8})
     kv_window: str | None = None  # "SINK,RECENT" attention-sink KV window (overrides the protocol's)
-    compile: bool = False  # run the target's decode steps through torch.compile (our methods only)
+    compile: bool = False  # run the target's decode steps through torch.compile (methods.Method.compilable)
 
 
 @dataclass
@@ -98,5 +98,6 @@ def check_variants(variants: list[Variant]) -> None:
         need = get_method(v.method).draft
         if need == "lm" and not parse(v.draft).model_alone:
             raise DynaTreeError(f"variant {v.label!r}: method {v.method!r} needs a draft language model alone")
-        if v.compile and get_method(v.method).policy_cls is None:
-            raise DynaTreeError(f"variant {v.label!r}: --compile applies to dynatree's own methods, not {v.method!r}")
+        if v.compile and not get_method(v.method).compilable:
+            raise DynaTreeError(f"variant {v.label!r}: --compile does not apply to {v.method!r}: "
+                                f"{get_method(v.method).not_compilable}")

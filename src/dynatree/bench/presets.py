@@ -13,7 +13,8 @@
   perf        the speed table: transformers' greedy generate (hf-ar), hf-lookup,
               hf-assisted (with a draft LM), and our ar, linear, fixed tree, DynaTree with every
               drafter, DynaTree with `cost_aware` ("+cost-aware"), plus ar and cost-aware
-              DynaTree with torch.compile ("+compile"); ratios to hf-ar and to the best hf-*
+              DynaTree with torch.compile ("+compile"), and hf-ar compiled (transformers at its
+              best: a static cache and its compiled forward); ratios to hf-ar, hf-ar +compile, the best hf-*
               speculative method, and the memory-bandwidth limit of plain decoding. Default
               drafters as for `draft`
   draft       a draft LM against the n-gram drafter and against transformers' assisted
@@ -209,7 +210,7 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
                                 strict=False)
         cost_aware = _cost_aware(method_variants(["dynatree"], drafts))
         compiled = [dataclasses.replace(v, label=f"{v.label} +compile", compile=True)
-                    for v in method_variants(["ar"], drafts) + cost_aware]
+                    for v in method_variants(["hf-ar", "ar"], drafts) + cost_aware]
         return eager + cost_aware + compiled
     if preset == "draft":
         if not [d for d in drafts if parse(d).model_alone]:

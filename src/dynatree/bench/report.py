@@ -46,14 +46,15 @@ def quality_table(results: dict, t_new: int, l_max: int) -> str:
 
 
 def _ratio(r: dict | None) -> str:
-    return "-" if r is None else f"{r['median']:.2f}× ({r['min']:.2f}-{r['max']:.2f}; of means {r['of_means']:.2f}×)"
+    return "-" if r is None else (f"{r['median']:.2f}× ({r['min']:.2f}-{r['max']:.2f}; of means {r['of_means']:.2f}×, "
+                                  f"of totals {r['of_totals']:.2f}×)")
 
 
 def perf_section(results: dict, t_new: int, l_max: int) -> str:
     """Every method against transformers' greedy generate (hf-ar), and ours against each hf-*
     speculative method run (the best by mean throughput named as such: with several peers
     the best on the median prompt may be another one), per prompt (median, range) and as a
-    ratio of means; plus the memory-bandwidth limit of plain decoding when it was measured."""
+    ratio of means and of totals; plus the memory-bandwidth limit of plain decoding when it was measured."""
     aggs = at(results, t_new, l_max)
     dataset = aggs[0].get("dataset") if aggs else None
     setting = (dataset, t_new, l_max)
@@ -61,13 +62,16 @@ def perf_section(results: dict, t_new: int, l_max: int) -> str:
     peers = [a for a in aggs if a["method"] in ("hf-lookup", "hf-assisted")]
     best_peer = max(peers, key=lambda a: a["mean"]["tokens_per_s"] or 0)["variant"] if peers else None
     peer_names = [p["variant"] for p in peers] or [None]
+    compiled_hf = "hf-ar +compile" if any(a["variant"] == "hf-ar +compile" for a in aggs) else None
     rows = []
     for a in aggs:
         ours = not a["method"].startswith("hf-")
         rows.append([a["variant"], _pm(a["mean"]["tokens_per_s"], a["std"]["tokens_per_s"]),
                      _ratio(ratios_to(records, a["variant"], "hf-ar", setting))]
+                    + ([_ratio(ratios_to(records, a["variant"], compiled_hf, setting))] if compiled_hf else [])
                     + [_ratio(ratios_to(records, a["variant"], p, setting)) if ours and p else "-" for p in peer_names])
-    out = [_table(["Method", "Throughput (tok/s)", "vs hf-ar: per-prompt median (range; ratio of means)"]
+    out = [_table(["Method", "Throughput (tok/s)", "vs hf-ar: per-prompt median (range; ratio of means, of totals)"]
+                  + (["vs hf-ar +compile (transformers at its best: static cache, compiled)"] if compiled_hf else [])
                   + [f"vs best hf-* speculative ({p})" if p == best_peer else f"vs {p}" if p
                      else "vs best hf-* speculative (none run)" for p in peer_names], rows)]
     hw = results.get("hardware")

@@ -132,16 +132,23 @@ def task_order(categories) -> list[str]:
 
 def ratios_to(records: list[dict], variant: str, reference: str, setting: tuple) -> dict | None:
     """Throughput of `variant` / throughput of `reference` on the same measured prompts:
-    per-prompt median, min, max, and the ratio of means. None if they share no prompt."""
+    per-prompt median, min, max, the ratio of mean throughputs, and the ratio of throughputs over
+    the totals (all tokens / all time: Spec-Bench's speedup). None if they share no prompt."""
     measured = [r for r in records if not r["warmup"] and _setting(r) == tuple(setting)]
-    ref = {r["prompt_index"]: r["stats"]["tokens_per_s"] for r in measured if r["variant"] == reference}
-    mine = {r["prompt_index"]: r["stats"]["tokens_per_s"] for r in measured if r["variant"] == variant}
-    common = [i for i in mine if i in ref and ref[i]]
+    ref = {r["prompt_index"]: r["stats"] for r in measured if r["variant"] == reference}
+    mine = {r["prompt_index"]: r["stats"] for r in measured if r["variant"] == variant}
+    common = [i for i in mine if i in ref and ref[i]["tokens_per_s"]]
     if not common:
         return None
-    per_prompt = [mine[i] / ref[i] for i in common]
+    per_prompt = [mine[i]["tokens_per_s"] / ref[i]["tokens_per_s"] for i in common]
+
+    def over_totals(runs: dict) -> float:
+        return sum(runs[i]["new_tokens"] for i in common) / sum(runs[i]["wall_s"] for i in common)
+
     return {**_spread(per_prompt),
-            "of_means": statistics.fmean(mine[i] for i in common) / statistics.fmean(ref[i] for i in common),
+            "of_means": statistics.fmean(mine[i]["tokens_per_s"] for i in common)
+            / statistics.fmean(ref[i]["tokens_per_s"] for i in common),
+            "of_totals": over_totals(mine) / over_totals(ref),
             "n": len(common)}
 
 
