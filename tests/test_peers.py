@@ -16,10 +16,19 @@ def test_peers_match_ar_and_report_stats(arch):
     target = tiny(arch, eos_ids=[])
     prompt = [5, 6, 7, 5, 6, 7, 5]
     ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=30, ignore_eos=True)
-    for method, draft in [("hf-ar", None), ("hf-lookup", None), ("hf-assisted", noisy_copy(arch, 0, 0.08))]:
+    draft = noisy_copy(arch, 0, 0.08)  # a copy made before the hook below, so it does not carry it
+    passes = []  # tokens each target pass received, seen from outside
+    target.model.register_forward_pre_hook(
+        lambda module, args, kwargs: passes.append((kwargs.get("input_ids") if kwargs.get("input_ids") is not None
+                                                    else args[0]).shape[1]), with_kwargs=True)
+    for method, draft in [("hf-ar", None), ("hf-lookup", None), ("hf-assisted", draft)]:
+        passes.clear()
         rec = generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=30, ignore_eos=True)
         assert rec.new_token_ids == ar.new_token_ids, method
         s = rec.stats
+        # M as ours: tokens per verification pass, a first pass that verified drafts counting as one
+        verified = passes[0] > len(prompt)
+        assert s.mean_generated_len == pytest.approx(30 / s.iterations if verified else 29 / (s.iterations - 1))
         assert s.new_tokens == 30
         assert 1 <= s.iterations <= 30
         assert s.new_tokens == s.iterations + s.accepted_tokens

@@ -220,6 +220,7 @@ def hf_generate(
         peak_mem_mb=memory.peak_mb(),
         compile_s=compile_s,
         graphs_compiled_while_timed=compiled_graphs() - graphs if compile else None,
+        prefill_verified=bool(received) and received[0] > len(prompt_ids),  # the prompt came with drafts
     )
     return new_ids, stats
 

@@ -4,7 +4,9 @@
   acceptance_rate  = drafted tokens committed / drafted tokens proposed   (never above 1)
   tokens_per_iter L = new tokens / target passes (the prefill counts as the first pass)
   mean_generated_len M = tokens committed per verification pass, prefill excluded
-                    (paper 004's M: accepted draft tokens + the bonus token, per iteration)
+                    (paper 004's M: accepted draft tokens + the bonus token, per iteration);
+                    where the first pass verified drafts too (transformers' assisted and
+                    prompt-lookup generation), it counts as a verification pass
   accepted_len l    = committed drafted tokens / target passes (bonus tokens excluded)
   ttft_s = time from the call to the first new token; tpot_s = (wall - ttft) / (new - 1)
   draft_ms / verify_ms / commit_ms = mean time per decode iteration spent growing the tree
@@ -47,6 +49,7 @@ class Stats:
     commit_s: float | None = None
     compile_s: float | None = None  # compiling the target's decode steps before the clock started (--compile)
     graphs_compiled_while_timed: int | None = None  # graphs compiled inside the timings (--compile; 0 expected)
+    prefill_verified: bool = False  # the first pass verified drafted tokens too (hf-assisted, hf-lookup)
 
     def count_iteration(self, drafted: int, accepted: int, committed: int, draft_s: float, verify_s: float,
                         commit_s: float) -> None:
@@ -74,7 +77,8 @@ class Stats:
             iterations=it,
             acceptance_rate=self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None,
             tokens_per_iter=n / it if it else None,
-            mean_generated_len=(n - 1) / (it - 1) if it > 1 else None,
+            mean_generated_len=(n / it if it else None) if self.prefill_verified
+            else (n - 1) / (it - 1) if it > 1 else None,
             accepted_len=self.accepted_tokens / it if it else None,
             ttft_s=self.ttft_s,
             tpot_s=(self.wall_s - self.ttft_s) / (n - 1) if n > 1 else None,
