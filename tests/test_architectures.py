@@ -28,16 +28,21 @@ from dynatree.probe import check_tree_exact
 _DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=256)
 _GPT = dict(n_embd=32, n_layer=2, n_head=4, n_positions=256)
-# model_type (and variant) -> the config fields that make it tiny; sliding windows off (issue 34)
+# model_type (and variant) -> the config fields that make it tiny; sliding windows of 8 tokens, so the
+# generations below cross them (test_sliding.py tests those architectures in depth)
 EXACT = {
-    "llama": _DIMS, "mistral": dict(_DIMS, sliding_window=None), "qwen2": dict(_DIMS, use_sliding_window=False),
+    "llama": _DIMS, "mistral": dict(_DIMS, sliding_window=8),
+    "qwen2": dict(_DIMS, use_sliding_window=True, sliding_window=8, max_window_layers=1),
+    "gemma2": dict(_DIMS, head_dim=8, sliding_window=8),
+    "gemma3_text": dict(_DIMS, head_dim=8, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    "cohere2": dict(_DIMS, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
     "qwen3": dict(_DIMS, head_dim=8), "gemma": dict(_DIMS, head_dim=8), "phi": dict(_DIMS, partial_rotary_factor=0.5),
     "phi3": _DIMS, "gpt_neox": dict(_DIMS, rotary_pct=0.5), "gpt2": _GPT, "gptj": dict(_GPT, rotary_dim=4),
     "codegen": dict(_GPT, n_ctx=256, rotary_dim=4),
     "opt": dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256,
                 word_embed_proj_dim=32),
     "falcon": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=False, multi_query=True),
-    "stablelm": _DIMS, "olmo": _DIMS, "olmo2": _DIMS, "starcoder2": dict(_DIMS, sliding_window=None),
+    "stablelm": _DIMS, "olmo": _DIMS, "olmo2": _DIMS, "starcoder2": dict(_DIMS, sliding_window=8),
     "gpt_bigcode": _GPT, "persimmon": _DIMS, "cohere": _DIMS, "granite": _DIMS, "helium": dict(_DIMS, head_dim=8),
     "glm": dict(_DIMS, head_dim=8),
 }

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
-from transformers import DynamicCache, MistralConfig, MistralForCausalLM
+from transformers import AutoConfig, DynamicCache
 
 from helpers import ARCHS, noisy_copy, tiny
 from dynatree import Decoder, make_config
@@ -25,11 +27,11 @@ def plain_cache(model, tokens: list[int]):
     return cache
 
 
-def assert_same_cache(actual, expected):
+def assert_same_cache(actual, expected, tol: float = 1e-9):
     assert kv.length(actual) == kv.length(expected)
     for a, e in zip(actual.layers, expected.layers):
-        torch.testing.assert_close(a.keys, e.keys, rtol=1e-9, atol=1e-9)
-        torch.testing.assert_close(a.values, e.values, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(a.keys, e.keys, rtol=tol, atol=tol)
+        torch.testing.assert_close(a.values, e.values, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -111,8 +113,11 @@ def test_slot_cache_grows_and_otherwise_writes_in_place(monkeypatch):
     assert_same_cache(ours, plain_cache(target.model, tokens[:10]))
 
 
-def test_sliding_window_models_are_rejected():
-    config = MistralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                           num_attention_heads=2, num_key_value_heads=1, sliding_window=8)
-    with pytest.raises(DynaTreeError, match="sliding window or recurrent state"):
-        kv.new_cache(MistralForCausalLM(config))
+def test_recurrent_and_chunked_attention_caches_are_refused():
+    """Sliding windows are masked (test_sliding.py); state that cannot be compacted by index is refused."""
+    linear = AutoConfig.for_model("qwen3_next", num_hidden_layers=4, hidden_size=16, vocab_size=64)
+    with pytest.raises(DynaTreeError, match="qwen3_next is refused: its LinearAttentionLayer cache layers keep recurrent"):
+        kv.attention_layout(SimpleNamespace(config=linear))
+    chunked = AutoConfig.for_model("llama4_text", num_hidden_layers=4)
+    with pytest.raises(DynaTreeError, match=r"llama4_text is refused: it has attention layers of type \['chunked_attention'\]"):
+        kv.attention_layout(SimpleNamespace(config=chunked))

@@ -11,9 +11,11 @@ drops the rest, so no second target pass is needed to rebuild the cache.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import Cache, DynamicCache
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 from .attention import EXACT_SDPA
 from .errors import DynaTreeError
@@ -103,20 +105,49 @@ def _grown(buf: torch.Tensor, capacity: int, length: int) -> torch.Tensor:
     return new
 
 
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Which attention a model's layers do, as transformers' own cache for the model says.
+
+    A sliding-window layer lets a query at position q see the keys at positions k with
+    q - window < k <= q (transformers' rule). The engine keeps every entry in a `SlotLayer`
+    for those layers too, and restricts what they see with their own mask (runtime.masks),
+    so a tree node sees exactly what its own sequential step would: the prefix inside the
+    window of its *true* position, and its ancestors.
+    """
+
+    window: int | None  # the sliding layers' window; None: every layer attends to everything before it
+    layer_types: tuple[str, ...] | None  # config.layer_types: their names key per-type masks; None: one mask
+
+
+def attention_layout(model) -> AttentionLayout:
+    """The model's `AttentionLayout`; a model whose cache layers keep other state is refused."""
+    layers = DynamicCache(config=model.config).layers
+    windows = set()
+    for layer in layers:
+        if type(layer) is DynamicSlidingWindowLayer:
+            windows.add(layer.sliding_window)
+        elif type(layer) is not DynamicLayer:  # recurrent or chunked state cannot be compacted by index
+            raise DynaTreeError(f"{model.config.model_type} is refused: its {type(layer).__name__} cache layers keep "
+                                "recurrent or chunked attention state, which tree verification cannot compact by index")
+    types = getattr(model.config, "layer_types", None)  # not every config has them (Mistral: all layers slide)
+    if len(windows) > 1 or (windows and types is None and any(type(layer) is DynamicLayer for layer in layers)):
+        raise DynaTreeError(f"{model.config.model_type} is refused: it mixes sliding windows ({sorted(windows)}) "
+                            "without naming its layer types, so dynatree cannot give each layer its mask")
+    if types is not None and set(types) - {"full_attention", "sliding_attention"}:
+        raise DynaTreeError(f"{model.config.model_type} is refused: it has attention layers of type "
+                            f"{sorted(set(types) - {'full_attention', 'sliding_attention'})}, which dynatree cannot mask")
+    window = min(windows) if windows else None  # one window at most (checked above)
+    return AttentionLayout(window=window, layer_types=tuple(types) if types is not None and window else None)
+
+
 def new_cache(model) -> Cache:
-    layer_types = DynamicCache(config=model.config).layers
-    for layer in layer_types:
-        # Sliding-window and linear-attention layers keep a rolling state that cannot be
-        # compacted by index; reject them instead of silently decoding wrong tokens.
-        if type(layer) is not DynamicLayer:
-            raise DynaTreeError(
-                f"{model.config.model_type} uses {type(layer).__name__} cache layers "
-                "(sliding window or recurrent state), which dynatree does not support yet"
-            )
+    layers = DynamicCache(config=model.config).layers
+    attention_layout(model)  # refuses layers whose state cannot be compacted by index
     # a model attending in float64 (attention.use_exact_attention) keeps its keys and values there:
     # converted once when written, instead of the whole cache at every step
     dtype = torch.float64 if model.config._attn_implementation == EXACT_SDPA else None
-    return Cache(layers=[SlotLayer(dtype) for _ in layer_types])
+    return Cache(layers=[SlotLayer(dtype) for _ in layers])
 
 
 def reserve(cache: Cache, n: int) -> None:

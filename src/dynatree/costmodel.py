@@ -27,7 +27,6 @@ import torch
 
 from . import cache as kv
 from .runtime import LoadedModel, compiled_graphs
-from .tree import additive_mask
 
 # Every size up to 12, then coarser: small sizes are where trees live and where CPU GEMM kernels
 # change (on the 2-core test machine, eager float32: 3 tokens cost 1.19x one token, 4 tokens 1.6x).
@@ -181,7 +180,8 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 
     steps = []  # per size: ids, positions, mask of n chained tokens after the context
     for n in sizes:
         allowed = torch.cat([torch.ones(n, base, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
-        mask = None if n == 1 and not masked_token else additive_mask(allowed, target.dtype, target.device)
+        mask = None if n == 1 and not masked_token else target.masks(allowed, torch.arange(base, base + n),
+                                                                         torch.arange(base + n))
         steps.append(([context[-1]] * n, list(range(base, base + n)), mask))
     times: list[list[float]] = [[] for _ in sizes]
     sweeps, redone = 0, 0

@@ -21,7 +21,7 @@ from .runtime import LoadedModel, compiled_graphs
 from .costmodel import curve_for
 from .policies.base import Timing, TreePolicy
 from .stats import Clock, PeakMemory, Stats
-from .tree import Tree, additive_mask
+from .tree import Tree
 from .sampling import Sampler
 from .verify import default_verifier
 from .window import KVWindow
@@ -62,7 +62,9 @@ class Decoder:
         self.target = target
         self.policy = policy
         self.drafter = drafter
-        self.window = window  # attention-sink KV window applied to the target, or None
+        # attention-sink KV window applied to the target; else, for a model whose every layer slides,
+        # the window that evicts exactly the keys no later query can see (see `sliding_eviction`)
+        self.window = window if window is not None else sliding_eviction(target)
         self.sampler = sampler  # sampling mode (lossless rejection sampling), or None for greedy
         self.compile = target.compile if compile is None else compile  # target steps through torch.compile
         self.verifier = policy.verifier or default_verifier(sampler)  # the policy's own rule (lossy), else ours
@@ -89,7 +91,7 @@ class Decoder:
         compile_s = self.target.warm_up(self._step_kinds(), hidden) if compiled and max_new_tokens > 1 else 0.0
         curve = None  # the target's verification cost: measured once per target (seconds), outside the timings
         if self.policy.uses_cost_curve:
-            curve = curve_for(self.target, list(prompt_ids), masked_token=self.window is not None, compiled=compiled)
+            curve = curve_for(self.target, list(prompt_ids), masked_token=self._masked_tokens, compiled=compiled)
         self.policy.prepare(curve)
         graphs = compiled_graphs()
         memory, clock = PeakMemory(device), Clock(device)
@@ -146,10 +148,17 @@ class Decoder:
             if compiled:
                 stats.compile_s, stats.graphs_compiled_while_timed = compile_s, compiled_graphs() - graphs
 
+    @property
+    def _masked_tokens(self) -> bool:
+        """One-token steps get an explicit mask: under a KV window (slots are not positions), and for
+        sliding-window models, whose own mask for one query appears only once the context passes the
+        window (a compiled graph built without it would be built again then, inside the timings)."""
+        return self.window is not None or self.target.layout.window is not None
+
     def _step_kinds(self) -> set[str]:
         """The kinds of target step (runtime.STEP_KINDS) this run makes (the cost curve's sweep makes
         the same): one token, masked under a KV window; trees when there is a drafter."""
-        kinds = {"masked-token" if self.window is not None else "token"}
+        kinds = {"masked-token" if self._masked_tokens else "token"}
         if self.policy.needs_drafter:
             kinds.add("tree")
         return kinds
@@ -164,10 +173,10 @@ class Decoder:
         """
         if self.window is not None:
             allowed = allowed & self.window.visible(positions, torch.cat([run.slot_pos, positions]))
-        if self.window is None and (prefill or len(ids) == 1):  # plain causal attention: the model's own mask
-            mask = None  # (a lone query sees everything)
+        if prefill and self.window is None or len(ids) == 1 and not self._masked_tokens:
+            mask = None  # plain causal attention by slot (sliding windows too): the model's own mask
         else:
-            mask = additive_mask(allowed, self.target.dtype, self.target.device)
+            mask = self.target.masks(allowed, positions, torch.cat([run.slot_pos, positions]))
         out = self.target.forward(run.cache, ids, positions.tolist(), mask, last_only=prefill, hidden=hidden,
                                   compiled=self.compile)
         return out if hidden else (out, None)
@@ -181,6 +190,19 @@ class Decoder:
         if self.window is None:
             return
         run.slot_pos = self.window.evict(run.cache, run.slot_pos, next_pos=len(run.seq) - 1)
+
+
+def sliding_eviction(target: LoadedModel) -> KVWindow | None:
+    """For a model whose every layer attends through a window of W tokens (Mistral, Starcoder2), the
+    KV window (no sinks, the W - 1 keys before each query) that is the same rule: a query at t sees
+    t - W < k <= t. Applied to the cache it keeps W - 1 entries plus the tree, like transformers'
+    rolling cache, instead of the whole sequence; the masks do not change. None for other models
+    (a full-attention layer needs every entry)."""
+    layout = target.layout
+    if layout.window is None or layout.window < 2 or (
+            layout.layer_types is not None and set(layout.layer_types) != {"sliding_attention"}):
+        return None
+    return KVWindow(0, layout.window - 1)
 
 
 def _truncate(tokens: list[int], stop_ids: set[int], limit: int) -> list[int]:

@@ -7,6 +7,10 @@ the mask, or keep state outside the cache break one of these silently. The probe
 before any decoding: a prompt, then a branched tree (siblings in consecutive cache slots, a
 grandchild), then the commit of one path and one more step, each compared with the logits of
 sequential decoding of the same tokens. A model that fails is refused with a one-line reason.
+For a model with sliding-window layers and a window of at most `MAX_PROBED_WINDOW` tokens the
+prompt is longer than the window, so the step also checks that each tree node sees only the
+keys inside the window of its own position (larger windows cost too long a prompt to probe;
+their masks are tested on small-window models of each such architecture).
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import torch
 
 from . import cache as kv
 from .errors import DynaTreeError
-from .tree import TreeBuilder, additive_mask
+from .tree import TreeBuilder
 
 PROMPT_LEN = 6
+MAX_PROBED_WINDOW = 256  # sliding windows up to this are crossed by the probe's prompt
 # Tolerance on the logits, relative to their scale: batched and one-by-one attention reduce in a
 # different order, so they agree to rounding, while a wrong position or mask moves logits by O(1).
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 2e-3}
@@ -52,14 +57,16 @@ def check_tree_exact(loaded) -> None:
     """Raise DynaTreeError unless a tree step, a path commit and the next step reproduce sequential
     decoding's logits. Costs four short forwards of the model."""
     vocab = loaded.vocab_size
-    prompt = _tokens(vocab, PROMPT_LEN)
-    a, b, c, d = _tokens(vocab, PROMPT_LEN + 4)[PROMPT_LEN:]
+    window = loaded.layout.window
+    n = PROMPT_LEN if window is None or window > MAX_PROBED_WINDOW else max(PROMPT_LEN, window + 2)
+    prompt = _tokens(vocab, n)
+    a, b, c, d = _tokens(vocab, n + 4)[n:]
     tree = TreeBuilder(prompt[-1])  # the root is the last committed token, not yet in the cache
     na = tree.add(0, a, 0.5)
     tree.add(0, b, 0.5)
     nc = tree.add(na, c, 1.0)
     built = tree.build()
-    cached = PROMPT_LEN - 1
+    cached = n - 1
     tol = TOLERANCE.get(loaded.dtype, HALF_TOLERANCE)
 
     def compare(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -72,9 +79,9 @@ def check_tree_exact(loaded) -> None:
         cache = kv.new_cache(loaded.model)
         positions = list(range(cached))
         loaded.forward(cache, prompt[:-1], positions, None, last_only=True, compiled=False)
-        mask = additive_mask(built.allowed(cached), loaded.dtype, loaded.device)
-        tree_pos = built.position_ids(cached)[0].tolist()
-        logits = loaded.forward(cache, built.tokens.tolist(), tree_pos, mask, compiled=False).float()
+        tree_pos = built.position_ids(cached)[0]
+        mask = loaded.masks(built.allowed(cached), tree_pos, torch.cat([torch.arange(cached), tree_pos]))
+        logits = loaded.forward(cache, built.tokens.tolist(), tree_pos.tolist(), mask, compiled=False).float()
         seq_a = _sequential(loaded, prompt + [a, c])  # root -> a -> c
         seq_b = _sequential(loaded, prompt + [b])  # root -> b
         compare(logits[0], seq_a[cached], "the tree's root")

@@ -34,6 +34,9 @@ DYNAMIC_SOURCES = (
     r"L\['kwargs'\]\['(cache|past_key_values)'\]\.layers\[\d+\]\.length",
     *(re.escape(f"L['kwargs']['{name}']") + f":{dim}"
       for name, dim in (("input_ids", 1), ("position_ids", 1), ("attention_mask", 2), ("attention_mask", 3))),
+    # per-layer-type masks of sliding-window models (see `LoadedModel.masks`)
+    *(re.escape(f"L['kwargs']['attention_mask']['{kind}']") + f":{dim}"
+      for kind in ("full_attention", "sliding_attention") for dim in (2, 3)),
 )
 # The kinds of decode step a compiled target builds one graph each for (see `LoadedModel.warm_up`):
 # one token without a mask (plain steps), a masked tree of 2+ tokens (sizes are symbolic, but
@@ -96,6 +99,32 @@ class LoadedModel:
                 return value
         return None
 
+    @functools.cached_property
+    def layout(self) -> kv.AttentionLayout:
+        """Which layers attend through a sliding window (cache.attention_layout)."""
+        return kv.attention_layout(self.model)
+
+    def masks(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor):
+        """The attention mask(s) of a step: `allowed` [queries, keys] says what each query may see
+        (its prefix, its tree ancestors, what a KV window keeps); `query_pos`/`key_pos` are the true
+        positions of the queries and of the keys (cache slots, then this step's tokens).
+
+        Returns the [1, 1, queries, keys] additive mask; for a model with sliding-window layers
+        those layers also hide the keys at or beyond the window from each query's true position:
+        one mask when every layer slides (transformers' Mistral, Starcoder2, ... take one), else
+        one per layer type keyed by `config.layer_types`' names (Gemma 2/3, Qwen2, Cohere 2 take
+        such a dict through their public `attention_mask` argument).
+        """
+        full = additive_mask(allowed, self.dtype, self.device)
+        window = self.layout.window
+        if window is None:
+            return full
+        near = (query_pos.reshape(-1, 1) - key_pos.reshape(1, -1)) < window
+        sliding = additive_mask(allowed & near, self.dtype, self.device)
+        if self.layout.layer_types is None:
+            return sliding
+        return {"full_attention": full, "sliding_attention": sliding}
+
     @property
     def embedding_rows(self) -> int:
         """Rows of the input embedding: the token ids the model can read."""
@@ -117,8 +146,9 @@ class LoadedModel:
                 last_only: bool = False, hidden: bool = False, compiled: bool | None = None):
         """Run `ids` at explicit `positions` on top of `cache` (which grows by len(ids)).
 
-        `mask` is a [1, 1, len(ids), cached + len(ids)] additive mask, or None for plain
-        causal attention. Returns logits [len(ids), vocab] ([1, vocab] with `last_only`);
+        `mask` is what `masks` returns (a [1, 1, len(ids), cached + len(ids)] additive mask, or one
+        per layer type), or None for plain causal attention by cache slot (sliding windows included:
+        the model builds that mask itself). Returns logits [len(ids), vocab] ([1, vocab] with `last_only`);
         with `hidden`, (logits, last hidden states [len(ids), hidden size]): the features the
         output layer reads, of every row even with `last_only` (for feature drafters).
         `compiled` (default: the model's `compile` setting): every call but the prefill
@@ -185,7 +215,8 @@ class LoadedModel:
         for kind in (k for k in STEP_KINDS if k in kinds):
             n = 2 if kind == "tree" else 1
             allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
-            mask = None if kind == "token" else additive_mask(allowed, self.dtype, self.device)
+            mask = None if kind == "token" else self.masks(allowed, torch.arange(context, context + n),
+                                                           torch.arange(context + n))
             self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden, compiled=True)
             kv.crop(cache, context)
         if self.device.type == "cuda":

@@ -17,7 +17,7 @@ import torch
 
 from .. import cache as kv
 from ..runtime import LoadedModel
-from ..tree import TreeBuilder, additive_mask
+from ..tree import TreeBuilder
 from ..window import KVWindow
 from .base import Proposal
 
@@ -114,4 +114,4 @@ class LMDrafter:
     def _mask(self, allowed: torch.Tensor, query_pos: list[int], key_pos: list[int]) -> torch.Tensor:
         if self.window is not None:
             allowed = allowed & self.window.visible(torch.tensor(query_pos), torch.tensor(key_pos))
-        return additive_mask(allowed, self.model.dtype, self.model.device)
+        return self.draft.masks(allowed, torch.tensor(query_pos), torch.tensor(key_pos))
