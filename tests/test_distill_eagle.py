@@ -6,6 +6,7 @@ exactly, and every bad input's one-line error."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -184,3 +185,19 @@ def test_lm_kind_takes_instruction_prompts_through_the_chat_template(tmp_path, p
     assert int((windows == 4).sum()) >= 12  # and its generation prompt
     with pytest.raises(DynaTreeError, match="--chat applies to --prompts"):
         distill.DistillConfig(chat=True).validate()
+
+
+def test_a_resumed_run_may_change_its_steps_and_records_where(tmp_path, prompts):
+    """--resume continues from the checkpoint with the same options; only --steps may change (a run cut
+    short or extended), never below what was trained, and the history says where it changed."""
+    target = chat_target()
+    out = tmp_path / "head"
+    cfg = EagleConfig(**{**SMALL, "prompts": str(prompts), "steps": 4, "checkpoint_every": 2})
+    distill_eagle(target, out, cfg, progress=False)
+    summary = distill_eagle(target, out, dataclasses.replace(cfg, steps=6), resume=True, progress=False)
+    assert {"step": 4, "steps_changed": {"from": 4, "to": 6}} in summary["history"]
+    assert summary["history"][-1]["step"] == 6 and summary["config"]["steps"] == 6
+    with pytest.raises(DynaTreeError, match="--steps 3 is below the 6 steps"):
+        distill_eagle(target, out, dataclasses.replace(cfg, steps=3), resume=True, progress=False)
+    with pytest.raises(DynaTreeError, match=r"\(lr differ\); resume with the same options \(only --steps may change\)"):
+        distill_eagle(target, out, dataclasses.replace(cfg, steps=6, lr=0.5), resume=True, progress=False)

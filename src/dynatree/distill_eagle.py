@@ -509,13 +509,19 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
     step, history, prior_s = 0, [], 0.0
     if resume and ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False)
-        if state["config"] != dataclasses.asdict(cfg):
-            changed = sorted(k for k, v in dataclasses.asdict(cfg).items() if state["config"].get(k) != v)
+        # --steps may change on resume (a run cut short or extended): the cosine decay follows the new
+        # total from the checkpoint's step on, and the history records where it changed
+        changed = sorted(k for k, v in dataclasses.asdict(cfg).items() if state["config"].get(k) != v and k != "steps")
+        if changed:
             raise DynaTreeError(f"{ckpt_path} was trained with other options ({', '.join(changed)} differ); "
-                                "resume with the same options")
+                                "resume with the same options (only --steps may change)")
+        if cfg.steps < state["step"]:
+            raise DynaTreeError(f"--steps {cfg.steps} is below the {state['step']} steps {ckpt_path} has already trained")
         head.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, history, prior_s = state["step"], state["history"], state["train_s"]
+        if state["config"]["steps"] != cfg.steps:
+            history.append({"step": step, "steps_changed": {"from": state["config"]["steps"], "to": cfg.steps}})
     head.train()
     feed = batches(train, cfg.batch_size, step, random.Random(cfg.seed + 1))
     bar = tqdm(total=cfg.steps, initial=step, desc="distill eagle", unit="step", disable=not progress,
