@@ -1,6 +1,8 @@
 """Linear layers on oneDNN-packed weights (kernels.py): same numbers, same tokens, stock when asked."""
 
 import copy
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -285,3 +287,23 @@ def test_compiled_packed_layers_match_f_linear_with_frozen_weights():
         torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
         row = x[:, :1]  # one row: the multiply-sum path
         torch.testing.assert_close(compiled(row), expected[:, :1], rtol=1e-5, atol=1e-5)
+
+
+def test_importing_the_engine_registers_no_operator_and_changes_no_torch_setting():
+    """Import side effects (issue 30): the packed-linear operator is defined by the first PackedLinear,
+    dynamo's settings are changed by the first compiled model, not by `import dynatree...`."""
+    code = """
+import torch
+before = (torch._dynamo.config.recompile_limit, torch.compiler.config.dynamic_sources)
+import dynatree.api, dynatree.decode, dynatree.kernels, dynatree.runtime, dynatree.cli, dynatree.bench.runner
+assert (torch._dynamo.config.recompile_limit, torch.compiler.config.dynamic_sources) == before
+try:
+    torch.ops.dynatree.packed_linear
+    raise SystemExit("dynatree::packed_linear registered at import")
+except (AttributeError, RuntimeError):
+    pass
+dynatree.kernels.use_packed_linears(torch.nn.Sequential(torch.nn.Linear(4, 4)).eval())
+torch.ops.dynatree.packed_linear  # defined now
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -56,10 +56,24 @@ _SLOTS = itertools.count()
 _FELL_BACK: set[int] = set()  # slots that `packed_linear` computed with F.linear (warned once each)
 
 
-# `dynatree::packed_linear`, declared with the low-level torch.library API: a call costs ~3 us
-# where `torch.library.custom_op`'s wrapper costs ~13 us (211 calls per SmolLM2 step).
-_LIBRARY = torch.library.Library("dynatree", "DEF")
-_LIBRARY.define("packed_linear(Tensor x, Tensor weight, Tensor? bias, int slot) -> Tensor")
+# `dynatree::packed_linear`, declared with the low-level torch.library API (a call costs a fraction
+# of `torch.library.custom_op`'s wrapper; a step makes one per linear layer). Defined when the
+# first PackedLinear is made (`_define_operator`), so importing dynatree registers nothing.
+_LIBRARY: torch.library.Library | None = None
+
+
+def _define_operator() -> None:
+    global _LIBRARY
+    if _LIBRARY is not None:
+        return
+    _LIBRARY = torch.library.Library("dynatree", "DEF")
+    _LIBRARY.define("packed_linear(Tensor x, Tensor weight, Tensor? bias, int slot) -> Tensor")
+    _LIBRARY.impl("packed_linear", packed_linear, "CPU")
+    torch.library.register_fake("dynatree::packed_linear", _packed_linear_shape)
+
+
+def _packed_linear_shape(x, weight, bias, slot):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, slot: int) -> torch.Tensor:
@@ -77,14 +91,6 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, layer.packed, bias, "none", [], "")
 
 
-_LIBRARY.impl("packed_linear", packed_linear, "CPU")
-
-
-@torch.library.register_fake("dynatree::packed_linear")
-def _(x, weight, bias, slot):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-
 class PackedLinear(torch.nn.Module):
     """nn.Linear computed by oneDNN on a weight reordered once; see the module docstring."""
 
@@ -98,6 +104,7 @@ class PackedLinear(torch.nn.Module):
         self._register()
 
     def _register(self) -> None:
+        _define_operator()
         self.slot = next(_SLOTS)  # this layer's number in _LAYERS, for compiled graphs
         _LAYERS[self.slot] = self
 
