@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from helpers import VOCAB, hf_greedy, tiny, tokenizer
-from dynatree import DynaTreeError, distill
+from dynatree import DynaTreeError
+from dynatree.distill import lm_data, lm_train
 from dynatree.api import generate
 from dynatree.bench import data as bench_data
 from dynatree.cli import main
@@ -37,13 +38,13 @@ def _target():
 
 def test_distillation_lowers_the_loss_and_writes_a_loadable_draft(tmp_path, corpus):
     target = _target()
-    cfg = distill.DistillConfig(corpus=str(corpus), **SMALL)
+    cfg = lm_data.DistillConfig(corpus=str(corpus), **SMALL)
     out = tmp_path / "draft"
-    summary = distill.distill(target, out, cfg, progress=False, command=["test"])
+    summary = lm_train.distill(target, out, cfg, progress=False, command=["test"])
 
     data = torch.load(out / "data.pt", weights_only=True)
-    _, held = distill.split(data, cfg.eval_fraction)
-    before = distill.evaluate(distill.init_draft(target, cfg), held, "cpu", 4)["corpus"]
+    _, held = lm_train.split(data, cfg.eval_fraction)
+    before = lm_train.evaluate(lm_train.init_draft(target, cfg), held, "cpu", 4)["corpus"]
     after = summary["held_out"]["corpus"]
     assert after["loss"] < before["loss"] - 0.2
     assert after["agreement"] > before["agreement"]
@@ -66,10 +67,10 @@ def test_distillation_lowers_the_loss_and_writes_a_loadable_draft(tmp_path, corp
 
 def test_resume_from_a_checkpoint_reaches_the_same_weights(tmp_path, corpus, monkeypatch):
     target = _target()
-    cfg = distill.DistillConfig(corpus=str(corpus), **{**SMALL, "steps": 20})
-    distill.distill(target, tmp_path / "whole", cfg, progress=False)
+    cfg = lm_data.DistillConfig(corpus=str(corpus), **{**SMALL, "steps": 20})
+    lm_train.distill(target, tmp_path / "whole", cfg, progress=False)
 
-    real_loss, calls = distill.distill_loss, []
+    real_loss, calls = lm_train.distill_loss, []
 
     def crash_after_step_12(*args):
         calls.append(1)
@@ -77,16 +78,16 @@ def test_resume_from_a_checkpoint_reaches_the_same_weights(tmp_path, corpus, mon
             raise KeyboardInterrupt
         return real_loss(*args)
 
-    monkeypatch.setattr(distill, "distill_loss", crash_after_step_12)
+    monkeypatch.setattr(lm_train, "distill_loss", crash_after_step_12)
     with pytest.raises(KeyboardInterrupt):
-        distill.distill(target, tmp_path / "resumed", cfg, progress=False)
-    monkeypatch.setattr(distill, "distill_loss", real_loss)
+        lm_train.distill(target, tmp_path / "resumed", cfg, progress=False)
+    monkeypatch.setattr(lm_train, "distill_loss", real_loss)
     assert torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["step"] == 10
     with pytest.raises(DynaTreeError, match="pass --resume"):
-        distill.distill(target, tmp_path / "resumed", cfg, progress=False)
+        lm_train.distill(target, tmp_path / "resumed", cfg, progress=False)
     with pytest.raises(DynaTreeError, match="lr differ"):
-        distill.distill(target, tmp_path / "resumed", dataclasses.replace(cfg, lr=0.5), resume=True, progress=False)
-    distill.distill(target, tmp_path / "resumed", cfg, resume=True, progress=False)
+        lm_train.distill(target, tmp_path / "resumed", dataclasses.replace(cfg, lr=0.5), resume=True, progress=False)
+    lm_train.distill(target, tmp_path / "resumed", cfg, resume=True, progress=False)
 
     whole, resumed = (load_model(str(tmp_path / d)).model.state_dict() for d in ("whole", "resumed"))
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
@@ -95,7 +96,7 @@ def test_resume_from_a_checkpoint_reaches_the_same_weights(tmp_path, corpus, mon
 def test_on_policy_data_is_the_targets_greedy_continuation(tmp_path):
     target = _target()
     prompts = ["w5 w6 w7", "w10 w11 w12 w13 w14"]
-    gen = distill.generate_on_policy(target, prompts, 7, batch=2)
+    gen = lm_data.generate_on_policy(target, prompts, 7, batch=2)
     for text, ids in zip(prompts, gen):
         prompt = tokenizer()(text, add_special_tokens=False)["input_ids"]
         assert ids == prompt + hf_greedy(target, prompt, 7)  # left padding in the batch changes nothing
@@ -112,7 +113,7 @@ def test_on_policy_text_in_another_dtype_comes_from_a_copy_of_the_target(monkeyp
         return generate(model, *args, **kwargs)
 
     monkeypatch.setattr(type(target.model), "generate", spy)
-    gen = distill.generate_on_policy(target, prompts, 7, batch=2, dtype="bfloat16")
+    gen = lm_data.generate_on_policy(target, prompts, 7, batch=2, dtype="bfloat16")
     assert used == [(False, torch.bfloat16)]
     for text, ids in zip(prompts, gen):
         prompt = tokenizer()(text, add_special_tokens=False)["input_ids"]
@@ -122,28 +123,28 @@ def test_on_policy_text_in_another_dtype_comes_from_a_copy_of_the_target(monkeyp
 
 def test_init_draft_continues_training_an_existing_draft(tmp_path, corpus):
     target = _target()
-    first = distill.DistillConfig(corpus=str(corpus), **SMALL)
-    distill.distill(target, tmp_path / "first", first, progress=False)
+    first = lm_data.DistillConfig(corpus=str(corpus), **SMALL)
+    lm_train.distill(target, tmp_path / "first", first, progress=False)
     start = load_model(str(tmp_path / "first")).model
 
     # its own sizes win over the size options, and training starts from its weights
     cfg = dataclasses.replace(first, init_draft=str(tmp_path / "first"), layers=3, hidden=32, seed=1)
-    model = distill.init_draft(target, cfg)
+    model = lm_train.init_draft(target, cfg)
     assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 16
     assert all(torch.equal(v, start.state_dict()[k]) for k, v in model.state_dict().items())
 
-    summary = distill.distill(target, tmp_path / "second", cfg, progress=False)
+    summary = lm_train.distill(target, tmp_path / "second", cfg, progress=False)
     data = torch.load(tmp_path / "second" / "data.pt", weights_only=True)
-    _, held = distill.split(data, cfg.eval_fraction)
-    fresh = distill.evaluate(distill.init_draft(target, dataclasses.replace(first, seed=1)), held, "cpu", 4)["corpus"]
-    continued = distill.evaluate(model, held, "cpu", 4)["corpus"]
+    _, held = lm_train.split(data, cfg.eval_fraction)
+    fresh = lm_train.evaluate(lm_train.init_draft(target, dataclasses.replace(first, seed=1)), held, "cpu", 4)["corpus"]
+    continued = lm_train.evaluate(model, held, "cpu", 4)["corpus"]
     assert continued["loss"] < fresh["loss"] - 0.2  # the first draft's training carries over
     assert summary["config"]["init_draft"] == str(tmp_path / "first")
     assert "2 layers, hidden 16" in (tmp_path / "second" / "README.md").read_text()
 
     wrong_vocab = tiny("llama", seed=2, dtype=torch.float32, eos_ids=[2], vocab=VOCAB + 8)
     with pytest.raises(DynaTreeError, match="vocabulary of"):
-        distill.init_draft(wrong_vocab, cfg)
+        lm_train.init_draft(wrong_vocab, cfg)
     with pytest.raises(DynaTreeError, match="not a draft directory"):
         dataclasses.replace(first, init_draft=str(tmp_path / "nope")).validate()
     with pytest.raises(DynaTreeError, match="dtype"):
@@ -166,39 +167,39 @@ class K:
         """A method whose docstring is long enough to become a prompt."""
         return 1
 '''
-    prompts = distill.function_prompts([source], 10, seed=0, banned=set())
+    prompts = lm_data.function_prompts([source], 10, seed=0, banned=set())
     assert sorted(prompts) == sorted([
         'def documented(a, b):\n    """Return the sum of a and b, checking both are numbers first."""\n',
         '@staticmethod\ndef method(self):\n    """A method whose docstring is long enough to become a prompt."""\n',
     ])
     banned = {'"""Return the sum of a and b, checking both are numbers first."""'}
-    assert len(distill.function_prompts([source], 10, seed=0, banned=banned)) == 1
+    assert len(lm_data.function_prompts([source], 10, seed=0, banned=banned)) == 1
 
 
 def test_humaneval_text_never_enters_the_training_data(tmp_path):
     """A corpus file holding a HumanEval prompt line is dropped (and counted); clean files stay."""
-    problem = bench_data._humaneval()[0].text
+    problem = bench_data.humaneval_prompts()[0].text
     line = next(x.strip() for x in problem.splitlines() if len(x.strip()) >= 30)
-    assert line in distill.humaneval_lines()
+    assert line in lm_data.humaneval_lines()
     (tmp_path / "leak.py").write_text("x = 1\n" + problem)
     (tmp_path / "clean.txt").write_text(" ".join(f"w{3 + i % 90}" for i in range(400)))
     target = _target()
-    cfg = distill.DistillConfig(corpus=str(tmp_path), **{**SMALL, "corpus_tokens": 200})
-    data = distill.build_data(target, cfg, progress=False)
+    cfg = lm_data.DistillConfig(corpus=str(tmp_path), **{**SMALL, "corpus_tokens": 200})
+    data = lm_data.build_data(target, cfg, progress=False)
     assert data["info"]["corpus_files_dropped_for_humaneval"] == 1 and data["info"]["corpus_files"] == 1
     assert torch.equal(data["sources"]["corpus"]["tokens"][0, :5], torch.tensor([3, 4, 5, 6, 7], dtype=torch.int32))
 
 
 def test_copy_windows_repeat_earlier_spans_of_the_same_window():
     pool = list(range(1000, 3000))  # all distinct: a repeat can only come from copying
-    windows = distill.copy_windows(pool, n_windows=6, seq_len=64, seed=3)
+    windows = lm_data.copy_windows(pool, n_windows=6, seq_len=64, seed=3)
     assert windows.shape == (6, 64) and set(windows.flatten().tolist()) <= set(pool)
-    assert torch.equal(windows, distill.copy_windows(pool, 6, 64, seed=3))  # seeded
+    assert torch.equal(windows, lm_data.copy_windows(pool, 6, 64, seed=3))  # seeded
     for row in windows.tolist():
         grams = [tuple(row[i: i + 8]) for i in range(64 - 7)]
         assert len(set(grams)) < len(grams), row  # some 8-token span comes back later in the window
     with pytest.raises(DynaTreeError, match="copy from"):
-        distill.copy_windows(pool[:100], 1, 64, seed=0)
+        lm_data.copy_windows(pool[:100], 1, 64, seed=0)
 
 
 def test_copy_windows_come_from_training_text_only(tmp_path):
@@ -206,26 +207,26 @@ def test_copy_windows_come_from_training_text_only(tmp_path):
     (tmp_path / "text.txt").write_text(" ".join(f"w{3 + i % 40}" for i in range(960)) + " "
                                        + " ".join(f"w{50 + i % 40}" for i in range(240)))
     target = _target()
-    cfg = distill.DistillConfig(corpus=str(tmp_path), **{**SMALL, "copy_tokens": 320})
-    data = distill.build_data(target, cfg, progress=False)
+    cfg = lm_data.DistillConfig(corpus=str(tmp_path), **{**SMALL, "copy_tokens": 320})
+    data = lm_data.build_data(target, cfg, progress=False)
     corpus, copied = data["sources"]["corpus"], data["sources"]["copy"]
-    _, held = distill.split(data, cfg.eval_fraction)
+    _, held = lm_train.split(data, cfg.eval_fraction)
     assert set(held["corpus"]["tokens"].flatten().tolist()) == {50 + i for i in range(40)}  # the last 240 words
     assert copied["tokens"].shape == (10, 32) and max(copied["tokens"].flatten().tolist()) < 50
-    ids, probs = distill.label(target, copied["tokens"].long(), cfg.top_k, 4)
+    ids, probs = lm_data.label(target, copied["tokens"].long(), cfg.top_k, 4)
     assert torch.equal(ids, copied["top_ids"]) and torch.equal(probs, copied["top_p"])
     assert data["info"]["copy_tokens"] == 320 and len(corpus["tokens"]) == 37
 
 
 def test_stdlib_corpus_excludes_installed_packages():
-    files = distill.corpus_files("stdlib")
+    files = lm_data.corpus_files("stdlib")
     assert len(files) > 100 and not any("site-packages" in f.parts for f in files)
 
 
 def test_labels_are_the_targets_top_k():
     target = _target()
     windows = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])
-    ids, probs = distill.label(target, windows, top_k=3, batch=2)
+    ids, probs = lm_data.label(target, windows, top_k=3, batch=2)
     with torch.no_grad():
         full = torch.softmax(target.model(windows).logits.float(), -1)
     assert ids.shape == (3, 4, 3) and probs.dtype == torch.float16
@@ -237,7 +238,7 @@ def test_distill_loss_and_agreement_by_hand():
     logits = torch.log(torch.tensor([[[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]]]))
     top_ids = torch.tensor([[[0, 1], [1, 2]]])
     top_p = torch.tensor([[[0.5, 0.5], [0.75, 0.25]]])  # already normalised
-    loss, agree = distill.distill_loss(logits, top_ids, top_p)
+    loss, agree = lm_train.distill_loss(logits, top_ids, top_p)
     expected = -(0.5 * torch.log(torch.tensor(0.7)) + 0.5 * torch.log(torch.tensor(0.2))
                  + 0.75 * torch.log(torch.tensor(0.3)) + 0.25 * torch.log(torch.tensor(0.6))) / 2
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)

@@ -17,7 +17,9 @@ from dynatree import DynaTreeError
 from dynatree.api import generate
 from dynatree.bench.data import load_texts
 from dynatree.cli import main
-from dynatree.distill_eagle import EagleConfig, _pass_mask, build_data, distill_eagle, instruction_prompts
+from dynatree.distill.chat import instruction_prompts
+from dynatree.distill.eagle_data import EagleConfig, build_data
+from dynatree.distill.eagle_train import _pass_mask, distill_eagle
 from dynatree.featurehead import load_head
 from dynatree.runtime import LoadedModel
 
@@ -59,7 +61,7 @@ def test_a_stopped_build_resumes_from_its_parts_and_a_larger_one_reuses_them(tmp
     """Data is built and saved `chunk` conversations at a time: a build stopped in its third chunk
     keeps two; the next run builds only the rest; asking for more self-written questions later
     reuses every part and question block that does not change (the data equals a fresh build's)."""
-    import dynatree.distill_eagle as de
+    import dynatree.distill.eagle_data as de
 
     target, parts = chat_target(), tmp_path / "parts"
     cfg = EagleConfig(**{**SMALL, "prompts": str(prompts), "chunk": 4, "self_prompts": 3})
@@ -172,19 +174,19 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
 
 
 def test_lm_kind_takes_instruction_prompts_through_the_chat_template(tmp_path, prompts):
-    from dynatree import distill
+    from dynatree.distill import lm_data
 
     target = chat_target()
-    cfg = distill.DistillConfig(layers=1, hidden=16, heads=2, ffn=32, corpus_tokens=0, gen_prompts=16, gen_tokens=12,
+    cfg = lm_data.DistillConfig(layers=1, hidden=16, heads=2, ffn=32, corpus_tokens=0, gen_prompts=16, gen_tokens=12,
                                 prompts=str(prompts), chat=True, seq_len=16, top_k=4, steps=3, batch_size=2,
                                 checkpoint_every=3, eval_fraction=0.2, save_dtype="float32")
-    data = distill.build_data(target, cfg, progress=False)
+    data = lm_data.build_data(target, cfg, progress=False)
     assert data["info"]["instruction_prompts"]["used"] == 16
     windows = data["sources"]["on_policy"]["tokens"]
     assert int((windows == 3).sum()) >= 12  # the template's end-of-turn word after (most) prompts
     assert int((windows == 4).sum()) >= 12  # and its generation prompt
     with pytest.raises(DynaTreeError, match="--chat applies to --prompts"):
-        distill.DistillConfig(chat=True).validate()
+        lm_data.DistillConfig(chat=True).validate()
 
 
 def test_a_resumed_run_may_change_its_steps_and_records_where(tmp_path, prompts):

@@ -1,7 +1,7 @@
 """`dynatree distill --target T --out DIR [--kind lm|eagle] [options]`: one flag per config field.
 
-`--kind lm` (distill.DistillConfig) trains a small draft LM; `--kind eagle`
-(distill_eagle.EagleConfig) a feature head. Options both kinds have share a flag; an option
+`--kind lm` (distill.lm_data.DistillConfig) trains a small draft LM; `--kind eagle`
+(distill.eagle_data.EagleConfig) a feature head. Options both kinds have share a flag; an option
 of the other kind only is a one-line error, never silently ignored.
 """
 
@@ -12,8 +12,8 @@ import dataclasses
 from pathlib import Path
 
 from .config import cli_flag, field_type
-from .distill import DistillConfig
-from .distill_eagle import EagleConfig
+from .distill.lm_data import DistillConfig
+from .distill.eagle_data import EagleConfig
 from .errors import DynaTreeError, check_out_dir
 
 KINDS = {"lm": DistillConfig, "eagle": EagleConfig}
@@ -76,7 +76,7 @@ def cmd_distill(args) -> int:
     target = load_model(args.target or DEFAULT_TARGET, device=args.device, dtype="float32")
     command = ["dynatree", *args.argv]
     if args.kind == "eagle":
-        from .distill_eagle import distill_eagle
+        from .distill.eagle_train import distill_eagle
 
         summary = distill_eagle(target, Path(args.out), cfg, resume=args.resume, progress=not args.quiet,
                                 command=command)
@@ -84,7 +84,7 @@ def cmd_distill(args) -> int:
         print(f"feature head written to {args.out} ({summary['parameters'] / 1e6:.1f}M parameters; held-out "
               f"agreement by draft depth {depth})")
         return 0
-    from .distill import distill
+    from .distill.lm_train import distill
 
     summary = distill(target, Path(args.out), cfg, resume=args.resume, progress=not args.quiet, command=command)
     held = ", ".join(f"{k}: loss {v['loss']:.3f}, agreement {v['agreement']:.1%}" for k, v in summary["held_out"].items())

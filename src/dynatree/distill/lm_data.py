@@ -16,39 +16,26 @@ embeddings, so its size is mostly vocab x hidden). Training data, labelled by th
 
 Nothing from HumanEval enters the data: corpus files and prompts that contain a line of a
 HumanEval prompt are dropped (and counted in distill.json).
-
-Loss: cross-entropy of the draft against the target's top-k distribution, renormalised
-over those k tokens. Agreement = how often the draft's argmax equals the target's.
-
-`out/` holds, while training: `data.pt` (the labelled windows, reused on resume) and
-`checkpoint.pt` (model, optimizer, step; written every `checkpoint_every` steps); at the
-end: a transformers checkpoint (`--draft out/` loads it), the tokenizer, `distill.json`
-(command, config, data, timings, machine, final metrics) and a README.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import dataclasses
-import json
-import math
-import os
 import random
 import sys
 import sysconfig
 import textwrap
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import env
-from .config import option, positive
-from .errors import DynaTreeError
-from .models import resolve_dtype
-from .runtime import LoadedModel
+from ..config import option, positive
+from ..errors import DynaTreeError
+from ..models import resolve_dtype
+from ..runtime import LoadedModel
+from .chat import chat_ids, generate_batched, instruction_prompts
 
 
 @dataclass
@@ -120,62 +107,11 @@ class DistillConfig:
         return {k: getattr(self, k) for k in keys}
 
 
-# ---------------------------------------------------------------- the draft model
-
-
-def draft_config(target: LoadedModel, cfg: DistillConfig):
-    """A Llama config sized by `cfg` that shares the target's vocabulary and special tokens."""
-    from transformers import LlamaConfig
-
-    tc = target.model.config
-    rope = getattr(tc, "rope_parameters", None) or {}
-    return LlamaConfig(
-        vocab_size=target.vocab_size,
-        hidden_size=cfg.hidden,
-        intermediate_size=cfg.ffn,
-        num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads,
-        num_key_value_heads=cfg.heads,
-        max_position_embeddings=target.context_length or 4096,
-        rope_parameters={"rope_type": "default", "rope_theta": float(rope.get("rope_theta", 10000.0))},
-        tie_word_embeddings=True,
-        bos_token_id=getattr(tc, "bos_token_id", None),
-        eos_token_id=getattr(tc, "eos_token_id", None),
-        pad_token_id=getattr(tc, "pad_token_id", None),
-    )
-
-
-def init_draft(target: LoadedModel, cfg: DistillConfig):
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM
-
-    torch.manual_seed(cfg.seed)
-    if cfg.init_draft:
-        model = AutoModelForCausalLM.from_pretrained(Path(cfg.init_draft).expanduser(), dtype=torch.float32)
-        if model.config.vocab_size != target.vocab_size:
-            raise DynaTreeError(f"--init-draft {cfg.init_draft!r} has a vocabulary of {model.config.vocab_size} "
-                                f"tokens, the target {target.vocab_size}; it must be a draft for this target")
-        return model
-    model = LlamaForCausalLM(draft_config(target, cfg))
-    if cfg.init_from_target:
-        with torch.no_grad():
-            emb = target.model.get_input_embeddings().weight.float().cpu()
-            emb = emb - emb.mean(0, keepdim=True)
-            q = min(cfg.hidden, emb.shape[1])
-            _, _, v = torch.pca_lowrank(emb, q=q, center=False, niter=4)
-            proj = emb @ v  # [V, q]: the target's embeddings in their q main directions
-            proj = proj / proj.std() * model.config.initializer_range
-            model.get_input_embeddings().weight[:, :q] = proj
-    return model
-
-
-# ---------------------------------------------------------------- text sources
-
-
 def humaneval_lines() -> set[str]:
     """Distinctive lines (>= 30 characters) of the HumanEval prompts: text that must not be trained on."""
-    from .bench.data import _humaneval
+    from ..bench.data import humaneval_prompts
 
-    return {line.strip() for p in _humaneval() for line in p.text.splitlines() if len(line.strip()) >= 30}
+    return {line.strip() for p in humaneval_prompts() for line in p.text.splitlines() if len(line.strip()) >= 30}
 
 
 def corpus_files(spec: str) -> list[Path]:
@@ -230,9 +166,6 @@ def function_prompts(texts: list[str], n: int, seed: int, banned: set[str]) -> l
                 found.append(prompt)
     random.Random(seed).shuffle(found)
     return found[:n]
-
-
-# ---------------------------------------------------------------- labelling by the target
 
 
 @torch.no_grad()
@@ -383,7 +316,6 @@ def instruction_windows(target: LoadedModel, cfg: DistillConfig, info: dict, pro
     template with --chat), prompt + answer, packed into windows."""
     from tqdm.auto import tqdm
 
-    from .distill_eagle import _chat_ids, generate_batched, instruction_prompts
 
     convs, sources = instruction_prompts(cfg.prompts, cfg.holdout)
     random.Random(cfg.seed).shuffle(convs)
@@ -391,7 +323,7 @@ def instruction_windows(target: LoadedModel, cfg: DistillConfig, info: dict, pro
     tok = target.tokenizer
     if cfg.chat and not getattr(tok, "chat_template", None):
         raise DynaTreeError("--chat needs a tokenizer with a chat template; the target's has none")
-    prompts = [_chat_ids(tok, c[:1], []) if cfg.chat else tok(c[0], add_special_tokens=False).input_ids for c in convs]
+    prompts = [chat_ids(tok, c[:1], []) if cfg.chat else tok(c[0], add_special_tokens=False).input_ids for c in convs]
     bar = tqdm(total=len(prompts), desc="target answers", unit="q", disable=not progress, file=sys.stderr,
                dynamic_ncols=True)
     answers = generate_batched(target, prompts, cfg.gen_tokens, cfg.gen_batch, bar)
@@ -406,197 +338,3 @@ def instruction_windows(target: LoadedModel, cfg: DistillConfig, info: dict, pro
 
 def _held_count(n: int, eval_fraction: float) -> int:
     return min(max(1, round(n * eval_fraction)), n - 1) if n > 1 else 0
-
-
-def split(data: dict, eval_fraction: float) -> tuple[dict, dict]:
-    """Per source: the last `eval_fraction` of windows (at least one, when there are two) are held out."""
-    train, held = {}, {}
-    for name, src in data["sources"].items():
-        n = len(src["tokens"])
-        k = _held_count(n, eval_fraction)
-        train[name] = {key: v[: n - k] for key, v in src.items()}
-        if k:
-            held[name] = {key: v[n - k:] for key, v in src.items()}
-    return train, held
-
-
-# ---------------------------------------------------------------- training
-
-
-def distill_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy against the target's renormalised top-k, and top-1 agreement.
-
-    logits [B, T, V], top_ids [B, T, k], top_p [B, T, k] -> (loss, agreement) scalars.
-    """
-    logits = logits.float()
-    logp = logits.gather(-1, top_ids.long()) - logits.logsumexp(-1, keepdim=True)  # no [B, T, V] log-softmax copy
-    p = top_p.float()
-    p = p / p.sum(-1, keepdim=True)
-    loss = -(p * logp).sum(-1).mean()
-    agree = (logits.argmax(-1) == top_ids[..., 0].long()).float().mean()
-    return loss, agree
-
-
-def _batch(train: dict, rows: list[tuple[str, int]], device) -> tuple[torch.Tensor, ...]:
-    pick = lambda key: torch.stack([train[s][key][i] for s, i in rows]).to(device)  # noqa: E731
-    return pick("tokens").long(), pick("top_ids"), pick("top_p")
-
-
-@torch.no_grad()
-def evaluate(model, held: dict, device, batch: int) -> dict:
-    """Held-out loss and agreement per source (position-weighted)."""
-    model.eval()
-    out = {}
-    for name, src in held.items():
-        losses, agrees, n = 0.0, 0.0, 0
-        for i in range(0, len(src["tokens"]), batch):
-            rows = [(name, j) for j in range(i, min(i + batch, len(src["tokens"])))]
-            ids, top_ids, top_p = _batch(held, rows, device)
-            loss, agree = distill_loss(model(ids).logits, top_ids, top_p)
-            losses += loss.item() * len(rows)
-            agrees += agree.item() * len(rows)
-            n += len(rows)
-        out[name] = {"loss": losses / n, "agreement": agrees / n}
-    model.train()
-    return out
-
-
-def _lr(step: int, cfg, floor: float = 0.1) -> float:
-    """Linear warm-up over cfg.warmup steps to cfg.lr, then cosine decay to `floor` x cfg.lr at cfg.steps."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-def batches(items: list, batch_size: int, step: int, rng: random.Random):
-    """Endless batches of `items`, reshuffled by `rng` at each pass, resuming where a run stopped at
-    `step` would have left off (the shuffles it used are replayed, so a resumed run sees the same batches)."""
-    order: list = []
-    for _ in range(step * batch_size // len(items) + 1):
-        order = items[:]
-        rng.shuffle(order)
-    cursor = step * batch_size % len(items)
-    while True:
-        picked = []
-        while len(picked) < batch_size:
-            if cursor == len(order):
-                order = items[:]
-                rng.shuffle(order)
-                cursor = 0
-            take = order[cursor: cursor + batch_size - len(picked)]
-            picked += take
-            cursor += len(take)
-        yield picked
-
-
-def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    tmp.replace(path)
-
-
-def distill(target: LoadedModel, out: Path, cfg: DistillConfig, resume: bool = False, progress: bool = True,
-            command: list[str] | None = None) -> dict:
-    """Train a draft for `target` into `out`; return the summary written to out/distill.json."""
-    from tqdm.auto import tqdm
-
-    cfg.validate()
-    out = Path(out)
-    ckpt_path, data_path = out / "checkpoint.pt", out / "data.pt"
-    if not resume and ((out / "config.json").exists() or ckpt_path.exists()):
-        raise DynaTreeError(f"{out} already holds a draft or a checkpoint; pass --resume to continue it, "
-                            "or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    timings = {}
-
-    data = torch.load(data_path, weights_only=True) if data_path.exists() else None
-    if data is not None and data["key"] != cfg.data_key():
-        raise DynaTreeError(f"{data_path} was built with other data options ({data['key']}); "
-                            "use the same options or another --out")
-    if data is None:
-        t0 = time.perf_counter()
-        data = build_data(target, cfg, progress)
-        data["info"]["build_s"] = time.perf_counter() - t0
-        _save_atomic(data, data_path)
-    train, held = split(data, cfg.eval_fraction)
-    rows = [(name, i) for name, src in train.items() for i in range(len(src["tokens"]))]
-    if not rows:
-        raise DynaTreeError("the data gave no training windows; raise --corpus-tokens or lower --seq-len")
-
-    device = target.device
-    model = init_draft(target, cfg).to(device)
-    model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95))
-    step, history, prior_s = 0, [], 0.0
-    if resume and ckpt_path.exists():
-        state = torch.load(ckpt_path, weights_only=False)
-        if state["config"] != dataclasses.asdict(cfg):
-            changed = sorted(k for k, v in dataclasses.asdict(cfg).items() if state["config"].get(k) != v)
-            raise DynaTreeError(f"{ckpt_path} was trained with other options ({', '.join(changed)} differ); "
-                                "resume with the same options")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, history, prior_s = state["step"], state["history"], state["train_s"]
-
-    feed = batches(rows, cfg.batch_size, step, random.Random(cfg.seed))
-    bar = tqdm(total=cfg.steps, initial=step, desc="distill", unit="step", disable=not progress, file=sys.stderr,
-               dynamic_ncols=True)
-    t0 = time.perf_counter()
-    avg_loss = avg_agree = None
-    while step < cfg.steps:
-        ids, top_ids, top_p = _batch(train, next(feed), device)
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, cfg)
-        loss, agree = distill_loss(model(ids).logits, top_ids, top_p)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        avg_loss = loss.item() if avg_loss is None else 0.95 * avg_loss + 0.05 * loss.item()
-        avg_agree = agree.item() if avg_agree is None else 0.95 * avg_agree + 0.05 * agree.item()
-        bar.set_postfix_str(f"moving avg: loss {avg_loss:.3f} | agreement {avg_agree:.1%}", refresh=False)
-        bar.update(1)
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            # training figures are moving averages (weight 0.05 per step); held-out ones are exact
-            history.append({"step": step, "train_loss_moving_avg": avg_loss, "train_agreement_moving_avg": avg_agree,
-                            "held_out": evaluate(model, held, device, cfg.batch_size)})
-            _save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                          "history": history, "config": dataclasses.asdict(cfg),
-                          "train_s": prior_s + time.perf_counter() - t0}, ckpt_path)
-    bar.close()
-    timings["train_s"] = prior_s + time.perf_counter() - t0
-    final = evaluate(model, held, device, cfg.batch_size) if held else {}
-    return _write_draft(model, target, out, cfg, data["info"], final, history, timings, command)
-
-
-def _write_draft(model, target, out: Path, cfg, info, final, history, timings, command) -> dict:
-    model.eval()
-    model.to(resolve_dtype(cfg.save_dtype)).save_pretrained(out)
-    target.tokenizer.save_pretrained(out)
-    params = sum(p.numel() for p in model.parameters())
-    summary = {
-        "command": command if command is not None else sys.argv,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "target": target.name,
-        "config": dataclasses.asdict(cfg),
-        "parameters": params,
-        "data": info,
-        "held_out": final,
-        "history": history,
-        "timings": timings,
-        "env": env.describe(target.device),
-    }
-    (out / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
-    agreement = ", ".join(f"{k} {v['agreement']:.1%}" for k, v in final.items()) or "n/a"
-    (out / "README.md").write_text(
-        f"# Draft model for {target.name}\n\nDistilled with `dynatree distill` "
-        f"({params / 1e6:.1f}M parameters, {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}); "
-        f"held-out top-1 agreement with the target: {agreement}.\n"
-        f"Use: `dynatree generate PROMPT --target {target.name} --draft {out}`. Details in distill.json.\n"
-    )
-    return summary

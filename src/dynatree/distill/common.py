@@ -1,0 +1,71 @@
+"""What both kinds of distillation share: the learning-rate schedule, batches, atomic writes, and
+resuming from a checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+from pathlib import Path
+
+import torch
+
+from ..errors import DynaTreeError
+
+
+def lr_at(step: int, cfg, floor: float = 0.1) -> float:
+    """Linear warm-up over cfg.warmup steps to cfg.lr, then cosine decay to `floor` x cfg.lr at cfg.steps."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def batches(items: list, batch_size: int, step: int, rng: random.Random):
+    """Endless batches of `items`, reshuffled by `rng` at each pass, resuming where a run stopped at
+    `step` would have left off (the shuffles it used are replayed, so a resumed run sees the same batches)."""
+    order: list = []
+    for _ in range(step * batch_size // len(items) + 1):
+        order = items[:]
+        rng.shuffle(order)
+    cursor = step * batch_size % len(items)
+    while True:
+        picked = []
+        while len(picked) < batch_size:
+            if cursor == len(order):
+                order = items[:]
+                rng.shuffle(order)
+                cursor = 0
+            take = order[cursor: cursor + batch_size - len(picked)]
+            picked += take
+            cursor += len(take)
+        yield picked
+
+
+def save_atomic(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def resumed(ckpt_path: Path, cfg) -> dict:
+    """The checkpoint's state to continue from, checked against `cfg`: every option must be the one
+    it was trained with, except `steps` (a run cut short or extended, never below the steps already
+    trained): the cosine decay then follows the new total, and the history records where it changed."""
+    state = torch.load(ckpt_path, weights_only=False)
+    changed = sorted(k for k, v in dataclasses.asdict(cfg).items() if state["config"].get(k) != v and k != "steps")
+    if changed:
+        raise DynaTreeError(f"{ckpt_path} was trained with other options ({', '.join(changed)} differ); "
+                            "resume with the same options (only --steps may change)")
+    if cfg.steps < state["step"]:
+        raise DynaTreeError(f"--steps {cfg.steps} is below the {state['step']} steps {ckpt_path} has already trained")
+    if state["config"]["steps"] != cfg.steps:
+        state["history"].append({"step": state["step"], "steps_changed": {"from": state["config"]["steps"], "to": cfg.steps}})
+    return state

@@ -1,0 +1,206 @@
+"""`dynatree distill --kind eagle`: train a feature head (featurehead.py) for a target.
+
+Data is on-policy chat: the target's own greedy answers (EOS respected), through its chat
+template, to instruction prompts:
+  specbench    Spec-Bench's questions, every turn (a second turn is asked with the target's
+               own first answer in the history), except the first `holdout` questions of each
+               task: those are what `dynatree bench --dataset specbench --n N` (N <= holdout)
+               measures, so a benchmark never runs on training text
+  self         questions the target writes itself from topic seeds (sampled), then answers
+  FILE         prompts of a file (`--prompts`): Spec-Bench question .jsonl, one
+               {"prompt": ...} per line, or plain text with blank-line-separated paragraphs
+Answers are generated in batches; then one teacher-forced target pass over each whole
+conversation gives both the features (last hidden states) and the labels (the target's argmax
+next token at every position): the labels and the features come from the same forward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import option, positive, require
+from ..draftspec import is_head_dir
+from ..errors import DynaTreeError
+from ..runtime import LoadedModel
+from .chat import ASKS, TOPICS, chat_ids, generate_batched, instruction_prompts
+from .common import save_atomic, write_atomic
+
+
+@dataclass
+class EagleConfig:
+    prompts: str = option("specbench", "instruction prompts: 'specbench' (all but the held-out questions), a file, "
+                          "or several joined by commas")
+    holdout: int = option(10, "Spec-Bench questions per task left out of training (bench --n up to this stays unseen)")
+    self_prompts: int = option(256, "extra questions the target writes itself from topic seeds, then answers")
+    max_new_tokens: int = option(256, "longest answer per turn (EOS ends it sooner)")
+    l_max: int = option(1024, "longest prompt (with history) in tokens; longer ones are left out")
+    gen_batch: int = option(16, "conversations per batched target generation")
+    chunk: int = option(64, "conversations answered and labelled per saved data part: a stopped build "
+                        "resumes from its parts, a larger one reuses them")
+    data_dir: str = option("", "directory of the data parts (default OUT/data); give one directory to several "
+                           "runs to reuse what each built (parts are named by what determines them)")
+    label_batch: int = option(4, "conversations per teacher-forced target pass")
+    draft_vocab: int = option(8192, "most frequent target tokens of the data the head proposes from")
+    ffn: int = option(0, "inner size of the head's MLP (0: the target's)")
+    heads: int = option(0, "attention heads of the head (0: the target's)")
+    kv_heads: int = option(0, "key/value heads of the head (0: the target's)")
+    unroll: int = option(3, "training passes: pass j feeds the head its own features j-1 levels deep")
+    decay: float = option(0.8, "loss weight factor per deeper pass")
+    feature_loss: float = option(0.1, "weight of the smooth-L1 loss on pass 1's predicted features")
+    seq_len: int = option(640, "rows per training sequence (the last ones of a conversation)")
+    steps: int = option(600, "optimizer steps")
+    batch_size: int = option(4, "conversations per optimizer step")
+    lr: float = option(1e-3, "peak learning rate (AdamW, linear warm-up, cosine decay)")
+    warmup: int = option(30, "warm-up steps")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    eval_fraction: float = option(0.05, "share of conversations held out to measure agreement")
+    checkpoint_every: int = option(50, "steps between resumable checkpoints")
+    seed: int = option(0, "seed of the self-written prompts, the split and the order")
+    init_head: str = option("", "continue training this head directory (its sizes and sub-vocabulary are kept; "
+                            "--ffn/--heads/--kv-heads/--draft-vocab are then ignored)")
+
+    def validate(self) -> None:
+        positive(self, "max_new_tokens", "l_max", "gen_batch", "chunk", "label_batch", "draft_vocab", "unroll", "seq_len",
+                 "steps", "batch_size", "checkpoint_every")
+        require(self.holdout >= 0 and self.self_prompts >= 0, "--holdout and --self-prompts must be at least 0")
+        require(min(self.ffn, self.heads, self.kv_heads) >= 0, "--ffn, --heads and --kv-heads must be at least 0")
+        require(0.0 < self.eval_fraction < 1.0, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}")
+        require(self.lr > 0 and 0 < self.decay <= 1 and self.feature_loss >= 0,
+                "--lr must be positive, --decay in (0, 1], --feature-loss at least 0")
+        require(not self.data_dir or not Path(self.data_dir).expanduser().exists()
+                or Path(self.data_dir).expanduser().is_dir(), f"--data-dir {self.data_dir!r} is not a directory")
+        require(not self.init_head or is_head_dir(Path(self.init_head).expanduser()),
+                f"--init-head {self.init_head!r} is not a feature-head directory (no feature_head.json)")
+
+    def data_key(self) -> dict:
+        return {k: getattr(self, k) for k in ("prompts", "holdout", "self_prompts", "max_new_tokens", "l_max", "seed")}
+
+
+def self_written(target: LoadedModel, n: int, cfg: EagleConfig, bar=None, parts: Path | None = None) -> list[list[str]]:
+    """`n` questions the target writes from (topic, kind of request) seeds, sampled, in blocks of
+    `gen_batch` seeds each sampled with its own seed: the first blocks of a larger `n` are those of a
+    smaller one, so with `parts` (a directory of saved blocks) a build asked for more questions
+    reuses the blocks written before and a stopped build resumes."""
+    rng = random.Random(cfg.seed)
+    seeds = [(t, a) for t in TOPICS for a in ASKS]
+    rng.shuffle(seeds)
+    seeds = (seeds * (n // len(seeds) + 1))[:n]
+    out = []
+    for block, start in enumerate(range(0, n, cfg.gen_batch)):
+        asked = seeds[start: start + cfg.gen_batch]
+        path = _part_path(parts, "questions", [target.name, asked, cfg.seed, block], ".json")
+        if path is not None and path.exists():
+            texts = json.loads(path.read_text())
+            if bar is not None:
+                bar.update(len(asked))
+        else:
+            prompts = [chat_ids(target.tokenizer, [a.format(topic=t)], []) for t, a in asked]
+            answers = generate_batched(target, prompts, 80, cfg.gen_batch, bar, sample=True,
+                                       seed=cfg.seed * 1_000_003 + block)
+            texts = [target.tokenizer.decode(ids, skip_special_tokens=True).strip().strip('"').strip()
+                     for ids in answers]
+            texts = [t for t in texts if 15 <= len(t) <= 600]
+            if path is not None:
+                write_atomic(path, json.dumps(texts))
+        out += [[t] for t in texts]
+    return out
+
+
+def _part_path(parts: Path | None, kind: str, key, suffix: str) -> Path | None:
+    """Where a saved piece of data lives: named by a hash of everything that determines it."""
+    if parts is None:
+        return None
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return parts / f"{kind}-{digest}{suffix}"
+
+
+def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: EagleConfig, bar=None) -> list[list[int]]:
+    """Token ids of every turn of every conversation asked in turn, with the target's own greedy
+    answers in the history: one sequence per turn (its prompt with history, then its answer)."""
+    tok = target.tokenizer
+    answers: list[list[str]] = [[] for _ in convs]
+    sequences = []
+    for turn in range(max(len(c) for c in convs)):
+        asked = [i for i, c in enumerate(convs) if len(c) > turn and len(answers[i]) == turn]
+        prompts = {i: chat_ids(tok, convs[i][: turn + 1], answers[i]) for i in asked}
+        asked = [i for i in asked if len(prompts[i]) <= cfg.l_max]
+        replies = generate_batched(target, [prompts[i] for i in asked], cfg.max_new_tokens, cfg.gen_batch, bar)
+        for i, reply in zip(asked, replies):
+            answers[i].append(tok.decode(reply, skip_special_tokens=True))
+            sequences.append(prompts[i] + reply)
+    return sequences
+
+
+@torch.no_grad()
+def label(target: LoadedModel, sequences: list[list[int]], batch: int, bar=None) -> tuple[list, list]:
+    """For each sequence: the target's last hidden states (bfloat16, [n, hidden]) and argmax next
+    tokens (int32, [n]), from one teacher-forced pass (right-padded batches: causal rows never see
+    the padding)."""
+    feats, labels = [None] * len(sequences), [None] * len(sequences)
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    for start in range(0, len(order), batch):
+        rows = order[start: start + batch]
+        width = max(len(sequences[i]) for i in rows)
+        ids = torch.tensor([sequences[i] + [0] * (width - len(sequences[i])) for i in rows], device=target.device)
+        out = target.model(ids, use_cache=False, output_hidden_states=True)
+        for row, i in enumerate(rows):
+            n = len(sequences[i])
+            feats[i] = out.hidden_states[-1][row, :n].to(torch.bfloat16).cpu()
+            labels[i] = out.logits[row, :n].argmax(-1).int().cpu()
+        if bar is not None:
+            bar.update(sum(len(sequences[i]) for i in rows))
+    return feats, labels
+
+
+def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, parts: Path | None = None) -> dict:
+    """Conversations, the target's answers, features and labels. Conversations are answered and
+    labelled `chunk` at a time; with `parts` (a directory) each chunk is saved as it completes and
+    found again by a hash of its conversations and options, so a stopped build resumes where it
+    stopped and a larger build (more --self-prompts, another prompts file) reuses what was built."""
+    from tqdm.auto import tqdm
+
+    def bar(total, desc, unit):
+        return tqdm(total=total, desc=desc, unit=unit, disable=not progress, file=sys.stderr, dynamic_ncols=True)
+
+    if parts is not None:
+        parts.mkdir(parents=True, exist_ok=True)
+    convs, info = instruction_prompts(cfg.prompts, cfg.holdout)
+    if cfg.self_prompts:
+        b = bar(cfg.self_prompts, "target writes questions", "q")
+        written = self_written(target, cfg.self_prompts, cfg, b, parts)
+        b.close()
+        info["self"] = {"conversations": len(written), "asked_for": cfg.self_prompts}
+        convs += written
+    if not convs:
+        raise DynaTreeError("no instruction prompts: give --prompts or --self-prompts")
+    data = {"key": cfg.data_key(), "info": info, "tokens": [], "features": [], "labels": []}
+    b = bar(sum(len(c) for c in convs), "target answers and labels", "turn")
+    reused = 0
+    for start in range(0, len(convs), cfg.chunk):
+        chunk = convs[start: start + cfg.chunk]
+        path = _part_path(parts, "part", [target.name, chunk, cfg.max_new_tokens, cfg.l_max], ".pt")
+        if path is not None and path.exists():
+            part = torch.load(path, weights_only=True)
+            b.update(sum(len(c) for c in chunk))
+            reused += 1
+        else:
+            sequences = answer_conversations(target, chunk, cfg, b)
+            feats, labels = label(target, sequences, cfg.label_batch)
+            part = {"tokens": [torch.tensor(s, dtype=torch.int32) for s in sequences], "features": feats,
+                    "labels": labels}
+            if path is not None:
+                save_atomic(part, path)
+        for name in ("tokens", "features", "labels"):
+            data[name] += part[name]
+    b.close()
+    info["sequences"] = len(data["tokens"])
+    info["tokens"] = sum(len(s) for s in data["tokens"])
+    info["chunks"] = {"total": -(-len(convs) // cfg.chunk), "reused": reused}
+    return data

@@ -1,0 +1,247 @@
+"""Training of EAGLE-3's "training-time test"): pass 1 feeds every position with the
+target's true feature of the position before; pass j feeds each position with pass j-1's
+*predicted* feature of the position before and attends to pass-1 keys up to j-1 positions back
+plus its own deeper chain, exactly what a tree node at depth j-1 sees when drafting. Loss:
+cross-entropy against the target's next token (pass j weighted `decay`^(j-1)) plus
+`feature_loss` x smooth-L1 of pass 1's predicted feature against the target's. The
+decoder layer starts from the target's last layer when the shapes agree.
+
+`out/` holds while training `data/` (the data in parts of `chunk` conversations, saved as each is
+built: a stopped build resumes, and a larger one, e.g. more `--self-prompts` into the same `--out`
+with `--resume`, reuses them; an older run's single `data.pt` is still read) and `checkpoint.pt`; at the end the head (`--draft out/` loads it), `distill.json` and a README.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import DynaTreeError
+from ..featurehead import FeatureHead, HeadConfig, check_head, load_head, target_features, tokenizer_fingerprint
+from ..runtime import LoadedModel
+from .common import batches, lr_at, resumed, save_atomic
+from .eagle_data import EagleConfig, build_data
+from .eagle_export import write_head
+
+
+def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> FeatureHead:
+    """A head shaped by the target (unless set), its decoder layer copied from the target's last
+    layer when that is a Llama-shaped layer of the same sizes; fc starts as [0, I] (pass the feature)."""
+    hidden, rows = target_features(target.model)
+    tcfg = target.model.config
+    config = HeadConfig(
+        target=target.name, hidden_size=hidden, vocab_size=rows, tokenizer_sha1=tokenizer_fingerprint(target.tokenizer),
+        draft_vocab=len(vocab_ids), heads=cfg.heads or getattr(tcfg, "num_attention_heads", 8),
+        kv_heads=cfg.kv_heads or (cfg.heads if cfg.heads else getattr(tcfg, "num_key_value_heads", None)
+                                  or tcfg.num_attention_heads),
+        ffn=cfg.ffn or getattr(tcfg, "intermediate_size", 4 * hidden),
+        context=target.context_length or 8192, rms_norm_eps=getattr(tcfg, "rms_norm_eps", 1e-5),
+    )
+    torch.manual_seed(cfg.seed)
+    head = FeatureHead(config, vocab_ids, name="feature-head")
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, hidden:] = torch.eye(hidden)
+        head.fc.weight[:, :hidden].normal_(0.0, 0.02)
+        layers = getattr(getattr(target.model, "model", None), "layers", None)
+        last = layers[-1] if layers is not None else None
+        own = head.body.layers[0]
+        if last is not None and type(last).__name__ == type(own).__name__:
+            theirs = {k: v for k, v in last.state_dict().items()}
+            mine = own.state_dict()
+            if all(k in theirs and theirs[k].shape == v.shape for k, v in mine.items()):
+                own.load_state_dict({k: theirs[k].float() for k in mine})
+    return head.float()
+
+
+def _pass_mask(rows: int, depth: int) -> torch.Tensor:
+    """Additive mask [1, 1, rows, depth * rows] of pass `depth` (1-based) over the keys of passes
+    1..depth: row r sees pass-1 keys r' <= r - (depth - 1) and pass-i key r - (depth - i)."""
+    allowed = torch.zeros(rows, depth * rows, dtype=torch.bool)
+    r = torch.arange(rows)
+    allowed[:, :rows] = torch.ones(rows, rows, dtype=torch.bool).tril(-(depth - 1))
+    for i in range(2, depth + 1):
+        col = r - (depth - i)
+        ok = col >= 0
+        allowed[r[ok], (i - 1) * rows + col[ok]] = True
+    mask = torch.zeros(rows, depth * rows)
+    mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    return mask[None, None]
+
+
+def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleConfig) -> tuple[torch.Tensor, list]:
+    """Loss and per-pass top-1 agreement (count, total) for a batch of sequences (see module doc)."""
+    from transformers import DynamicCache
+
+    tokens, feats, labels, valid, positions = (batch[k] for k in ("tokens", "features", "labels", "valid", "positions"))
+    B, L = tokens.shape
+    with torch.no_grad():  # the target's embeddings stay frozen
+        embeds = embed(tokens).float()
+    cache = DynamicCache()
+    total, stats = 0.0, []
+    prev = None
+    for depth in range(1, cfg.unroll + 1):
+        # pass 1 reads the target's true feature of the position before each row; pass j the
+        # previous pass's prediction at row r - 1
+        feature_in = feats if depth == 1 else torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
+        out = head(embeds, feature_in, positions, _pass_mask(L, depth).expand(B, 1, L, depth * L), cache)
+        logits = out @ out_rows.T
+        rows = valid & (torch.arange(L) >= depth - 1)[None]  # rows that exist at this depth
+        learn = rows & batch["covered"]  # ... and whose label the sub-vocabulary holds
+        if bool(learn.any()):
+            ce = F.cross_entropy(logits[learn], batch["sub_labels"][learn], reduction="mean")
+            total = total + (cfg.decay ** (depth - 1)) * ce
+            if depth == 1 and cfg.feature_loss:
+                total = total + cfg.feature_loss * F.smooth_l1_loss(out[learn], batch["next_features"][learn])
+        hit = (batch["head_vocab"][logits.argmax(-1)] == labels) & rows
+        stats.append((int(hit.sum()), int(rows.sum())))
+        prev = out
+    return total, stats
+
+
+def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Tensor, head_vocab: torch.Tensor) -> dict:
+    """Rows r of a sequence of n tokens (the last seq_len of 0..n-2): input token x_{r+1} at position
+    r+1 with feature f_r; label the target's argmax at r+1 and feature f_{r+1}. Right-padded."""
+    rows = [min(seq_len, len(data["tokens"][i]) - 1) for i in picked]
+    L = max(rows)
+    B = len(picked)
+    H = data["features"][picked[0]].shape[1]
+    tokens = torch.zeros(B, L, dtype=torch.long)
+    feats = torch.zeros(B, L, H)
+    nxt = torch.zeros(B, L, H)
+    labels = torch.full((B, L), -1, dtype=torch.long)
+    positions = torch.zeros(B, L, dtype=torch.long)
+    valid = torch.zeros(B, L, dtype=torch.bool)
+    for b, (i, m) in enumerate(zip(picked, rows)):
+        n = len(data["tokens"][i])
+        start = n - 1 - m  # first row
+        r = torch.arange(start, n - 1)
+        tokens[b, :m] = data["tokens"][i][r + 1].long()
+        feats[b, :m] = data["features"][i][r].float()
+        nxt[b, :m] = data["features"][i][r + 1].float()
+        labels[b, :m] = data["labels"][i][r + 1].long()
+        positions[b, :m] = r + 1
+        positions[b, m:] = n + torch.arange(L - m)
+        valid[b, :m] = True
+    sub = sub_index[labels.clamp(min=0)]
+    return {"tokens": tokens, "features": feats, "next_features": nxt, "labels": labels, "sub_labels": sub.clamp(min=0),
+            "valid": valid, "covered": sub >= 0,  # labels outside the sub-vocabulary: counted as misses, no loss
+            "positions": positions, "head_vocab": head_vocab}
+
+
+@torch.no_grad()
+def evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab) -> dict:
+    """Held-out top-1 agreement with the target per depth (pass), over all rows whose label the
+    sub-vocabulary holds, and the share of labels it holds."""
+    head.eval()
+    hits = [[0, 0] for _ in range(cfg.unroll)]
+    covered = total = 0
+    for s in range(0, len(held), cfg.batch_size):
+        batch = make_batch(data, held[s: s + cfg.batch_size], cfg.seq_len, sub_index, head_vocab)
+        _, stats = unrolled_loss(head, embed, out_rows, batch, cfg)
+        for d, (h, n) in enumerate(stats):
+            hits[d][0] += h
+            hits[d][1] += n
+        real = batch["labels"] >= 0
+        covered += int((sub_index[batch["labels"].clamp(min=0)] >= 0)[real].sum())
+        total += int(real.sum())
+    head.train()
+    return {"agreement_by_depth": [h / max(n, 1) for h, n in hits], "vocab_coverage": covered / max(total, 1)}
+
+
+def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool = False, progress: bool = True,
+                  command: list[str] | None = None) -> dict:
+    """Train a feature head for `target` into `out`; return the summary written to out/distill.json."""
+    from tqdm.auto import tqdm
+
+    cfg.validate()
+    target_features(target.model)  # a target whose last hidden state cannot be read fails here, before any work
+    out = Path(out)
+    ckpt_path, data_path = out / "checkpoint.pt", out / "data.pt"
+    if not resume and ((out / "feature_head.json").exists() or ckpt_path.exists()):
+        raise DynaTreeError(f"{out} already holds a head or a checkpoint; pass --resume to continue it, "
+                            "or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    # data.pt: the whole data set of an earlier build (kept for the runs that have one); else the
+    # parts in out/data/, built now where missing
+    data = torch.load(data_path, weights_only=False) if data_path.exists() else None
+    if data is not None and data["key"] != cfg.data_key():
+        raise DynaTreeError(f"{data_path} was built with other data options ({data['key']}); "
+                            "use the same options or another --out")
+    if data is None:
+        t0 = time.perf_counter()
+        parts = Path(cfg.data_dir).expanduser() if cfg.data_dir else out / "data"
+        data = build_data(target, cfg, progress, parts=parts)
+        data["info"]["build_s"] = time.perf_counter() - t0  # this run's (reused parts cost nothing)
+    n = len(data["tokens"])
+    idx = list(range(n))
+    random.Random(cfg.seed).shuffle(idx)
+    n_held = max(1, round(n * cfg.eval_fraction))
+    held, train = sorted(idx[:n_held]), idx[n_held:]
+    if not train:
+        raise DynaTreeError("the data gave too few conversations to train on")
+
+    counts = torch.bincount(torch.cat([data["labels"][i].long() for i in train]), minlength=target.vocab_size)
+    start_from = None
+    if cfg.init_head:  # continue an existing head: its sub-vocabulary too
+        start_from = load_head(Path(cfg.init_head).expanduser(), name=cfg.init_head)
+        check_head(start_from, target)
+        head_vocab = start_from.vocab_ids.cpu()
+    else:
+        head_vocab = counts.argsort(descending=True)[: min(cfg.draft_vocab, target.vocab_size)].sort().values
+    sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
+    sub_index[head_vocab] = torch.arange(len(head_vocab))
+    train_coverage = float(counts[head_vocab].sum() / counts.sum())
+
+    head = new_head(target, cfg, head_vocab) if start_from is None else start_from.float().train()
+    embed = target.model.get_input_embeddings()
+    out_rows = target.model.get_output_embeddings().weight.detach()[head_vocab].float()
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    step, history, prior_s = 0, [], 0.0
+    if resume and ckpt_path.exists():
+        state = resumed(ckpt_path, cfg)
+        head.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, history, prior_s = state["step"], state["history"], state["train_s"]
+    head.train()
+    feed = batches(train, cfg.batch_size, step, random.Random(cfg.seed + 1))
+    bar = tqdm(total=cfg.steps, initial=step, desc="distill eagle", unit="step", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    t0 = time.perf_counter()
+    avg = None
+    while step < cfg.steps:
+        batch = make_batch(data, next(feed), cfg.seq_len, sub_index, head_vocab)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg, floor=0.05)
+        loss, stats = unrolled_loss(head, embed, out_rows, batch, cfg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        agree = [h / max(t, 1) for h, t in stats]
+        avg = agree if avg is None else [0.95 * a + 0.05 * b for a, b in zip(avg, agree)]
+        bar.set_postfix_str(f"step loss {loss.item():.3f} | moving avg agreement by depth "
+                            + " ".join(f"{a:.0%}" for a in avg),
+                            refresh=False)
+        bar.update(1)
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            # the step's own loss, and agreement as a moving average (weight 0.05 per step)
+            history.append({"step": step, "train_step_loss": loss.item(), "train_agreement_moving_avg": avg,
+                            "held_out": evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab)})
+            save_atomic({"model": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
+                          "config": dataclasses.asdict(cfg), "train_s": prior_s + time.perf_counter() - t0}, ckpt_path)
+    bar.close()
+    train_s = prior_s + time.perf_counter() - t0
+    final = evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab)
+    info = dict(data["info"], train_conversations=len(train), held_out_conversations=len(held),
+                train_vocab_coverage=train_coverage)
+    return write_head(head, target, out, cfg, info, final, history,
+                      {"build_s": data["info"].get("build_s"), "train_s": train_s}, command)
