@@ -31,7 +31,7 @@ def add_distill_command(sub) -> None:
     p.add_argument("--kind", choices=list(KINDS), default="lm", help="what to train [lm]")
     p.add_argument("--target", default=None, help="target model: hub id, local directory, .gguf file or embedded alias")
     p.add_argument("--out", required=True, help="output directory (draft, checkpoints, distill.json)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options required)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options; only --steps may change)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     g = p.add_argument_group("options (defaults in brackets, per kind where they differ)")
