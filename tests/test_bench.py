@@ -101,11 +101,15 @@ def test_speedups_are_over_plain_decoding_in_the_same_implementation_and_setting
                + run("ar + window", "ar", 8.0, kv_window="4,28") + run("dynatree", "dynatree", 15.0)
                + run("dynatree +compile", "dynatree", 30.0, compile=True)
                + run("dynatree + window", "dynatree", 12.0, kv_window="4,28")
-               + run("hf-ar", "hf-ar", 5.0) + run("hf-lookup", "hf-lookup", 7.5))
+               + run("hf-ar", "hf-ar", 5.0) + run("hf-lookup", "hf-lookup", 7.5)
+               + run("hf-ar +compile", "hf-ar", 10.0, compile=True)
+               + run("hf-assisted +compile", "hf-assisted", 12.0, compile=True))
     aggs = {a["variant"]: a for a in results.aggregate(records)}
     expected = {"ar": ("ar", 1.0), "ar +compile": ("ar", 2.0), "ar + window": ("ar", 0.8),
                 "dynatree": ("ar", 1.5), "dynatree +compile": ("ar +compile", 1.5),
-                "dynatree + window": ("ar + window", 1.5), "hf-ar": ("ar", 0.5), "hf-lookup": ("hf-ar", 1.5)}
+                "dynatree + window": ("ar + window", 1.5), "hf-ar": ("ar", 0.5), "hf-lookup": ("hf-ar", 1.5),
+                "hf-ar +compile": ("ar", 1.0),  # plain decoding itself: against our plain ar
+                "hf-assisted +compile": ("hf-ar +compile", 1.2)}  # transformers compiled over transformers compiled
     assert {v: (a["reference"], round(a["speedup"], 6)) for v, a in aggs.items()} == expected
     assert all(a["speedup_median"] == pytest.approx(a["speedup"]) for a in aggs.values())  # same ratio per prompt
     table = report.main_tables(list(aggs.values()))
@@ -280,11 +284,12 @@ def test_perf_table_has_a_column_per_hf_speculative_peer_and_names_the_best_by_m
     assert labels[:4] == ["hf-ar", "hf-lookup", "hf-assisted", "ar"]
     md = report.render(res)
     # tokens/s = 10 + variant index + prompt index, measured prompts 1 and 2: hf-ar 11, 12; hf-lookup 12, 13;
-    # hf-assisted 13, 14 (the faster, so "best"); ar 14, 15 -> vs hf-lookup 14/12, 15/13, vs hf-assisted 14/13, 15/14
-    assert "| vs hf-lookup | vs best hf-* speculative (hf-assisted) |" in md
+    # hf-assisted 13, 14; hf-assisted +compile (13) 23, 24, the fastest peer, so "best"; ar 14, 15
+    assert labels[12:14] == ["hf-ar +compile", "hf-assisted +compile"]  # transformers at its best, where it compiles
+    assert "| vs hf-lookup | vs hf-assisted | vs best hf-* speculative (hf-assisted +compile) |" in md
     assert ("| ar | 14.5 ± 0.7 | 1.26× (1.25-1.27; of means 1.26×, of totals 1.26×) | 0.62× (0.61-0.62; of means 0.62×, "
             "of totals 0.62×) | 1.16× (1.15-1.17; of means 1.16×, of totals 1.16×) | 1.07× (1.07-1.08; of means 1.07×, "
-            "of totals 1.07×) |") in md
+            "of totals 1.07×) | 0.59× (0.58-0.60; of means 0.59×, of totals 0.59×) |") in md
     assert "| hf-assisted | 13.5 ± 0.7 | 1.17× (1.17-1.18; of means 1.17×, of totals 1.17×) | 0.57× (" in md
 
 

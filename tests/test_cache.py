@@ -116,8 +116,8 @@ def test_slot_cache_grows_and_otherwise_writes_in_place(monkeypatch):
 def test_recurrent_and_chunked_attention_caches_are_refused():
     """Sliding windows are masked (test_sliding.py); state that cannot be compacted by index is refused."""
     linear = AutoConfig.for_model("qwen3_next", num_hidden_layers=4, hidden_size=16, vocab_size=64)
-    with pytest.raises(DynaTreeError, match="qwen3_next is refused: its LinearAttentionLayer cache layers keep recurrent"):
+    with pytest.raises(DynaTreeError, match="qwen3_next is refused: it has linear_attention layers"):
         kv.attention_layout(SimpleNamespace(config=linear))
     chunked = AutoConfig.for_model("llama4_text", num_hidden_layers=4)
-    with pytest.raises(DynaTreeError, match=r"llama4_text is refused: it has attention layers of type \['chunked_attention'\]"):
+    with pytest.raises(DynaTreeError, match="llama4_text is refused: it has chunked_attention layers"):
         kv.attention_layout(SimpleNamespace(config=chunked))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -53,6 +55,12 @@ def test_hf_ar_compiled_is_transformers_with_a_static_cache_and_the_same_tokens(
     assert again.new_token_ids == first.new_token_ids
     eager = api.generate(method="hf-ar", target=target, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True)
     assert eager.run.compile is False and eager.stats.compile_s is None and eager.new_token_ids == first.new_token_ids
+    draft = LoadedModel(model=copy.deepcopy(base.model), tokenizer=base.tokenizer, name="tiny-hf-draft", eos_ids=[])
+    assisted = [api.generate(method="hf-assisted", target=target, draft=draft, prompt_ids=prompt, max_new_tokens=24,
+                             ignore_eos=True, compile=True) for _ in range(2)]
+    assert all(a.new_token_ids == first.new_token_ids and a.run.compile for a in assisted)
+    assert assisted[0].stats.accepted_tokens > 0  # the target's own copy drafts: candidates were verified compiled
+    assert assisted[1].stats.graphs_compiled_while_timed == 0  # drafts vary in length: at most the first run builds
 
 
 def test_compiled_steps_freeze_the_weights(monkeypatch):

@@ -94,7 +94,6 @@ def test_the_result_is_typed_and_its_json_is_the_cli_record():
 
 @pytest.mark.parametrize("method,reason", [
     ("hf-lookup", "prompt-lookup decoding with a static cache fails inside the compiled graph"),
-    ("hf-assisted", "runs assisted generation uncompiled even with a static cache"),
     ("llamacpp-ar", "no torch graph to compile"),
 ])
 def test_compile_is_refused_with_the_reason_where_it_cannot_apply(method, reason, saved_tiny, capsys):
@@ -102,11 +101,9 @@ def test_compile_is_refused_with_the_reason_where_it_cannot_apply(method, reason
     from dynatree.cli import main
 
     with pytest.raises(DynaTreeError, match=rf"compile \(--compile\) does not apply to '{method}': .*{reason}"):
-        Request(prompt_ids=[5, 6], method=method, target=MISSING, draft="x" if method == "hf-assisted" else None,
-                compile=True).check()
+        Request(prompt_ids=[5, 6], method=method, target=MISSING, compile=True).check()
     with pytest.raises(DynaTreeError, match=f"--compile does not apply to '{method}'"):
-        runner.check_variants([runner.Variant("ar", "ar"), runner.Variant(method, method, compile=True,
-                                                                          draft="d" if method == "hf-assisted" else None)])
+        runner.check_variants([runner.Variant("ar", "ar"), runner.Variant(method, method, compile=True)])
     assert main(["generate", "--target", str(saved_tiny), "--method", method, "--compile", "w5 w6"]) == 2
     assert reason in capsys.readouterr().err
     assert Request(prompt_ids=[5, 6], method="hf-ar", target=MISSING, compile=True).check().method.compilable

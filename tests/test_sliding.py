@@ -26,12 +26,15 @@ from dynatree import cache as kv
 from dynatree.attention import use_gqa_attention
 from dynatree.drafters import LMDrafter
 from dynatree.errors import DynaTreeError
+from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
 from dynatree.kernels import use_packed_linears
 from dynatree.methods import METHODS
 from dynatree.probe import check_tree_exact
+from dynatree.decode import sliding_eviction
 from dynatree.runtime import LoadedModel
 from dynatree.sampling import Sampler, target_probs
 from dynatree.tree import additive_mask
+from dynatree.window import KVWindow
 
 _DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=256, initializer_range=0.3)
@@ -60,6 +63,20 @@ def model(kind: str, window: int, seed: int = 0) -> LoadedModel:
 
 
 @functools.cache
+def head(kind: str, window: int) -> FeatureHead:
+    """A random feature head for model(kind, window): an EAGLE-style drafter over its hidden states."""
+    gen = torch.Generator().manual_seed(7)
+    cfg = HeadConfig(target=f"tiny-{kind}", hidden_size=32, vocab_size=VOCAB, tokenizer_sha1=tokenizer_fingerprint(tokenizer()),
+                     draft_vocab=80, heads=4, kv_heads=2, ffn=64, context=512)
+    h = FeatureHead(cfg, torch.randperm(VOCAB, generator=gen)[:80], name=f"head-{kind}")
+    with torch.no_grad():
+        for p in h.parameters():
+            if p.dim() == 2:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    return h.to(torch.float64).eval()
+
+
+@functools.cache
 def reference(kind: str, window: int, prompt: tuple[int, ...], n: int) -> list[int]:
     return hf_greedy(model(kind, window), list(prompt), n)
 
@@ -82,7 +99,7 @@ def test_every_method_equals_transformers_greedy_across_many_windows(kind):
     draft = model(kind, 8, seed=1)
     prompt = (5, 9, 11, 5, 9, 11, 5, 30, 31, 44)
     for method in METHODS_TESTED:
-        for drafter in ([None] if method == "ar" else [draft, "ngram"]):
+        for drafter in ([None] if method == "ar" else [draft, "ngram", head(kind, 8)]):
             got = api.generate(method=method, target=target, draft=drafter, prompt_ids=list(prompt), max_new_tokens=64,
                                ignore_eos=True)
             assert got.new_token_ids == reference(kind, 8, prompt, 64), (kind, method, drafter)
@@ -169,8 +186,11 @@ def windowed_sliding_reference(kind: str, window: int, prompt: tuple[int, ...], 
         for _ in range(n):
             pos = torch.arange(len(seq))
             kv_window = (pos[None, :] <= pos[:, None]) & ((pos[None, :] < sink) | (pos[None, :] >= pos[:, None] - recent))
-            logits = m.model(torch.tensor([seq]), attention_mask=m.masks(kv_window, pos, pos),
-                             position_ids=pos[None]).logits[0, -1]
+            sliding = additive_mask(kv_window & (pos[:, None] - pos[None, :] < window), torch.float64)
+            types = set(getattr(m.model.config, "layer_types", None) or ["sliding_attention"])
+            mask = sliding if types == {"sliding_attention"} else {
+                "full_attention": additive_mask(kv_window, torch.float64), "sliding_attention": sliding}
+            logits = m.model(torch.tensor([seq]), attention_mask=mask, position_ids=pos[None]).logits[0, -1]
             seq.append(int(logits.argmax()))
     return seq[len(prompt):]
 
@@ -240,6 +260,28 @@ def test_sampling_keeps_the_sliding_target_distribution(method, options):
                       sampler=Sampler(CONFIG, seed)).generate(PROMPT, 3, ignore_eos=True)
         counts[tuple(run.new_tokens)] = counts.get(tuple(run.new_tokens), 0) + 1
     assert chi_square_pvalue(counts, expected, runs) > 1e-3, method
+
+
+def test_a_model_whose_layers_all_slide_but_name_their_types_gets_one_mask_and_evicts():
+    """Gemma 3 with only sliding layers: one mask for every layer (no dict), and the cache is evicted
+    to the W - 1 keys the next query sees, as for Mistral; the tokens stay transformers'."""
+    config = AutoConfig.for_model("gemma3_text", vocab_size=VOCAB, bos_token_id=1, eos_token_id=EOS, pad_token_id=0,
+                                  sliding_window=4, **dict(_DIMS, head_dim=8, layer_types=["sliding_attention"] * 4))
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+    target = LoadedModel(model=m, tokenizer=tokenizer(), name="tiny-gemma3-all-sliding", eos_ids=[])
+    assert target.layout.window == 4 and target.layout.layer_types is None
+    assert sliding_eviction(target) == KVWindow(0, 3)
+    check_tree_exact(target)
+    prompt = [5, 9, 11, 5, 9, 11, 5, 30]
+    want = hf_greedy(target, prompt, 40)
+    decoder = Decoder(target, METHODS["dynatree"].policy_cls(make_config("dynatree")), LMDrafter(model("gemma2", 4, 1), VOCAB))
+    assert decoder.generate(prompt, 40, ignore_eos=True).new_tokens == want
+    assert kv.length(decoder.run.cache) <= 3  # the evicted cache: what the next query can see
+    for method, draft in [("ar", None), ("dynatree", "ngram"), ("linear", target)]:
+        got = api.generate(method=method, target=target, draft=draft, prompt_ids=prompt, max_new_tokens=40,
+                           ignore_eos=True)
+        assert got.new_token_ids == want, method
 
 
 def test_a_window_only_in_the_cache_layers_is_read_from_transformers_own_cache():

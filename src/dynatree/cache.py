@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import Cache, DynamicCache
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import CacheLayerMixin, get_layer_types_and_kwargs
 
 from .attention import EXACT_SDPA
 from .errors import DynaTreeError
@@ -117,28 +117,26 @@ class AttentionLayout:
     """
 
     window: int | None  # the sliding layers' window; None: every layer attends to everything before it
-    layer_types: tuple[str, ...] | None  # config.layer_types: their names key per-type masks; None: one mask
+    layer_types: tuple[str, ...] | None  # per layer, when full and sliding layers mix (one mask per type,
+    # keyed by these names, as the models' `attention_mask` dict is); None: one mask serves every layer
 
 
 def attention_layout(model) -> AttentionLayout:
-    """The model's `AttentionLayout`; a model whose cache layers keep other state is refused."""
-    layers = DynamicCache(config=model.config).layers
-    windows = set()
-    for layer in layers:
-        if type(layer) is DynamicSlidingWindowLayer:
-            windows.add(layer.sliding_window)
-        elif type(layer) is not DynamicLayer:  # recurrent or chunked state cannot be compacted by index
-            raise DynaTreeError(f"{model.config.model_type} is refused: its {type(layer).__name__} cache layers keep "
-                                "recurrent or chunked attention state, which tree verification cannot compact by index")
-    types = getattr(model.config, "layer_types", None)  # not every config has them (Mistral: all layers slide)
-    if len(windows) > 1 or (windows and types is None and any(type(layer) is DynamicLayer for layer in layers)):
-        raise DynaTreeError(f"{model.config.model_type} is refused: it mixes sliding windows ({sorted(windows)}) "
-                            "without naming its layer types, so dynatree cannot give each layer its mask")
-    if types is not None and set(types) - {"full_attention", "sliding_attention"}:
-        raise DynaTreeError(f"{model.config.model_type} is refused: it has attention layers of type "
-                            f"{sorted(set(types) - {'full_attention', 'sliding_attention'})}, which dynatree cannot mask")
-    window = min(windows) if windows else None  # one window at most (checked above)
-    return AttentionLayout(window=window, layer_types=tuple(types) if types is not None and window else None)
+    """The model's `AttentionLayout`, from the layer types transformers itself builds caches for
+    (`get_layer_types_and_kwargs`); a layer of any other kind (recurrent, chunked, shared) is refused."""
+    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    kinds = {"full_attention", "sliding_attention"}
+    other = sorted(set(types) - kinds)
+    if other:
+        raise DynaTreeError(f"{model.config.model_type} is refused: it has {', '.join(other)} layers, whose cache "
+                            "state tree verification cannot compact by index or mask by position")
+    windows = {kw["sliding_window"] for t, kw in zip(types, kwargs) if t == "sliding_attention"}
+    if len(windows) > 1:
+        raise DynaTreeError(f"{model.config.model_type} is refused: its layers slide over different windows "
+                            f"({sorted(windows)}), which dynatree does not mask")
+    window = windows.pop() if windows else None
+    mixed = window is not None and len(set(types)) > 1  # full and sliding layers: one mask per type
+    return AttentionLayout(window=window, layer_types=tuple(types) if mixed else None)
 
 
 def new_cache(model) -> Cache:

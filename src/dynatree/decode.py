@@ -199,8 +199,7 @@ def sliding_eviction(target: LoadedModel) -> KVWindow | None:
     rolling cache, instead of the whole sequence; the masks do not change. None for other models
     (a full-attention layer needs every entry)."""
     layout = target.layout
-    if layout.window is None or layout.window < 2 or (
-            layout.layer_types is not None and set(layout.layer_types) != {"sliding_attention"}):
+    if layout.window is None or layout.window < 2 or layout.layer_types is not None:  # full layers too
         return None
     return KVWindow(0, layout.window - 1)
 

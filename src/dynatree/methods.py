@@ -51,8 +51,7 @@ METHODS = {
         Method("opt-tree", OptTreeConfig, OptTreePolicy, "any", "budgeted tree maximising expected accepted length"),
         Method("hf-ar", HfArConfig, None, "none", "transformers generate(), greedy", "transformers"),
         Method("hf-assisted", HfAssistedConfig, None, "lm", "transformers assisted generation with a draft LM",
-               "transformers", "transformers runs assisted generation uncompiled even with a static cache "
-               "(it builds no graph), so compiling it would change nothing"),
+               "transformers"),
         Method("hf-lookup", HfLookupConfig, None, "none", "transformers prompt-lookup decoding", "transformers",
                "transformers' prompt-lookup decoding with a static cache fails inside the compiled graph "
                "(an index out of bounds in inductor's kernel)"),

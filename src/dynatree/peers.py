@@ -16,10 +16,11 @@ generation runs to max_new_tokens (`eos_token_id=None`), never by suppressing EO
 `hf-ar` with compile is transformers at its best: `generate()` with a static cache sized for
 the prompt and the new tokens, and transformers' own compiled forward for its decode steps
 (inductor with `freezing`, the option dynatree compiles with; on the CPU without CUDA graphs,
-which need a GPU). An untimed 2-token generate() first builds the graph, so compiling is
+which need a GPU). An untimed 4-token generate() first builds the graph, so compiling is
 reported apart (`compile_s`) as for dynatree's methods, and graphs built inside the timed run
-are counted. transformers compiles nothing for assisted generation and fails for prompt lookup
-with a static cache, so those run uncompiled only (methods.py says why).
+are counted. `hf-assisted` compiles the same way (the target's forward; its drafts vary in length,
+so a graph may still be built in the timed run: counted). Prompt lookup with a static cache fails
+inside the compiled graph, so `hf-lookup` runs uncompiled only (methods.py says why).
 """
 
 from __future__ import annotations
@@ -195,9 +196,11 @@ def hf_generate(
     models = (target.model, draft.model if draft is not None else None)
     with stock_attention(*models), stock_linears(*models), _notices_off():
         compile_s = None
-        if compile:  # build the decode step's graph before the clock (prefill + one compiled step)
+        if compile:  # build the decode step's graph before the clock (prefill + compiled steps; on CUDA
+            # the CUDA graphs are recorded after a few calls), leaving the random numbers to the timed run
             start, graphs = time.perf_counter(), compiled_graphs()
-            target.model.generate(ids, max_new_tokens=2, eos_token_id=None, **common)
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                target.model.generate(ids, max_new_tokens=4, eos_token_id=None, **common)
             compile_s = time.perf_counter() - start if compiled_graphs() != graphs else 0.0
         hook = target.model.register_forward_pre_hook(count, with_kwargs=True)
         try:

@@ -111,9 +111,9 @@ class LoadedModel:
 
         Returns the [1, 1, queries, keys] additive mask; for a model with sliding-window layers
         those layers also hide the keys at or beyond the window from each query's true position:
-        one mask when every layer slides (transformers' Mistral, Starcoder2, ... take one), else
-        one per layer type keyed by `config.layer_types`' names (Gemma 2/3, Qwen2, Cohere 2 take
-        such a dict through their public `attention_mask` argument).
+        one mask when every layer slides (every model takes one 4-D mask for all its layers), else
+        one per layer type keyed by the layer types' names (Gemma 2/3, Qwen2, Cohere 2 take such a
+        dict through their public `attention_mask` argument; the probe refuses a model that does not).
         """
         full = additive_mask(allowed, self.dtype, self.device)
         window = self.layout.window

@@ -226,6 +226,8 @@ def cmd_bench(args) -> int:
             raise DynaTreeError(f"--compile applies to none of the methods in this run ({m.name}: {m.not_compilable})")
         for v in compilable:
             v.compile = True
+            if v.method.startswith("hf-"):  # transformers compiled is another baseline than as shipped: say so
+                v.label += " +compile"
     unused = [k for k in given if not any(v.method in args.method_fields[k] for v in variant_list)]
     if unused:
         raise DynaTreeError(f"option --{unused[0].replace('_', '-')} applies to none of the methods in this run")

@@ -210,7 +210,7 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
                                 strict=False)
         cost_aware = _cost_aware(method_variants(["dynatree"], drafts))
         compiled = [dataclasses.replace(v, label=f"{v.label} +compile", compile=True)
-                    for v in method_variants(["hf-ar", "ar"], drafts) + cost_aware]
+                    for v in method_variants(["hf-ar", "hf-assisted", "ar"], drafts, strict=False) + cost_aware]
         return eager + cost_aware + compiled
     if preset == "draft":
         if not [d for d in drafts if parse(d).model_alone]:

@@ -46,12 +46,16 @@ def references(records: list[dict]) -> dict[str, str]:
         if r["method"] == "ar":
             ours_ar.setdefault((r.get("compile", False), r.get("kv_window")), v)
     plain = ours_ar.get((False, None), "ar")
+    hf_ar: dict[bool, str] = {}  # transformers' plain decoding per compile setting
+    for v, r in variants.items():
+        if r["method"] == "hf-ar":
+            hf_ar.setdefault(r.get("compile", False), v)
     out = {}
     for v, r in variants.items():
         if r["method"] in ("ar", "hf-ar"):  # plain decoding itself: against ours, plain
             out[v] = plain
         elif r["method"].startswith("hf-"):
-            out[v] = "hf-ar" if "hf-ar" in variants else plain
+            out[v] = hf_ar.get(r.get("compile", False)) or hf_ar.get(False) or plain
         else:
             compiled = r.get("compile", False)
             out[v] = ours_ar.get((compiled, r.get("kv_window")), ours_ar.get((compiled, None), plain))
