@@ -31,11 +31,11 @@ def test_an_avx2_only_cpu_decodes_bfloat16_exactly_on_stock_kernels_and_says_why
     assert out.returncode == 0, out.stderr
     dyna, ar = json.loads(out.stdout)
     for rec in (dyna, ar):
-        assert rec.run.dtype == "bfloat16" and rec.run.linear == "stock"
-        assert "cannot run oneDNN's bfloat16 linear: bf16 path needs the cpu support" in rec.run.linear_note
-        support = rec.env["cpu_support"]
+        assert rec["run"]["dtype"] == "bfloat16" and rec["run"]["linear"] == "stock"
+        assert "cannot run oneDNN's bfloat16 linear: bf16 path needs the cpu support" in rec["run"]["linear_note"]
+        support = rec["env"]["cpu_support"]
         assert support["capability"] == "AVX2" and support["onednn_linear_dtypes"] == ["float32"]
-    assert dyna.new_token_ids == ar.new_token_ids and len(ar.new_token_ids) == 16
+    assert dyna["new_token_ids"] == ar["new_token_ids"] and len(ar["new_token_ids"]) == 16
     assert "note: linear layers on stock kernels: this CPU (AVX2) cannot run oneDNN's bfloat16 linear" in out.stderr
 
 
@@ -60,7 +60,7 @@ def test_an_avx2_only_cpu_compiles_bfloat16_on_stock_kernels(saved_tiny):
                     "--compile")
     assert out.returncode == 0, out.stderr
     dyna, ar = json.loads(out.stdout)
-    assert dyna.run.compile and dyna.run.linear == "stock" and "bf16 path" in dyna.run.linear_note
-    assert dyna.stats.compile_s > 0 and dyna.stats.graphs_compiled_while_timed == 0
-    assert ar.stats.graphs_compiled_while_timed == 0
-    assert dyna.new_token_ids == ar.new_token_ids
+    assert dyna["run"]["compile"] and dyna["run"]["linear"] == "stock" and "bf16 path" in dyna["run"]["linear_note"]
+    assert dyna["stats"]["compile_s"] > 0 and dyna["stats"]["graphs_compiled_while_timed"] == 0
+    assert ar["stats"]["graphs_compiled_while_timed"] == 0
+    assert dyna["new_token_ids"] == ar["new_token_ids"]
