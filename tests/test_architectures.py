@@ -51,7 +51,7 @@ REFUSED = {  # model type -> what the refusal says
     "bloom": (dict(hidden_size=32, n_layer=2, n_head=4), "ALiBi"),
     "falcon-alibi": (dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True), "ALiBi"),
 }
-METHODS = ("ar", "linear", "dynatree", "specinfer", "wetap")
+METHODS = ("ar", "linear", "dynatree", "specinfer", "wetap", "dsbd", "mtad")
 
 
 def build(kind: str, seed: int) -> LoadedModel:

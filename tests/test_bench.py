@@ -230,12 +230,24 @@ def test_report_and_plots_from_results_json_alone(tmp_path, kind, plot):
 def test_wetap_report_has_m_speed_ppl_per_data_set_and_marks_the_lossy_rule():
     md = report.render(fixed_results("wetap-main"))
     assert "| Method | M (humaneval) | Speed (tok/s) (humaneval) | PPL (humaneval) | M (gsm8k) |" in md
-    assert "| wetap (lossy) |" in md and "| wetap (exact verify) |" in md  # only the beam rule is lossy
+    assert "| wetap (lossy) |" in md and "| wetap (exact verify) |" in md  # WETAP: only the beam rule is lossy
+    assert "| mtad (lossy) |" in md and "| dsbd |" in md  # Table 1's beam baselines: MTAD's joint rule is lossy
     assert "### humaneval" in md and "### gsm8k" in md
-    assert "Lossy verification (WETAP's beam rule): wetap." in md
+    assert "Lossy verification (WETAP's beam rule, MTAD's joint rule): mtad, wetap." in md
     assert "sampling: temperature 1.0, top-k 10, top-p 0.9" in md
     throughput = md[md.index("**Throughput**"):md.index("**Latency**")]  # labelled in every table (issue 37)
     assert "| wetap (lossy) |" in throughput and "| wetap (exact verify) |" in throughput
+
+
+def test_wetap_presets_hold_every_row_of_the_papers_tables():
+    """Table 1's methods in the paper's order (plus WETAP's tree verified exactly, and DynaTree);
+    the ablation's three stages with DSBD and MTAD beside them."""
+    main = [(v.method, v.options) for v in presets.variants("wetap-main", "small", ["ngram"])]
+    assert [m for m, _ in main] == ["ar", "specinfer", "dsbd", "specexec", "mtad", "opt-tree", "wetap", "wetap",
+                                    "dynatree"]
+    ablation = presets.variants("wetap-ablation", "small", ["ngram"])
+    assert [v.method for v in ablation] == ["ar", "wetap", "wetap", "wetap", "dsbd", "mtad"]
+    assert [v.tags.get("stage") for v in ablation] == [None, 0, 1, 2, None, None]
 
 
 def test_quality_plot_is_titled_with_its_data_sets(tmp_path, monkeypatch):

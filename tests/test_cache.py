@@ -39,6 +39,8 @@ def assert_same_cache(actual, expected, tol: float = 1e-9):
     ("fixed-tree", {"depth": 4, "branch": 3, "tau": 0.0, "n_max": 30}),
     ("dynatree", {"d0": 2, "d_max": 5, "tau": 0.0, "rho_stop": 0.001, "rho_deep": 0.01}),
     ("linear", {"k": 4}),
+    ("dsbd", {"width": 3, "depth": 4}),  # beam layers interleave parents
+    ("mtad", {"width": 3, "depth": 4}),  # its joint rule may commit a beam through a token greedy would reject
 ])
 def test_target_and_draft_caches_match_plain_decoding(arch, method, options):
     target, draft = tiny(arch, eos_ids=[]), noisy_copy(arch, 0, 0.08)
@@ -121,3 +123,14 @@ def test_recurrent_and_chunked_attention_caches_are_refused():
     chunked = AutoConfig.for_model("llama4_text", num_hidden_layers=4)
     with pytest.raises(DynaTreeError, match="llama4_text is refused: it has chunked_attention layers"):
         kv.attention_layout(SimpleNamespace(config=chunked))
+
+
+def test_layers_sliding_over_different_windows_are_refused(monkeypatch):
+    """One window per model is masked; a model whose sliding layers differ in window is refused,
+    naming the windows (transformers builds no such cache today, so its layer types are faked)."""
+    mistral = AutoConfig.for_model("mistral", num_hidden_layers=3, sliding_window=8)
+    types = ["sliding_attention", "full_attention", "sliding_attention"]
+    kwargs = [{"sliding_window": 8}, {}, {"sliding_window": 16}]
+    monkeypatch.setattr(kv, "get_layer_types_and_kwargs", lambda config: (types, kwargs))
+    with pytest.raises(DynaTreeError, match=r"^mistral is refused: its layers slide over different windows \(\[8, 16\]\)"):
+        kv.attention_layout(SimpleNamespace(config=mistral))

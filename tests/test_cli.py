@@ -33,7 +33,7 @@ def generate_json(capsys, target, *extra):
 
 
 @pytest.mark.parametrize("method", ["dynatree", "fixed-tree", "linear", "wetap", "specinfer", "specexec", "opt-tree",
-                                    "hf-lookup", "hf-ar"])
+                                    "dsbd", "mtad", "hf-lookup", "hf-ar"])
 def test_json_record(capsys, saved_tiny, method):
     rec = generate_json(capsys, saved_tiny, "--method", method, "--max-new-tokens", "12", "--ignore-eos")
     assert {"method", "target", "draft", "prompt_tokens", "new_token_ids", "text", "stats", "config"} <= set(rec)

@@ -19,7 +19,7 @@ from dynatree import Decoder, make_config
 from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.methods import METHODS
 
-TREE_METHODS = ["linear", "fixed-tree", "dynatree", "wetap", "specinfer", "specexec", "opt-tree"]
+TREE_METHODS = ["linear", "fixed-tree", "dynatree", "wetap", "specinfer", "specexec", "opt-tree", "dsbd", "mtad"]
 PERFECT = ["linear", "fixed-tree", "dynatree", "specinfer"]  # trees that always contain the draft's greedy chain
 DRAFTERS = ["self", "noisy", "other", "ngram", "hybrid", "feature"]
 
@@ -73,6 +73,11 @@ def method_options(draw, method: str) -> dict:
     if method == "opt-tree":
         return {"budget": draw(st.sampled_from([1, 2, 5, 16, 40])), "depth": draw(st.integers(1, 6)),
                 "delta": draw(st.sampled_from([0.0, 0.05, 0.5]))}
+    if method == "dsbd":
+        return {"width": draw(st.integers(1, 5)), "depth": draw(st.integers(1, 6))}
+    if method == "mtad":
+        return {"width": draw(st.integers(1, 5)), "depth": draw(st.integers(1, 6)),
+                "joint_tau": draw(st.sampled_from([0.0, 0.5, 0.99]))}
     return {}
 
 
@@ -150,7 +155,7 @@ def test_reused_decoder_carries_no_stale_state(arch):
 @st.composite
 def float32_cases(draw):
     arch = draw(st.sampled_from(ARCHS))
-    method = draw(st.sampled_from(["linear", "fixed-tree", "dynatree", "specinfer", "opt-tree"]))
+    method = draw(st.sampled_from(["linear", "fixed-tree", "dynatree", "specinfer", "opt-tree", "dsbd", "mtad"]))
     drafter = draw(st.sampled_from(["ngram", "noisy", "hybrid"]))
     motif = draw(st.lists(st.integers(3, VOCAB - 1), min_size=1, max_size=6))
     prompt = (motif * draw(st.integers(1, 4)) + draw(st.lists(st.integers(0, VOCAB - 1), max_size=8)))[:24]

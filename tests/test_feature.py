@@ -20,7 +20,8 @@ from dynatree.window import KVWindow
 TREE_METHODS = {"linear": {"k": 4}, "fixed-tree": {"depth": 4, "branch": 2, "tau": 0.0},
                 "dynatree": {"d0": 2, "d_max": 5}, "wetap": {"depth": 3, "budget": 8, "verify": "exact"},
                 "specinfer": {"width": 2, "depth": 3}, "specexec": {"budget": 8, "depth": 3},
-                "opt-tree": {"budget": 8, "depth": 3}}
+                "opt-tree": {"budget": 8, "depth": 3}, "dsbd": {"width": 3, "depth": 3},
+                "mtad": {"width": 3, "depth": 3}}
 PROMPT = [5, 6, 7, 5, 6, 7, 30, 31]
 
 

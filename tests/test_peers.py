@@ -125,7 +125,7 @@ def test_a_draft_with_a_smaller_output_layer_samples_with_every_method():
     padded = _lm(160, seed=0)
     target = LoadedModel(model=padded.model, tokenizer=padded.tokenizer, name="padded-target", eos_ids=[])
     draft = _lm(96)
-    for method in ("linear", "dynatree", "fixed-tree", "specinfer", "specexec", "opt-tree", "wetap"):
+    for method in ("linear", "dynatree", "fixed-tree", "specinfer", "specexec", "opt-tree", "wetap", "dsbd", "mtad"):
         for d in (draft, Hybrid(draft)):
             rec = generate(prompt_ids=[5, 6, 7, 5, 6, 7], method=method, target=target, draft=d, max_new_tokens=24,
                            sample=True, seed=1, ignore_eos=True)

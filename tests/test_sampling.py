@@ -134,6 +134,11 @@ CASES = [
     ("dynatree", "narrow", {"d0": 1, "d_max": 2, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02}),
     ("specinfer", "narrow", {"width": 2, "depth": 2}),
     ("specinfer", "hybrid-narrow", {"width": 2, "depth": 2}),
+    ("dsbd", "lm", {"width": 3, "depth": 2}),  # beam-sampled layers: (parent, token) pairs drawn jointly
+    ("dsbd", "ngram", {"width": 2, "depth": 2}),
+    ("dsbd", "feature", {"width": 3, "depth": 2}),
+    ("dsbd", "hybrid", {"width": 2, "depth": 2}),
+    ("dsbd", "narrow", {"width": 3, "depth": 2}),
 ]
 
 
@@ -148,6 +153,14 @@ def test_sampled_distribution_equals_the_target(method, drafter, options):
 def test_wetap_beam_verification_is_lossy_as_documented():
     """The paper's beam rule does not keep the target's distribution: the same test rejects it."""
     counts = empirical("wetap", "lm", {"depth": 2, "budget": 5, "w_min": 2, "w_max": 4, "verify": "beam", "beam_tau": 0.1})
+    assert chi_square_pvalue(counts, exact_distribution(), RUNS) < ALPHA
+
+
+@pytest.mark.slow
+def test_mtad_joint_verification_is_lossy_as_documented():
+    """MTAD accepts beams by their joint likelihood: the same test rejects its samples, while
+    DSBD's rule on the very same beam trees passes (`CASES`)."""
+    counts = empirical("mtad", "lm", {"width": 3, "depth": 2, "joint_tau": 0.1})
     assert chi_square_pvalue(counts, exact_distribution(), RUNS) < ALPHA
 
 
@@ -217,7 +230,8 @@ LOSSLESS = {"linear": {"k": 3}, "fixed-tree": {"depth": 3, "branch": 2, "tau": 0
             "dynatree": {"d0": 2, "d_max": 3, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02, "history": False},
             "specinfer": {"width": 2, "depth": 3}, "specexec": {"budget": 12, "depth": 3, "expand": 2, "branch": 2},
             "opt-tree": {"budget": 12, "depth": 3}, "wetap": {"depth": 3, "budget": 6, "w_min": 2, "w_max": 3,
-                                                            "verify": "exact"}}
+                                                            "verify": "exact"},
+            "dsbd": {"width": 2, "depth": 3}}
 DEEP_DRAFTERS = ("lm", "ngram", "feature", "hybrid")
 
 

@@ -48,7 +48,8 @@ SLIDING = {
                                                         "sliding_attention", "full_attention"]),
     "cohere2": _DIMS,  # three sliding layers, then a full one
 }
-METHODS_TESTED = ("ar", "linear", "fixed-tree", "dynatree", "specinfer", "wetap", "specexec", "opt-tree")
+METHODS_TESTED = ("ar", "linear", "fixed-tree", "dynatree", "specinfer", "wetap", "specexec", "opt-tree", "dsbd",
+                  "mtad")
 
 
 @functools.cache
@@ -122,7 +123,7 @@ def test_greedy_exactness_over_prompts_lengths_and_windows(kind):
     check()
 
 
-@pytest.mark.parametrize("kind", ["mistral", "gemma2"])
+@pytest.mark.parametrize("kind", sorted(SLIDING))
 @pytest.mark.parametrize("method, options", [
     ("fixed-tree", {"depth": 4, "branch": 3, "tau": 0.0, "n_max": 30}),
     ("dynatree", {"d0": 2, "d_max": 5, "tau": 0.0, "rho_stop": 0.001, "rho_deep": 0.01}),
@@ -131,14 +132,14 @@ def test_target_and_draft_caches_match_plain_decoding_after_every_iteration(kind
     target, draft = model(kind, 4), model(kind, 4, seed=1)
     drafter = LMDrafter(draft, target.vocab_size)
     decoder = Decoder(target, METHODS[method].policy_cls(make_config(method, **options)), drafter)
-    # Gemma 2's eager attention takes its softmax in float32 whatever the model's dtype, so a tree step
+    # Gemma's eager attention takes its softmax in float32 whatever the model's dtype, so a tree step
     # and a one-token step (another number of masked keys) round differently there: float32's tolerance
-    tol = 1e-5 if kind == "gemma2" else 1e-9
+    tol = 1e-5 if kind.startswith("gemma") else 1e-9
     steps = 0
     for _ in decoder.steps([7, 8, 9, 7, 8], max_new_tokens=40, ignore_eos=True):
         run = decoder.run
         plain = plain_cache(target.model, run.seq[:-1])  # all but the new root
-        if kind == "mistral":  # every layer slides: the cache keeps only the W - 1 = 3 keys the next query sees
+        if target.layout.layer_types is None:  # every layer slides: the cache keeps the W - 1 = 3 keys the next query sees
             assert run.slot_pos.tolist() == list(range(len(run.seq) - 4, len(run.seq) - 1))
             assert_entries(run.cache, plain, run.slot_pos, tol)
         else:  # full-attention layers need every entry
@@ -210,7 +211,7 @@ def test_the_kv_window_combines_with_the_model_window(kind):
 
 @pytest.mark.slow
 def test_compiled_sliding_window_decoding_equals_plain_greedy():
-    for kind in ("mistral", "gemma2"):
+    for kind in ("mistral", "gemma2", "gemma3_text"):
         prompt = [5, 9, 11, 5, 9, 11, 5, 30]
         got = api.generate(method="dynatree", target=model(kind, 8), draft=model(kind, 8, seed=1), prompt_ids=prompt,
                            max_new_tokens=40, ignore_eos=True, compile=True)
@@ -219,32 +220,47 @@ def test_compiled_sliding_window_decoding_equals_plain_greedy():
         assert got.stats.graphs_compiled_while_timed == 0 and got.stats.drafted_tokens > 0
 
 
+@pytest.mark.slow
+def test_compiled_decoding_with_both_windows_equals_the_windowed_reference():
+    """--compile with --kv-window on a sliding model: the same tokens as the eager engine's reference."""
+    prompt = (5, 9, 11, 5, 9, 11, 5, 30)
+    want = windowed_sliding_reference("mistral", 8, prompt, 40, sink=2, recent=5)
+    got = api.generate(method="dynatree", target=model("mistral", 8), draft="ngram", prompt_ids=list(prompt),
+                       max_new_tokens=40, ignore_eos=True, kv_window="2,5", compile=True)
+    assert got.new_token_ids == want
+    assert got.stats.graphs_compiled_while_timed == 0
+
+
 V = 6
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # longer than the window: the sliding layers drop its start
 
 
 @functools.cache
-def small(seed: int, noise: float = 0.0) -> LoadedModel:
+def small(seed: int, noise: float = 0.0, kind: str = "mistral") -> LoadedModel:
+    """A 6-token model with a 3-token window; "gemma2": one sliding and one full layer (a mask per layer type)."""
     torch.manual_seed(seed)
-    config = AutoConfig.for_model("mistral", vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                                  initializer_range=0.5, sliding_window=3, bos_token_id=0, eos_token_id=0,
-                                  pad_token_id=0)
+    layers = {"mistral": dict(num_hidden_layers=1), "gemma2": dict(num_hidden_layers=2, head_dim=8)}[kind]
+    config = AutoConfig.for_model(kind, vocab_size=V, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                                  num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.5,
+                                  sliding_window=3, bos_token_id=0, eos_token_id=0, pad_token_id=0, **layers)
     m = AutoModelForCausalLM.from_config(config).double().eval()
     if noise:
         with torch.no_grad():
             for p in m.parameters():
                 p.add_(noise * p.std() * torch.randn_like(p))
-    return LoadedModel(model=m, tokenizer=tokenizer(V), name=f"small-mistral-{seed}-{noise}", eos_ids=[])
+    return LoadedModel(model=m, tokenizer=tokenizer(V), name=f"small-{kind}-{seed}-{noise}", eos_ids=[])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, options", [
-    ("dynatree", {"d0": 1, "d_max": 2, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02}),
-    ("specinfer", {"width": 2, "depth": 2}),
+@pytest.mark.parametrize("kind, method, options", [
+    ("mistral", "dynatree", {"d0": 1, "d_max": 2, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02}),
+    ("mistral", "specinfer", {"width": 2, "depth": 2}),
+    ("gemma2", "dynatree", {"d0": 1, "d_max": 2, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02}),
+    ("gemma2", "dsbd", {"width": 3, "depth": 2}),
 ])
-def test_sampling_keeps_the_sliding_target_distribution(method, options):
-    target, runs = small(0), 2000
+def test_sampling_keeps_the_sliding_target_distribution(kind, method, options):
+    target, runs = small(0, kind=kind), 2000
+    assert (target.layout.layer_types is not None) is (kind == "gemma2")  # gemma2: one mask per layer type
     with torch.no_grad():
         expected = {}
         for ys in itertools.product(range(V), repeat=3):
@@ -256,7 +272,7 @@ def test_sampling_keeps_the_sliding_target_distribution(method, options):
     counts: dict[tuple, int] = {}
     for seed in range(runs):
         policy = METHODS[method].policy_cls(make_config(method, **options))
-        run = Decoder(target, policy, LMDrafter(small(0, 0.3), vocab_limit=V),
+        run = Decoder(target, policy, LMDrafter(small(0, 0.3, kind), vocab_limit=V),
                       sampler=Sampler(CONFIG, seed)).generate(PROMPT, 3, ignore_eos=True)
         counts[tuple(run.new_tokens)] = counts.get(tuple(run.new_tokens), 0) + 1
     assert chi_square_pvalue(counts, expected, runs) > 1e-3, method

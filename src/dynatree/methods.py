@@ -13,6 +13,7 @@ from .policies.dynatree import DynaTreeConfig, DynaTreePolicy
 from .policies.baselines import (
     OptTreeConfig, OptTreePolicy, SpecExecConfig, SpecExecPolicy, SpecInferConfig, SpecInferPolicy,
 )
+from .policies.beams import DsbdConfig, DsbdPolicy, MtadConfig, MtadPolicy
 from .policies.wetap import WetapConfig, WetapPolicy
 from .policies.simple import ArConfig, ArPolicy, ChainPolicy, FixedTreeConfig, FixedTreePolicy, LinearConfig
 
@@ -49,6 +50,9 @@ METHODS = {
         Method("specinfer", SpecInferConfig, SpecInferPolicy, "any", "fork-shaped tree: WIDTH chains from the root"),
         Method("specexec", SpecExecConfig, SpecExecPolicy, "any", "budgeted best-first expansion of likely continuations"),
         Method("opt-tree", OptTreeConfig, OptTreePolicy, "any", "budgeted tree maximising expected accepted length"),
+        Method("dsbd", DsbdConfig, DsbdPolicy, "any", "beam tree (WIDTH beams x DEPTH), one target beam per layer (DSBD)"),
+        Method("mtad", MtadConfig, MtadPolicy, "any",
+               "beam tree verified by joint likelihood (MTAD); LOSSY when sampling"),
         Method("hf-ar", HfArConfig, None, "none", "transformers generate(), greedy", "transformers"),
         Method("hf-assisted", HfAssistedConfig, None, "lm", "transformers assisted generation with a draft LM",
                "transformers"),
@@ -64,7 +68,7 @@ METHODS = {
 
 def is_lossy(config) -> bool:
     """True when a method's config makes sampled output deviate from the target's distribution
-    (a config says so with a `lossy()` method; WETAP's beam verification is the only one)."""
+    (a config says so with a `lossy()` method: WETAP's beam verification and MTAD)."""
     return bool(getattr(config, "lossy", lambda: False)())
 
 

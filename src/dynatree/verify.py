@@ -1,13 +1,15 @@
 """Acceptance rules: which drafted path of a verified tree is committed, and the bonus token.
 
-One contract (`Verifier.accept(tree, logits, sampler) -> Accepted`) with three rules: greedy
+One contract (`Verifier.accept(tree, logits, sampler) -> Accepted`) with four rules: greedy
 (the longest root-to-leaf path the target agrees with), recursive rejection sampling (lossless
-sampling, `sampling.sample_accept`) and WETAP's beam rule (lossy when sampling). The decoder
-resolves the rule once per run: the policy's own (`TreePolicy.verifier`) or `default_verifier`.
+sampling, `sampling.sample_accept`), WETAP's beam rule and MTAD's joint rule (both lossy when
+sampling). The decoder resolves the rule once per run: the policy's own (`TreePolicy.verifier`)
+or `default_verifier`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -76,28 +78,26 @@ def greedy_accept(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
     return path, bonus
 
 
-class BeamVerifier(Verifier):
-    """WETAP's deep-to-shallow beam verification (paper 004, eq. 9 and Algorithm 1). LOSSY.
+class _DeepestBeamVerifier(Verifier):
+    """Beam rules that judge each drafted node by its whole root-to-node beam (WETAP, MTAD).
 
-    A drafted node v is accepted on its own when its whole root-to-v beam passes
-        min(1, P(beam) / Q(beam)) > tau,
-    P and Q being the products of the target's and the draft's probabilities of the beam's
-    tokens: a rejected token no longer blocks its descendants. Levels are scanned from the
-    deepest up; the first level with an accepted node wins, and among its accepted nodes the
-    one with the largest P. Its beam is committed and the bonus token is drawn from the
-    target after it (argmax when greedy). With nothing accepted, only the bonus is committed.
-
-    With sampling this does NOT keep the target's distribution (a beam the target finds
-    unlikely token by token can pass on its product), which is why `dynatree` labels it lossy
-    and measures its perplexity. Greedy, P is 0/1 (the target's argmax), so a beam passes
-    exactly when every token on it is the target's argmax: the rule then equals
-    `greedy_accept` and the output is token-for-token that of greedy decoding.
+    P(v) is the product of the target's probabilities of the tokens on v's beam (0 or 1 when
+    greedy: the target's argmax), Q(v) the draft's (`Tree.logp`). A node passes on its own when
+    `passes(tree, log P)` says so, so a rejected token no longer blocks its descendants. The
+    deepest level with a passing node wins, and of its passing nodes the one of largest P;
+    its beam is committed and the bonus token is drawn from the target after it (argmax when
+    greedy). With nothing passing, only the bonus is committed. A beam holding a token the
+    target gives probability 0 never passes. LOSSY when sampling: a beam the target finds
+    unlikely token by token can pass on its product. Greedy, a beam passes exactly when every
+    token on it is the target's argmax (P = 1 > tau >= ratio threshold for any Q <= 1), so the
+    rule equals `greedy_accept` and the output is token-for-token that of greedy decoding.
     """
 
     lossless = False  # when sampling
 
-    def __init__(self, tau: float):
-        self.tau = tau
+    def passes(self, tree: Tree, beam_logp: torch.Tensor) -> torch.Tensor:
+        """[n] bool: which nodes pass, from the [n] log P of their beams."""
+        raise NotImplementedError
 
     def accept(self, tree: Tree, logits: torch.Tensor, sampler: Sampler | None) -> Accepted:
         probs = None if sampler is None else sampler.probs(logits).cpu()  # [n, V] float64 when sampling
@@ -116,7 +116,7 @@ class BeamVerifier(Verifier):
         zero = torch.zeros(1, dtype=torch.float64)
         beam_logp = ancestors @ torch.cat([zero, node_p.clamp_min(1e-300).log()])  # [n] log P of each beam
         impossible = (ancestors @ torch.cat([zero, (node_p <= 0).double()])) > 0  # a token with P = 0 on the beam
-        passed = ((beam_logp - tree.logp).clamp(max=0.0).exp() > self.tau) & ~impossible  # min(1, P/Q) > tau
+        passed = self.passes(tree, beam_logp) & ~impossible
         passed[0] = False
         if not bool(passed.any()):
             return Accepted([], bonus(0))
@@ -124,3 +124,34 @@ class BeamVerifier(Verifier):
         candidates = (passed & (tree.depths == depth)).nonzero().squeeze(1)
         node = int(candidates[beam_logp[candidates].argmax()])
         return Accepted(tree.path_to(node), bonus(node))
+
+
+class BeamVerifier(_DeepestBeamVerifier):
+    """WETAP's deep-to-shallow beam verification (paper 004, eq. 9 and Algorithm 1). LOSSY.
+
+    A drafted node v passes when its beam has min(1, P(v) / Q(v)) > tau (see
+    `_DeepestBeamVerifier` for P, Q, the choice among passing nodes and greedy exactness).
+    """
+
+    def __init__(self, tau: float):
+        self.tau = tau
+
+    def passes(self, tree: Tree, beam_logp: torch.Tensor) -> torch.Tensor:
+        return (beam_logp - tree.logp).clamp(max=0.0).exp() > self.tau
+
+
+class JointVerifier(_DeepestBeamVerifier):
+    """MTAD's joint-likelihood verification, multi-candidate form (Qin et al., 2025b). LOSSY.
+
+    A drafted node v at depth d passes when P(v) / max_u Q(u) > tau, the maximum over the
+    nodes u of depth d (see `_DeepestBeamVerifier` for the rest and greedy exactness).
+    """
+
+    def __init__(self, tau: float):
+        self.tau = tau
+
+    def passes(self, tree: Tree, beam_logp: torch.Tensor) -> torch.Tensor:
+        level_max = torch.full((tree.max_depth + 1,), -math.inf, dtype=torch.float64)
+        level_max = level_max.scatter_reduce(0, tree.depths, tree.logp, reduce="amax")
+        ratio = beam_logp - level_max[tree.depths]  # log P(v) - log max Q of v's level
+        return ratio > (math.log(self.tau) if self.tau > 0 else -math.inf)

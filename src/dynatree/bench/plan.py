@@ -36,7 +36,7 @@ class Protocol:
     turns: str = "first"  # multi-turn questions: ask the first turn only, or "all" (one record per turn)
     min_chars: int | None = None  # paragraph filter override (None: the data set's own)
     kv_window: str | None = None  # "SINK,RECENT" KV window for every variant without its own
-    sample: bool = False  # sampling mode (lossless verification; WETAP's beam rule is lossy)
+    sample: bool = False  # sampling mode (lossless verification; WETAP's beam rule and MTAD are lossy)
     temperature: float | None = None  # sampling settings (None: off / 1.0), as `dynatree generate`
     top_k: int | None = None
     top_p: float | None = None

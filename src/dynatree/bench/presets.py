@@ -23,11 +23,11 @@
               plus each draft's top-1 agreement with the target and its step cost relative
               to a target forward. Default drafters: `ngram`, the embedded target's shipped
               draft, and the two together (`ngram+DRAFT`)
-  wetap-main  paper 004, Table 1: AR, SpecInfer, SpecExec, OPT-Tree, WETAP (its lossy beam
-              verification, and our lossless verifier on its tree), DynaTree; M, speed, PPL;
+  wetap-main  paper 004, Table 1: AR, SpecInfer, DSBD, SpecExec, MTAD (lossy), OPT-Tree, WETAP
+              (its lossy beam verification, and our lossless verifier on its tree), DynaTree; M, speed, PPL;
               sampling at temperature 1, top-k 10, top-p 0.9; MT-Bench, HumanEval, GSM8K
   wetap-ablation  Table 2: WETAP, w/o dynamic width (every layer W_max), w/o prob+len
-              pruning (alpha = 1: probability alone)
+              pruning (alpha = 1: probability alone); DSBD and MTAD beside it for scale
   wetap-width Fig. 4 / C.2: fixed widths 16..128 and width ranges
   wetap-gamma, wetap-alpha, wetap-length  Table 3, Fig. 5, Table 5: one WETAP parameter each
 
@@ -218,7 +218,7 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
         return method_variants(["ar", "linear", "dynatree", "hf-lookup"], drafts) + \
             method_variants(["hf-assisted"], drafts, strict=False) + _cost_aware(method_variants(["dynatree"], drafts))
     if preset == "wetap-main":
-        return [Variant("ar", "ar")] + method_variants(["specinfer", "specexec", "opt-tree"], drafts) + [
+        return [Variant("ar", "ar")] + method_variants(["specinfer", "dsbd", "specexec", "mtad", "opt-tree"], drafts) + [
             Variant(_labelled("wetap", d, drafts), "wetap", {"verify": "beam"}, d) for d in drafts] + [
             Variant(_labelled("wetap (exact verify)", d, drafts), "wetap", {"verify": "exact"}, d) for d in drafts
         ] + method_variants(["dynatree"], drafts)
@@ -228,7 +228,7 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
             Variant("WETAP w/o dynamic width tree", "wetap", {"dynamic_width": False}, first, {"stage": 0}),
             Variant("WETAP w/o prob+len pruning", "wetap", {"alpha": 1.0}, first, {"stage": 1}),
             Variant("WETAP", "wetap", {}, first, {"stage": 2}),
-        ]
+        ] + method_variants(["dsbd", "mtad"], [first])  # Table 1's beam baselines beside the ablation, for scale
     if preset in WETAP_GRIDS:
         return _wetap_variants(preset, first)
     if preset == "streaming":

@@ -271,7 +271,7 @@ def exactness(results: dict) -> str:
         marked = lossy(results)
         return ("Sampling run: tokens are not compared with `ar` (lossless methods reproduce the target's "
                 "distribution, not ar's draws); compare PPL instead."
-                + (f" Lossy verification (WETAP's beam rule): {', '.join(marked)}." if marked else ""))
+                + (f" Lossy verification (WETAP's beam rule, MTAD's joint rule): {', '.join(marked)}." if marked else ""))
     bad = [a for a in results["aggregates"] if a["mismatches"] and get_method(a["method"]).engine != "llama.cpp"]
     other = [a for a in results["aggregates"] if a["mismatches"] and get_method(a["method"]).engine == "llama.cpp"]
     unchecked = [a["variant"] for a in results["aggregates"] if a.get("unchecked")]

@@ -18,7 +18,7 @@ sampling: recursive rejection sampling), so they keep the target's distribution.
              model for the nodes found; growth stops at `depth`, when no new node makes the
              cut, or when a layer would add less than `delta` to that expectation
              (that layer is then left out).
-DSBD and MTAD (also in the paper's tables) are not implemented.
+DSBD and MTAD, the paper's beam-drafting baselines, are in `beams.py`.
 """
 
 from __future__ import annotations

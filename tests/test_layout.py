@@ -1,0 +1,82 @@
+"""The codebase's shape (issue 30): no import cycles among dynatree's modules, and every
+registered method honours the engine's contracts (a `TreePolicy`, an acceptance rule that is a
+`Verifier`, a validated config dataclass)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import dynatree
+from dynatree import make_config
+from dynatree.methods import METHODS
+from dynatree.policies.base import TreePolicy
+from dynatree.verify import Verifier
+
+PACKAGE = Path(dynatree.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = ("dynatree",) + path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_level_imports() -> dict[str, set[str]]:
+    """dynatree module -> the dynatree modules it imports when it is imported (statements at module
+    level, `if` blocks included; imports inside functions run later and cannot form a cycle)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        statements = list(ast.parse(path.read_text()).body)
+        while statements:
+            node = statements.pop()
+            if isinstance(node, (ast.If, ast.Try)):
+                statements += node.body + node.orelse + getattr(node, "finalbody", [])
+                statements += [s for h in getattr(node, "handlers", []) for s in h.body]
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                found.add(base)
+                found |= {f"{base}.{a.name}" for a in node.names}  # `from . import x`: x may be a module
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_the_package_has_no_import_cycles():
+    graph = module_level_imports()
+    assert len(graph) > 50 and "dynatree.decode" in graph["dynatree.api"]  # the scan sees the package
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep):] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep, path + [dep])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_every_method_of_the_engine_honours_the_contracts():
+    for name, method in METHODS.items():
+        assert dataclasses.is_dataclass(method.config_cls), name
+        config = make_config(name)  # the defaults validate
+        if method.policy_cls is None:
+            assert method.engine != "dynatree", name  # transformers' or llama.cpp's own decoding
+            continue
+        assert method.engine == "dynatree" and issubclass(method.policy_cls, TreePolicy), name
+        policy = method.policy_cls(config)
+        assert policy.verifier is None or isinstance(policy.verifier, Verifier), name
+        assert policy.needs_drafter is (method.draft != "none"), name
