@@ -339,6 +339,22 @@ def test_top_k_fast_path_equals_the_full_computation():
         torch.testing.assert_close(target_probs(logits, SamplingConfig(temperature, top_k, top_p)), expected)
 
 
+def test_drawing_without_replacement_is_successive_sampling():
+    """k draws at once are distributed as k successive draws, each in proportion to the weights left,
+    in the order drawn (zero weights never drawn, fewer than k when fewer are nonzero)."""
+    from dynatree.sampling import draw_without_replacement
+
+    w = torch.tensor([0.0, 0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    gen, runs, counts = torch.Generator().manual_seed(3), 20000, {}
+    for _ in range(runs):
+        pair = tuple(draw_without_replacement(w, 2, gen))
+        counts[pair] = counts.get(pair, 0) + 1
+    expected = {(i, j): float(w[i] * w[j] / (1 - w[i])) for i in range(1, 5) for j in range(1, 5) if i != j}
+    assert chi_square_pvalue(counts, expected, runs) > ALPHA
+    assert draw_without_replacement(w, 9, gen) and sorted(draw_without_replacement(w, 9, gen)) == [1, 2, 3, 4]
+    assert draw_without_replacement(torch.zeros(4, dtype=torch.float64), 2, gen) == []
+
+
 def test_seeded_runs_are_reproducible():
     target = tiny("llama", eos_ids=[])
     runs = [generate(method="dynatree", target=target, prompt_ids=[5, 6, 7, 5, 6], max_new_tokens=16, ignore_eos=True,

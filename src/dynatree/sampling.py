@@ -108,6 +108,23 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs.float().cpu(), 1, generator=generator))
 
 
+def draw_without_replacement(weights: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
+    """min(k, nonzero) distinct indices of a 1-D weight vector, distributed as k successive draws
+    without replacement (each in proportion to the weights not yet drawn), in the order drawn.
+
+    One pass instead of k renormalised draws over the whole vector: the indices of the k largest
+    w_i / E_i, E_i ~ Exp(1) independent, sorted largest first, are exactly such a sequence of draws
+    (the exponential form of the Gumbel-top-k trick). Only nonzero weights take part.
+    """
+    nonzero = (weights > 0).nonzero().squeeze(1)
+    if len(nonzero) == 0 or k < 1:
+        return []
+    w = weights[nonzero].double().cpu()
+    keys = w / torch.empty(len(w), dtype=torch.float64).exponential_(generator=generator)
+    order = keys.topk(min(k, len(w))).indices  # sorted largest first: the order of the draws
+    return nonzero[order].tolist()
+
+
 def sample_accept(tree: Tree, probs: torch.Tensor, generator: torch.Generator) -> tuple[list[int], int]:
     """Accepted path and bonus token by recursive rejection sampling (see module doc).
 

@@ -29,7 +29,7 @@ import torch
 
 from ..config import option, positive, require
 from ..drafters.base import Drafter
-from ..sampling import Sampler
+from ..sampling import Sampler, draw_without_replacement
 from ..tree import Tree, TreeBuilder
 from .base import TreePolicy, tempered, top_children
 
@@ -73,12 +73,7 @@ class SpecInferPolicy(TreePolicy):
         if float(q.sum()) <= 0.0:
             return []
         tree.proposals[node] = q
-        left, out = q.clone(), []
-        for _ in range(min(k, int((q > 0).sum()))):
-            token = sampler.draw(left / left.sum())
-            out.append((token, float(q[token])))
-            left[token] = 0.0
-        return out
+        return [(token, float(q[token])) for token in draw_without_replacement(q, k, sampler.generator)]
 
 
 @dataclass

@@ -37,7 +37,7 @@ import torch
 
 from ..config import in_unit, option, positive
 from ..drafters.base import Drafter
-from ..sampling import Sampler
+from ..sampling import Sampler, draw_without_replacement
 from ..tree import Tree, TreeBuilder
 from ..verify import JointVerifier
 from .base import TreePolicy, tempered, top_children
@@ -74,11 +74,9 @@ def _sampled_pairs(tree: TreeBuilder, layer: list[int], q: torch.Tensor, width: 
     from f(parent) * q(token | parent), in the order drawn (the order verification tries a
     parent's children in); q(. | parent) is recorded as the proposal of each parent drawn."""
     weights = torch.tensor([tree.prob(u) for u in layer], dtype=torch.float64)[:, None] * q  # [m, V]
-    left, vocab, pairs = weights.flatten().clone(), q.shape[-1], []
-    for _ in range(min(width, int((left > 0).sum()))):
-        pick = sampler.draw(left / left.sum())
-        row, token = divmod(pick, vocab)
-        left[pick] = 0.0
+    pairs = []
+    for pick in draw_without_replacement(weights.flatten(), width, sampler.generator):
+        row, token = divmod(pick, q.shape[-1])
         tree.proposals[layer[row]] = q[row]
         pairs.append((layer[row], token, float(q[row, token])))
     return pairs
