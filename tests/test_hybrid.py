@@ -191,7 +191,8 @@ def test_cost_aware_hybrid_declines_a_dear_model_but_keeps_copying():
     the output stays plain greedy decoding."""
     import time
 
-    from dynatree.costmodel import CostCurve, _CURVES
+    from dynatree.costmeasure import _CURVES
+    from dynatree.costmodel import CostCurve
 
     class DearLM(CountingLM):
         def propose(self, tree, nodes, k, full=False):

@@ -22,9 +22,10 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_level_imports() -> dict[str, set[str]]:
+def module_level_imports(everything: bool = False) -> dict[str, set[str]]:
     """dynatree module -> the dynatree modules it imports when it is imported (statements at module
-    level, `if` blocks included; imports inside functions run later and cannot form a cycle)."""
+    level, `if` blocks included; imports inside functions run later and cannot form a cycle).
+    With `everything`, every module name it imports (the standard library's and others' too)."""
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
@@ -45,7 +46,7 @@ def module_level_imports() -> dict[str, set[str]]:
                     base = ".".join(anchor + ([base] if base else []))
                 found.add(base)
                 found |= {f"{base}.{a.name}" for a in node.names}  # `from . import x`: x may be a module
-        graph[name] = {m for m in found if m in modules and m != name}
+        graph[name] = found if everything else {m for m in found if m in modules and m != name}
     return graph
 
 
@@ -80,3 +81,20 @@ def test_every_method_of_the_engine_honours_the_contracts():
         policy = method.policy_cls(config)
         assert policy.verifier is None or isinstance(policy.verifier, Verifier), name
         assert policy.needs_drafter is (method.draft != "none"), name
+
+
+def test_policies_and_verifiers_are_pure():
+    """Issue 30: nothing a tree policy or an acceptance rule imports, however indirectly, reads a clock
+    or runs a model: not `time`, not the model runtime, not the cost-curve measurement, not the decoder."""
+    graph, names = module_level_imports(), module_level_imports(everything=True)
+    roots = [m for m in graph if m.startswith("dynatree.policies.")] + ["dynatree.verify", "dynatree.costmodel"]
+    closure, todo = set(), list(roots)
+    while todo:
+        module = todo.pop()
+        if module not in closure:
+            closure.add(module)
+            todo += graph[module]
+    assert {"dynatree.policies.dynatree", "dynatree.costmodel", "dynatree.sampling"} <= closure
+    assert not closure & {"dynatree.runtime", "dynatree.costmeasure", "dynatree.decode", "dynatree.models"}
+    clocks = {m for m in closure if names[m] & {"time", "timeit", "transformers"}}
+    assert not clocks, f"{sorted(clocks)} import a clock or transformers"

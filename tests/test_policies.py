@@ -6,36 +6,13 @@ import math
 import time
 
 import pytest
-import torch
 
+from helpers import ScriptedDrafter
 from dynatree import make_config
-from dynatree.drafters.base import Proposal
 from dynatree.policies.base import Timing
 from dynatree.policies.dynatree import DynaTreePolicy
-from dynatree.policies.simple import ChainPolicy, FixedTreePolicy
+from dynatree.policies.simple import LinearPolicy, FixedTreePolicy
 from dynatree.tree import TreeBuilder
-
-
-class ScriptedDrafter:
-    """Answers with `script(path_tokens)` -> [(token, prob), ...]; records each call's nodes."""
-
-    name = "scripted"
-
-    def __init__(self, script):
-        self.script = script
-        self.calls: list[list[int]] = []
-
-    def propose(self, tree: TreeBuilder, nodes, k, full=False):
-        self.calls.append(list(nodes))
-        ids = torch.full((len(nodes), k), -1)
-        probs = torch.zeros(len(nodes), k, dtype=torch.float64)
-        for row, node in enumerate(nodes):
-            for col, (tok, p) in enumerate(self.script(tree.path_tokens(node))[:k]):
-                ids[row, col], probs[row, col] = tok, p
-        return Proposal(ids, probs, forwards=1)  # as a draft model: every call is a forward
-
-    def without_model(self):
-        return None
 
 
 def uniform(n: int, first: float = 0.5):
@@ -46,7 +23,7 @@ def uniform(n: int, first: float = 0.5):
 
 def test_linear_is_a_chain_of_k():
     drafter = ScriptedDrafter(uniform(3, first=0.9))
-    tree = ChainPolicy(make_config("linear", k=4)).grow(drafter, root_token=1, max_depth=10)
+    tree = LinearPolicy(make_config("linear", k=4)).grow(drafter, root_token=1, max_depth=10)
     assert tree.parents.tolist() == [-1, 0, 1, 2, 3]
     assert tree.tokens.tolist() == [1, 100, 100, 100, 100]
     assert len(drafter.calls) == 4
@@ -77,7 +54,7 @@ def test_fixed_tree_tau_prunes_unlikely_nodes():
 
 
 def test_max_depth_from_the_decoder_caps_every_policy():
-    for policy in (ChainPolicy(make_config("linear", k=8)),
+    for policy in (LinearPolicy(make_config("linear", k=8)),
                    FixedTreePolicy(make_config("fixed-tree", depth=8, branch=2)),
                    DynaTreePolicy(make_config("dynatree"))):
         tree = policy.grow(ScriptedDrafter(uniform(3, 0.95)), 1, max_depth=2)
@@ -306,7 +283,8 @@ def test_cost_aware_dynatree_stops_calling_a_draft_that_does_not_pay_and_probes_
 def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
     from helpers import hf_greedy, noisy_copy, tiny
     from dynatree.api import generate
-    from dynatree.costmodel import CostCurve, _CURVES
+    from dynatree.costmeasure import _CURVES
+    from dynatree.costmodel import CostCurve
 
     target = tiny("llama", seed=1)
     draft = noisy_copy("llama", 1, 0.3)
@@ -330,29 +308,29 @@ def test_cost_aware_dynatree_cuts_trees_and_stays_exact():
 
 def test_cost_curve_is_measured_once_per_compile_setting(monkeypatch):
     from helpers import tiny
-    from dynatree import costmodel
+    from dynatree import costmeasure
 
     target = tiny("llama", seed=1)
     timed = []
 
     def fake_measure(lm, context, masked_token=False, compiled=False):
         timed.append(compiled)
-        return costmodel.CostCurve((1,), (0.05 if compiled else 0.1,))
+        return costmeasure.CostCurve((1,), (0.05 if compiled else 0.1,))
 
-    monkeypatch.setattr(costmodel, "measure", fake_measure)
+    monkeypatch.setattr(costmeasure, "measure", fake_measure)
     try:
-        assert costmodel.curve_for(target, [5]).seconds == (0.1,)
-        assert costmodel.curve_for(target, [5]).seconds == (0.1,)  # reused
-        assert costmodel.curve_for(target, [5], compiled=True).seconds == (0.05,)  # compiled steps on their own
-        assert costmodel.curve_for(target, [5], compiled=True).seconds == (0.05,)
+        assert costmeasure.curve_for(target, [5]).seconds == (0.1,)
+        assert costmeasure.curve_for(target, [5]).seconds == (0.1,)  # reused
+        assert costmeasure.curve_for(target, [5], compiled=True).seconds == (0.05,)  # compiled steps on their own
+        assert costmeasure.curve_for(target, [5], compiled=True).seconds == (0.05,)
     finally:
-        costmodel._CURVES.pop(target.model, None)
+        costmeasure._CURVES.pop(target.model, None)
     assert timed == [False, True] and target.compile is False
 
 
 def test_cost_curve_times_whole_sweeps_after_an_untimed_one(monkeypatch):
     from helpers import tiny
-    from dynatree import costmodel
+    from dynatree import costmeasure
 
     target = tiny("llama", seed=1)
     calls = []
@@ -367,7 +345,7 @@ def test_cost_curve_times_whole_sweeps_after_an_untimed_one(monkeypatch):
         return real(self, cache, ids, positions, mask, last_only, compiled=compiled)
 
     monkeypatch.setattr(type(target), "forward", forward)
-    curve = costmodel.measure(target, [5, 6, 7], sizes=(1, 2), rounds=3)
+    curve = costmeasure.measure(target, [5, 6, 7], sizes=(1, 2), rounds=3)
     assert calls == [3] + [1, 2] * 4  # the prefill, then 1 untimed + 3 timed sweeps over the sizes
     assert max(curve.seconds) < 0.3
 
@@ -376,7 +354,7 @@ def test_cost_curve_throws_away_a_timed_sweep_that_compiled(monkeypatch):
     """A graph built during a timed sweep (the cost of compiling, not of the step) is not learnt
     from: that sweep is swept again (issue 36: a compiled run ended with L 1.00, no drafting)."""
     from helpers import tiny
-    from dynatree import costmodel
+    from dynatree import costmeasure
 
     target = tiny("llama", seed=1)
     calls, graphs = [], [0]
@@ -390,15 +368,15 @@ def test_cost_curve_throws_away_a_timed_sweep_that_compiled(monkeypatch):
         return real(self, cache, ids, positions, mask, last_only, compiled=compiled)
 
     monkeypatch.setattr(type(target), "forward", forward)
-    monkeypatch.setattr(costmodel, "compiled_graphs", lambda: graphs[0])
-    curve = costmodel.measure(target, [5, 6, 7], sizes=(1, 2), rounds=1)  # one timed sweep: no median to hide in
+    monkeypatch.setattr(costmeasure, "compiled_graphs", lambda: graphs[0])
+    curve = costmeasure.measure(target, [5, 6, 7], sizes=(1, 2), rounds=1)  # one timed sweep: no median to hide in
     assert calls == [3] + [1, 2] * 3  # the prefill, 1 untimed sweep, the timed one and the one swept again
     assert max(curve.seconds) < 0.3
 
 
 def test_cost_curve_runs_one_token_without_a_mask_as_the_decoder_does(monkeypatch):
     from helpers import tiny
-    from dynatree import costmodel
+    from dynatree import costmeasure
 
     target = tiny("llama", seed=1)
     masks = {}
@@ -409,16 +387,16 @@ def test_cost_curve_runs_one_token_without_a_mask_as_the_decoder_does(monkeypatc
         return real(self, cache, ids, positions, mask, last_only, compiled=compiled)
 
     monkeypatch.setattr(type(target), "forward", forward)
-    costmodel.measure(target, [5, 6, 7, 8], sizes=(1, 2, 3), rounds=1)
+    costmeasure.measure(target, [5, 6, 7, 8], sizes=(1, 2, 3), rounds=1)
     assert masks == {4: True, 1: True, 2: False, 3: False}  # the prefill and one token plain; trees masked
     masks.clear()
-    costmodel.measure(target, [5, 6, 7, 8], sizes=(1, 2, 3), rounds=1, masked_token=True)  # as under a KV window
+    costmeasure.measure(target, [5, 6, 7, 8], sizes=(1, 2, 3), rounds=1, masked_token=True)  # as under a KV window
     assert masks == {4: True, 1: False, 2: False, 3: False}
 
 
 def test_measured_cost_curve_is_non_decreasing():
     from helpers import tiny
-    from dynatree.costmodel import measure
+    from dynatree.costmeasure import measure
 
     curve = measure(tiny("gpt2"), [5, 6, 7], sizes=(1, 4, 16), rounds=2)
     assert curve.sizes == (1, 4, 16) and all(a <= b for a, b in zip(curve.seconds, curve.seconds[1:]))

@@ -18,7 +18,7 @@ import torch
 from . import cache as kv
 from .drafters.base import Drafter
 from .runtime import LoadedModel, compiled_graphs
-from .costmodel import curve_for
+from .costmeasure import curve_for
 from .policies.base import Timing, TreePolicy
 from .stats import Clock, PeakMemory, Stats
 from .tree import Tree

@@ -15,7 +15,7 @@ from .policies.baselines import (
 )
 from .policies.beams import DsbdConfig, DsbdPolicy, MtadConfig, MtadPolicy
 from .policies.wetap import WetapConfig, WetapPolicy
-from .policies.simple import ArConfig, ArPolicy, ChainPolicy, FixedTreeConfig, FixedTreePolicy, LinearConfig
+from .policies.simple import ArConfig, ArPolicy, LinearPolicy, FixedTreeConfig, FixedTreePolicy, LinearConfig
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ METHODS = {
     m.name: m
     for m in [
         Method("ar", ArConfig, ArPolicy, "none", "plain greedy decoding, one target pass per token"),
-        Method("linear", LinearConfig, ChainPolicy, "any", "draft chain of K tokens, verified in one pass"),
+        Method("linear", LinearConfig, LinearPolicy, "any", "draft chain of K tokens, verified in one pass"),
         Method("fixed-tree", FixedTreeConfig, FixedTreePolicy, "any", "static top-B tree to depth D, pruned, budgeted"),
         Method("dynatree", DynaTreeConfig, DynaTreePolicy, "any", "confidence-aware adaptive tree (the paper's method)"),
         Method("wetap", WetapConfig, WetapPolicy, "any",
@@ -66,10 +66,14 @@ METHODS = {
 }
 
 
+def lossy_reason(config) -> str | None:
+    """Why a method's config makes sampled output deviate from the target's distribution, or None
+    (a config that can be lossy says why with a `lossy()` method: WETAP's beam rule, MTAD)."""
+    return getattr(config, "lossy", lambda: None)()
+
+
 def is_lossy(config) -> bool:
-    """True when a method's config makes sampled output deviate from the target's distribution
-    (a config says so with a `lossy()` method: WETAP's beam verification and MTAD)."""
-    return bool(getattr(config, "lossy", lambda: False)())
+    return lossy_reason(config) is not None
 
 
 def get_method(name: str) -> Method:

@@ -46,7 +46,10 @@ class TreePolicy:
 
     needs_drafter: bool = True  # False only for plain decoding
     uses_cost_curve: bool = False  # True: `prepare` is handed the target's verification cost curve
-    verifier: Verifier | None = None  # the policy's own acceptance rule (WETAP's beam rule), or None: the engine's
+    verifier: Verifier | None = None  # the policy's own acceptance rule (WETAP's, MTAD's), or None: the engine's
+
+    def __init__(self, config):
+        self.config = config  # the method's validated config dataclass (methods.make_config)
 
     def prepare(self, curve: CostCurve | None) -> None:
         """Before a run's prefill (outside its timings): a new sequence starts; `curve` is the

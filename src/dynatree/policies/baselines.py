@@ -47,9 +47,6 @@ class SpecInferConfig:
 
 class SpecInferPolicy(TreePolicy):
 
-    def __init__(self, config: SpecInferConfig):
-        self.config = config
-
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         c = self.config
         tree = TreeBuilder(root_token)
@@ -91,9 +88,6 @@ class SpecExecConfig:
 
 class SpecExecPolicy(TreePolicy):
 
-    def __init__(self, config: SpecExecConfig):
-        self.config = config
-
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         c = self.config
         depth = min(c.depth, max_depth)
@@ -128,9 +122,6 @@ class OptTreeConfig:
 
 
 class OptTreePolicy(TreePolicy):
-
-    def __init__(self, config: OptTreeConfig):
-        self.config = config
 
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         c = self.config

@@ -12,9 +12,10 @@ beam of every layer stays in the tree, so one target pass verifies them all.
         compares it in: one target beam kept per layer ("the expected number of each layer as
         1"). Each layer's candidates that continue the accepted beam are verified in turn by
         speculative sampling against q with the residual max(0, p - q) after a rejection, which
-        is dynatree's recursive rejection sampler: LOSSLESS when sampling, greedy-exact. More
-        target beams per layer would commit beam-sampling output (another distribution than the
-        target's, and beam search instead of greedy decoding) and are not built.
+        is dynatree's recursive rejection sampler: LOSSLESS when sampling, greedy-exact. Not built:
+        DSBD's tuning of the number of target beams per layer to the context (more than one would
+        commit beam-sampling output, another distribution than the target's, and beam search
+        instead of greedy decoding).
   mtad  Multi-token assisted decoding (Qin et al., 2025b), multi-candidate form: a beam v of
         layer d passes when P(v) / max_u Q(u) > joint_tau, P the target's and Q the draft's
         product of token probabilities along a beam, the maximum over the beams u of layer d.
@@ -96,9 +97,6 @@ class DsbdConfig:
 class DsbdPolicy(TreePolicy):
     """A beam tree verified by the engine's lossless rule (see the module docstring)."""
 
-    def __init__(self, config: DsbdConfig):
-        self.config = config
-
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         return grow_beams(drafter, root_token, self.config.width, min(self.config.depth, max_depth), sampler)
 
@@ -112,9 +110,10 @@ class MtadConfig:
     joint_tau: float = option(0.5, "accept a beam when P(beam) / max Q(beams of its layer) > joint_tau "
                                    "(LOSSY when sampling)")
 
-    def lossy(self) -> bool:
-        """The joint rule never keeps the target's per-token distribution when sampling."""
-        return True
+    def lossy(self) -> str | None:
+        """Why sampled output does not follow the target's distribution (always: the joint rule)."""
+        return ("MTAD's joint rule is lossy when sampling: it accepts beams by their joint likelihood, so its "
+                "output does not follow the target's distribution (dsbd verifies the same trees losslessly)")
 
     def validate(self) -> None:
         positive(self, "width", "depth")
@@ -125,7 +124,7 @@ class MtadPolicy(TreePolicy):
     """A beam tree verified by MTAD's joint-likelihood rule (`verify.JointVerifier`)."""
 
     def __init__(self, config: MtadConfig):
-        self.config = config
+        super().__init__(config)
         self.verifier = JointVerifier(config.joint_tau)
 
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:

@@ -101,7 +101,7 @@ class DynaTreeConfig:
 
 class DynaTreePolicy(TreePolicy):
     def __init__(self, config: DynaTreeConfig):
-        self.config = config
+        super().__init__(config)
         self.uses_cost_curve = config.cost_aware
         self.d0 = float(config.d0)  # adapted state; starts at the configured values
         self.tau_h = config.tau_h

@@ -19,9 +19,6 @@ class ArConfig:
 class ArPolicy(TreePolicy):
     needs_drafter = False
 
-    def __init__(self, config: ArConfig):
-        self.config = config
-
     def grow(self, drafter: Drafter | None, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         return TreeBuilder(root_token).build()
 
@@ -36,10 +33,7 @@ class LinearConfig:
         positive(self, "k")
 
 
-class ChainPolicy(TreePolicy):
-
-    def __init__(self, config: LinearConfig):
-        self.config = config
+class LinearPolicy(TreePolicy):
 
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         k = self.config.k
@@ -81,9 +75,6 @@ class FixedTreeConfig:
 
 
 class FixedTreePolicy(TreePolicy):
-
-    def __init__(self, config: FixedTreeConfig):
-        self.config = config
 
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         c = self.config

@@ -49,9 +49,12 @@ class WetapConfig:
     verify: str = option("beam", "beam: the paper's deep-to-shallow beam rule, LOSSY when sampling; exact: lossless")
     beam_tau: float = option(0.5, "beam rule threshold: accept a beam when min(1, P/Q) > beam_tau")
 
-    def lossy(self) -> bool:
-        """True when sampled output does not follow the target's distribution."""
-        return self.verify == "beam"
+    def lossy(self) -> str | None:
+        """Why sampled output does not follow the target's distribution, or None when it does."""
+        if self.verify != "beam":
+            return None
+        return ("WETAP's beam rule (--verify beam) is lossy when sampling: its output does not follow the "
+                "target's distribution (--verify exact is lossless)")
 
     def validate(self) -> None:
         positive(self, "depth", "budget", "w_min", "w_max")
@@ -115,7 +118,7 @@ def prune(parents: list[int], depths: list[int], probs: list[float], length: int
 class WetapPolicy(TreePolicy):
 
     def __init__(self, config: WetapConfig):
-        self.config = config
+        super().__init__(config)
         self.verifier = BeamVerifier(config.beam_tau) if config.verify == "beam" else None
 
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
