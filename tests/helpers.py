@@ -1,5 +1,7 @@
 """Shared test helpers: tiny randomly initialised models built from configs (no downloads), the
-reference decoders, and the size of hypothesis searches.
+reference decoders, the size of hypothesis searches, and what several test modules share (plain
+decoding's cache, a scripted drafter, the chi-square test, the exactness tests' drafters and
+method options).
 
 Three architectures (GPT-NeoX as in Pythia, Llama, GPT-2) share a 96-token word-level
 tokenizer, so any of them can draft for any other. Float64 by default, so that
@@ -13,15 +15,20 @@ import functools
 import os
 
 import torch
+from hypothesis import strategies as st
+from scipy.stats import chi2
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, LlamaConfig, PreTrainedTokenizerFast
 
 from dynatree import cache as kv
 from dynatree.attention import stock_attention, use_gqa_attention
+from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
+from dynatree.drafters.base import Proposal
 from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
 from dynatree.kernels import repack_linears, stock_linears, use_packed_linears
-from dynatree.runtime import LoadedModel
-from dynatree.tree import additive_mask
+from dynatree.runtime import LoadedModel, cache_kwarg
+from dynatree.sampling import SamplingConfig
+from dynatree.tree import TreeBuilder, additive_mask
 
 VOCAB = 96
 EOS = 2
@@ -144,3 +151,114 @@ if PROFILE not in ("full", "dev"):
 def examples(n: int) -> int:
     """How many examples a hypothesis search of `n` examples (full profile) runs in this profile."""
     return n if PROFILE == "full" else max(10, n // 10)
+
+
+# ---- shared by several test modules ------------------------------------------------------
+
+SAMPLING = SamplingConfig(temperature=0.9, top_k=5, top_p=0.97)  # the sampling tests' warps
+
+
+def plain_cache(model, tokens: list[int]):
+    """Cache of plain decoding: the tokens fed one at a time, positions 0..n-1."""
+    cache = kv.new_cache(model)
+    for pos, token in enumerate(tokens):
+        model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]), **{cache_kwarg(model): cache},
+              use_cache=True)
+    return cache
+
+
+def assert_same_cache(actual, expected, tol: float = 1e-9):
+    assert kv.length(actual) == kv.length(expected)
+    for a, e in zip(actual.layers, expected.layers):
+        torch.testing.assert_close(a.keys, e.keys, rtol=tol, atol=tol)
+        torch.testing.assert_close(a.values, e.values, rtol=tol, atol=tol)
+
+
+class ScriptedDrafter:
+    """Answers with `script(path_tokens)` -> [(token, prob), ...]; records each call's nodes."""
+
+    name = "scripted"
+
+    def __init__(self, script):
+        self.script = script
+        self.calls: list[list[int]] = []
+
+    def propose(self, tree: TreeBuilder, nodes, k, full=False):
+        self.calls.append(list(nodes))
+        ids = torch.full((len(nodes), k), -1)
+        probs = torch.zeros(len(nodes), k, dtype=torch.float64)
+        for row, node in enumerate(nodes):
+            for col, (tok, p) in enumerate(self.script(tree.path_tokens(node))[:k]):
+                ids[row, col], probs[row, col] = tok, p
+        return Proposal(ids, probs, forwards=1)  # as a draft model: every call is a forward
+
+    def without_model(self):
+        return None
+
+
+def chi_square_pvalue(counts: dict, expected: dict[tuple, float], n: int) -> float:
+    """Goodness of fit; cells expecting fewer than 5 samples are pooled into one."""
+    observed, expect, pooled_o, pooled_e = [], [], 0, 0.0
+    for cell, p in expected.items():
+        if p * n >= 5:
+            observed.append(counts.get(cell, 0))
+            expect.append(p * n)
+        else:
+            pooled_o += counts.get(cell, 0)
+            pooled_e += p * n
+    observed.append(pooled_o + sum(c for cell, c in counts.items() if cell not in expected))
+    expect.append(pooled_e)
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expect) if e > 0)
+    return float(chi2.sf(stat, df=len(observed) - 1))
+
+
+def make_drafter(kind: str, arch: str):
+    target = tiny(arch)
+    if kind == "ngram":
+        return NgramDrafter(max_n=3)
+    if kind == "feature":  # a random feature head fed the target's hidden states (sub-vocabulary of 80 ids)
+        return FeatureDrafter(tiny_head(arch), target)
+    if kind == "hybrid":  # n-gram where the context repeats (order >= 2), the noisy copy elsewhere
+        return HybridDrafter(NgramDrafter(max_n=3), LMDrafter(noisy_copy(arch, 0, 0.08), target.vocab_size))
+    draft = {"self": target, "noisy": noisy_copy(arch, 0, 0.08), "other": tiny("gpt2" if arch != "gpt2" else "llama", seed=7)}[kind]
+    return LMDrafter(draft, vocab_limit=target.vocab_size)
+
+
+def method_options(draw, method: str) -> dict:
+    if method == "linear":
+        return {"k": draw(st.integers(1, 8))}
+    if method == "fixed-tree":
+        return {"depth": draw(st.integers(1, 6)), "branch": draw(st.integers(1, 4)),
+                "tau": draw(st.sampled_from([0.0, 0.001, 0.05, 0.3])), "n_max": draw(st.sampled_from([1, 2, 3, 7, 20, 256]))}
+    if method == "dynatree":
+        d_max = draw(st.integers(2, 8))
+        b = sorted(draw(st.lists(st.integers(1, 4), min_size=3, max_size=3)))
+        tau_l = draw(st.sampled_from([0.05, 0.2, 0.4]))
+        rho_stop = draw(st.sampled_from([0.001, 0.01, 0.1]))
+        return {"d0": draw(st.integers(1, d_max - 1)), "d_max": d_max, "b_min": b[0], "b_mid": b[1], "b_max": b[2],
+                "tau_l": tau_l, "tau_h": draw(st.sampled_from([tau_l + 0.05, 0.6, 0.9])),
+                "rho_stop": rho_stop, "rho_deep": draw(st.sampled_from([rho_stop * 2, 0.3, 0.8])),
+                "tau": draw(st.sampled_from([0.0, 0.001, 0.05])), "n_max": draw(st.sampled_from([1, 2, 5, 16, 256])),
+                "history": draw(st.booleans()), "history_window": draw(st.integers(1, 6)),
+                "target_accept": draw(st.sampled_from([0.1, 0.5, 0.9])), "eta_depth": draw(st.sampled_from([0.0, 3.0, 20.0])),
+                "cost_aware": draw(st.booleans())}
+    if method == "wetap":
+        w_min = draw(st.integers(1, 4))
+        return {"depth": draw(st.integers(1, 6)), "budget": draw(st.sampled_from([1, 2, 5, 16, 64])),
+                "w_min": w_min, "w_max": w_min + draw(st.integers(0, 6)), "gamma": draw(st.sampled_from([0.5, 1.2, 4.0])),
+                "alpha": draw(st.sampled_from([0.0, 0.6, 1.0])), "dynamic_width": draw(st.booleans()),
+                "verify": draw(st.sampled_from(["beam", "exact"])), "beam_tau": draw(st.sampled_from([0.0, 0.5, 0.9]))}
+    if method == "specinfer":
+        return {"width": draw(st.integers(1, 4)), "depth": draw(st.integers(1, 6))}
+    if method == "specexec":
+        return {"budget": draw(st.sampled_from([1, 2, 5, 16, 40])), "depth": draw(st.integers(1, 6)),
+                "expand": draw(st.integers(1, 4)), "branch": draw(st.integers(1, 4))}
+    if method == "opt-tree":
+        return {"budget": draw(st.sampled_from([1, 2, 5, 16, 40])), "depth": draw(st.integers(1, 6)),
+                "delta": draw(st.sampled_from([0.0, 0.05, 0.5]))}
+    if method == "dsbd":
+        return {"width": draw(st.integers(1, 5)), "depth": draw(st.integers(1, 6))}
+    if method == "mtad":
+        return {"width": draw(st.integers(1, 5)), "depth": draw(st.integers(1, 6)),
+                "joint_tau": draw(st.sampled_from([0.0, 0.5, 0.99]))}
+    return {}

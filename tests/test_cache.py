@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, DynamicCache
 
-from helpers import ARCHS, noisy_copy, tiny
+from helpers import ARCHS, assert_same_cache, noisy_copy, plain_cache, tiny
 from dynatree import Decoder, make_config
 from dynatree import cache as kv
 from dynatree.drafters import LMDrafter
@@ -18,22 +18,6 @@ from dynatree.runtime import cache_kwarg
 
 
 @torch.no_grad()
-def plain_cache(model, tokens: list[int]):
-    """Cache of plain decoding: the tokens fed one at a time, positions 0..n-1."""
-    cache = kv.new_cache(model)
-    for pos, token in enumerate(tokens):
-        model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]), **{cache_kwarg(model): cache},
-              use_cache=True)
-    return cache
-
-
-def assert_same_cache(actual, expected, tol: float = 1e-9):
-    assert kv.length(actual) == kv.length(expected)
-    for a, e in zip(actual.layers, expected.layers):
-        torch.testing.assert_close(a.keys, e.keys, rtol=tol, atol=tol)
-        torch.testing.assert_close(a.values, e.values, rtol=tol, atol=tol)
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("method, options", [
     ("fixed-tree", {"depth": 4, "branch": 3, "tau": 0.0, "n_max": 30}),

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import ARCHS, VOCAB, examples, hf_greedy, noisy_copy, tiny, tiny_head
+from helpers import ARCHS, VOCAB, examples, hf_greedy, make_drafter, method_options, noisy_copy, tiny
 from dynatree import Decoder, make_config
-from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
+from dynatree.drafters import HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.methods import METHODS
 
 TREE_METHODS = ["linear", "fixed-tree", "dynatree", "wetap", "specinfer", "specexec", "opt-tree", "dsbd", "mtad"]
@@ -27,58 +27,6 @@ DRAFTERS = ["self", "noisy", "other", "ngram", "hybrid", "feature"]
 @functools.cache
 def reference(arch: str, prompt: tuple[int, ...], max_new: int) -> list[int]:
     return hf_greedy(tiny(arch), list(prompt), max_new, eos=None)
-
-
-def make_drafter(kind: str, arch: str):
-    target = tiny(arch)
-    if kind == "ngram":
-        return NgramDrafter(max_n=3)
-    if kind == "feature":  # a random feature head fed the target's hidden states (sub-vocabulary of 80 ids)
-        return FeatureDrafter(tiny_head(arch), target)
-    if kind == "hybrid":  # n-gram where the context repeats (order >= 2), the noisy copy elsewhere
-        return HybridDrafter(NgramDrafter(max_n=3), LMDrafter(noisy_copy(arch, 0, 0.08), target.vocab_size))
-    draft = {"self": target, "noisy": noisy_copy(arch, 0, 0.08), "other": tiny("gpt2" if arch != "gpt2" else "llama", seed=7)}[kind]
-    return LMDrafter(draft, vocab_limit=target.vocab_size)
-
-
-def method_options(draw, method: str) -> dict:
-    if method == "linear":
-        return {"k": draw(st.integers(1, 8))}
-    if method == "fixed-tree":
-        return {"depth": draw(st.integers(1, 6)), "branch": draw(st.integers(1, 4)),
-                "tau": draw(st.sampled_from([0.0, 0.001, 0.05, 0.3])), "n_max": draw(st.sampled_from([1, 2, 3, 7, 20, 256]))}
-    if method == "dynatree":
-        d_max = draw(st.integers(2, 8))
-        b = sorted(draw(st.lists(st.integers(1, 4), min_size=3, max_size=3)))
-        tau_l = draw(st.sampled_from([0.05, 0.2, 0.4]))
-        rho_stop = draw(st.sampled_from([0.001, 0.01, 0.1]))
-        return {"d0": draw(st.integers(1, d_max - 1)), "d_max": d_max, "b_min": b[0], "b_mid": b[1], "b_max": b[2],
-                "tau_l": tau_l, "tau_h": draw(st.sampled_from([tau_l + 0.05, 0.6, 0.9])),
-                "rho_stop": rho_stop, "rho_deep": draw(st.sampled_from([rho_stop * 2, 0.3, 0.8])),
-                "tau": draw(st.sampled_from([0.0, 0.001, 0.05])), "n_max": draw(st.sampled_from([1, 2, 5, 16, 256])),
-                "history": draw(st.booleans()), "history_window": draw(st.integers(1, 6)),
-                "target_accept": draw(st.sampled_from([0.1, 0.5, 0.9])), "eta_depth": draw(st.sampled_from([0.0, 3.0, 20.0])),
-                "cost_aware": draw(st.booleans())}
-    if method == "wetap":
-        w_min = draw(st.integers(1, 4))
-        return {"depth": draw(st.integers(1, 6)), "budget": draw(st.sampled_from([1, 2, 5, 16, 64])),
-                "w_min": w_min, "w_max": w_min + draw(st.integers(0, 6)), "gamma": draw(st.sampled_from([0.5, 1.2, 4.0])),
-                "alpha": draw(st.sampled_from([0.0, 0.6, 1.0])), "dynamic_width": draw(st.booleans()),
-                "verify": draw(st.sampled_from(["beam", "exact"])), "beam_tau": draw(st.sampled_from([0.0, 0.5, 0.9]))}
-    if method == "specinfer":
-        return {"width": draw(st.integers(1, 4)), "depth": draw(st.integers(1, 6))}
-    if method == "specexec":
-        return {"budget": draw(st.sampled_from([1, 2, 5, 16, 40])), "depth": draw(st.integers(1, 6)),
-                "expand": draw(st.integers(1, 4)), "branch": draw(st.integers(1, 4))}
-    if method == "opt-tree":
-        return {"budget": draw(st.sampled_from([1, 2, 5, 16, 40])), "depth": draw(st.integers(1, 6)),
-                "delta": draw(st.sampled_from([0.0, 0.05, 0.5]))}
-    if method == "dsbd":
-        return {"width": draw(st.integers(1, 5)), "depth": draw(st.integers(1, 6))}
-    if method == "mtad":
-        return {"width": draw(st.integers(1, 5)), "depth": draw(st.integers(1, 6)),
-                "joint_tau": draw(st.sampled_from([0.0, 0.5, 0.99]))}
-    return {}
 
 
 @st.composite

@@ -9,12 +9,11 @@ import itertools
 
 import pytest
 import torch
-from scipy.stats import chi2
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import dynatree.verify
-from helpers import tiny, tokenizer
+from helpers import SAMPLING, chi_square_pvalue, tiny, tokenizer
 from dynatree import DynaTreeError, Decoder, LoadedModel, generate, make_config
 from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
@@ -23,7 +22,7 @@ from dynatree.sampling import Sampler, SamplingConfig, sample, sample_accept, ta
 
 V = 6  # a vocabulary small enough to enumerate every continuation
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
-CONFIG = SamplingConfig(temperature=0.9, top_k=5, top_p=0.97)
+CONFIG = SAMPLING
 ALPHA = 1e-3  # significance level of every goodness-of-fit test here
 RUNS = 2000
 NEW = 3  # tokens per run: the first from the prefill, two more through tree verification
@@ -70,22 +69,6 @@ def exact_distribution() -> dict[tuple[int, ...], float]:
                 prob *= float(target_probs(logits, CONFIG)[0, ys[i]])
             out[ys] = prob
     return out
-
-
-def chi_square_pvalue(counts: dict, expected: dict[tuple, float], n: int) -> float:
-    """Goodness of fit; cells expecting fewer than 5 samples are pooled into one."""
-    observed, expect, pooled_o, pooled_e = [], [], 0, 0.0
-    for cell, p in expected.items():
-        if p * n >= 5:
-            observed.append(counts.get(cell, 0))
-            expect.append(p * n)
-        else:
-            pooled_o += counts.get(cell, 0)
-            pooled_e += p * n
-    observed.append(pooled_o + sum(c for cell, c in counts.items() if cell not in expected))
-    expect.append(pooled_e)
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expect) if e > 0)
-    return float(chi2.sf(stat, df=len(observed) - 1))
 
 
 def empirical(method: str, drafter_kind: str | None, options: dict, runs: int = RUNS) -> dict:

@@ -18,9 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from helpers import EOS, VOCAB, examples, hf_greedy, tokenizer
-from test_cache import assert_same_cache, plain_cache
-from test_sampling import CONFIG, chi_square_pvalue
+from helpers import (EOS, SAMPLING as CONFIG, VOCAB, assert_same_cache, chi_square_pvalue, examples, hf_greedy,
+                     plain_cache, tokenizer)
 from dynatree import Decoder, api, make_config
 from dynatree import cache as kv
 from dynatree.attention import use_gqa_attention
@@ -104,6 +103,9 @@ def test_every_method_equals_transformers_greedy_across_many_windows(kind):
             got = api.generate(method=method, target=target, draft=drafter, prompt_ids=list(prompt), max_new_tokens=64,
                                ignore_eos=True)
             assert got.new_token_ids == reference(kind, 8, prompt, 64), (kind, method, drafter)
+    for method in ("hf-ar", "hf-lookup"):  # transformers' own decoding, for the record
+        got = api.generate(method=method, target=target, prompt_ids=list(prompt), max_new_tokens=64, ignore_eos=True)
+        assert got.new_token_ids == reference(kind, 8, prompt, 64), (kind, method)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from helpers import ARCHS, noisy_copy, tiny
+from helpers import ARCHS, ScriptedDrafter, assert_same_cache, noisy_copy, plain_cache, tiny
 from dynatree import Decoder, DynaTreeError, make_config
 from dynatree.drafters import LMDrafter
 from dynatree.methods import METHODS
@@ -17,8 +17,7 @@ from dynatree.policies.baselines import OptTreePolicy, SpecExecPolicy, SpecInfer
 from dynatree.policies.wetap import WetapPolicy, next_width, prune
 from dynatree.sampling import Sampler, SamplingConfig
 from dynatree.tree import TreeBuilder
-from dynatree.verify import BeamVerifier, greedy_accept
-from test_policies import ScriptedDrafter
+from dynatree.verify import BeamVerifier
 
 
 # ---- width from entropy (eqs. 3-6) -------------------------------------------------------
@@ -170,22 +169,6 @@ def test_beam_rule_with_nothing_accepted_samples_from_the_root():
     assert got.path == [] and got.bonus in (1, 2, 5)
 
 
-def test_beam_rule_greedy_equals_greedy_verification():
-    """Greedy, P is the target's 0/1 argmax: the beam rule is exactly `greedy_accept`."""
-    gen = torch.Generator().manual_seed(0)
-    for trial in range(300):
-        builder = TreeBuilder(0)
-        for _ in range(int(torch.randint(0, 25, (), generator=gen))):
-            parent = int(torch.randint(0, len(builder), (), generator=gen))
-            builder.add(parent, int(torch.randint(0, 4, (), generator=gen)), float(torch.rand((), generator=gen)) + 1e-3)
-        order = sorted(range(len(builder)), key=lambda u: (builder.depths[u], u))
-        tree = builder.build(keep=order)
-        logits = torch.randn(tree.size, 4, generator=gen)
-        for tau in (0.0, 0.5, 0.99):
-            got = BeamVerifier(tau).accept(tree, logits, None)
-            assert (got.path, got.bonus) == greedy_accept(tree, logits), trial
-
-
 # ---- the policies in the engine ----------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -197,7 +180,6 @@ def test_beam_rule_greedy_equals_greedy_verification():
 ])
 def test_pruned_trees_keep_the_draft_cache_right(arch, method, options):
     """Pruning renumbers nodes: the draft cache must still hold exactly the committed tokens."""
-    from test_cache import assert_same_cache, plain_cache
 
     target, draft = tiny(arch, eos_ids=[]), noisy_copy(arch, 0, 0.08)
     drafter = LMDrafter(draft, target.vocab_size)

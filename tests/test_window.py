@@ -9,14 +9,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import ARCHS, VOCAB, examples, hf_greedy, tiny
+from helpers import ARCHS, VOCAB, examples, hf_greedy, make_drafter, method_options, tiny
 from dynatree import DynaTreeError, generate, make_config
 from dynatree import cache as kv
 from dynatree.decode import Decoder
 from dynatree.methods import METHODS
 from dynatree.tree import additive_mask
 from dynatree.window import KVWindow
-from test_exact import make_drafter, method_options
 
 
 @functools.cache
