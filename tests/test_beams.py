@@ -5,6 +5,7 @@ lossless, MTAD lossy) in test_sampling."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -24,17 +25,18 @@ V = 8
 
 
 class TableDrafter:
-    """Answers from a table path -> [V] next-token distribution (uniform over 4 tokens when absent)."""
+    """Answers from a table path -> [vocab] next-token distribution (uniform over 4 tokens when absent)."""
 
     name = "table"
     uses_target_hidden = False
 
-    def __init__(self, table: dict[tuple[int, ...], list[float]]):
+    def __init__(self, table: dict[tuple[int, ...], list[float]], vocab: int = V):
         self.table = table
+        self.vocab = vocab
         self.calls: list[list[int]] = []
 
     def dist(self, path: list[int]) -> torch.Tensor:
-        row = self.table.get(tuple(path), [0.25, 0.25, 0.25, 0.25] + [0.0] * (V - 4))
+        row = self.table.get(tuple(path), [0.25, 0.25, 0.25, 0.25] + [0.0] * (self.vocab - 4))
         return torch.tensor(row, dtype=torch.float64)
 
     def propose(self, tree: TreeBuilder, nodes, k, full=False):
@@ -105,6 +107,115 @@ def test_sampled_beam_layers_draw_pairs_by_parent_mass_times_draft_probability()
     assert chi2.sf(stat, df=len(cells) - 1) > 1e-3
 
 
+# ---- DSBD is lossless, exactly -------------------------------------------------------------
+# Every way beam sampling can draw a width-2, depth-2 tree over 3 tokens, each with its
+# probability, through the real `grow_beams` (its draws scripted); for each tree, the exact
+# distribution of what recursive rejection sampling commits (`sample_accept`'s rule, computed,
+# not sampled), completed to 3 tokens by the target. The sum must be the target's own 3-token
+# distribution to rounding; trying a parent's children in another order than drawn must not be.
+
+def ordered_draws(weights: list[float], k: int) -> list[tuple[list[int], float]]:
+    """Every sequence of min(k, nonzero) distinct indices drawn one after another without
+    replacement in proportion to the weights left, with its probability."""
+    out, n = [], min(k, sum(w > 0 for w in weights))
+
+    def extend(seq: list[int], prob: float, left: list[float]) -> None:
+        if len(seq) == n:
+            out.append((seq, prob))
+            return
+        total = sum(left)
+        for i, w in enumerate(left):
+            if w > 0:
+                extend(seq + [i], prob * w / total, left[:i] + [0.0] + left[i + 1:])
+
+    extend([], 1.0, list(weights))
+    return out
+
+
+def committed_distribution(tree, target: dict) -> dict[tuple[int, ...], float]:
+    """The exact distribution of the tokens `sample_accept` commits on `tree` (path and bonus)."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents.tolist()[1:], start=1):
+        children.setdefault(parent, []).append(node)
+    tokens, out = tree.tokens.tolist(), {}
+
+    def walk(node: int, prefix: tuple[int, ...], prob: float) -> None:
+        p = target[prefix].clone()
+        q = tree.proposals.get(node)
+        q = None if q is None else q.clone()
+        reach = 1.0  # probability that every child tried so far was rejected
+        for child in children.get(node, []):
+            x = tokens[child]
+            q_child = torch.nn.functional.one_hot(torch.tensor(x), len(p)).double() if q is None else q / q.sum()
+            accept = min(1.0, float(p[x] / q_child[x])) if q_child[x] > 0 else 0.0
+            if accept > 0:
+                walk(child, prefix + (x,), prob * reach * accept)
+            reach *= 1.0 - accept
+            residual = (p - q_child).clamp(min=0.0)
+            if float(residual.sum()) > 0:
+                p = residual / residual.sum()
+            if q is not None:
+                q[x] = 0.0
+        for y in range(len(p)):
+            out[prefix + (y,)] = out.get(prefix + (y,), 0.0) + prob * reach * float(p[y])
+
+    walk(0, (), 1.0)
+    return out
+
+
+def beam_sampled_output(monkeypatch, drafter, target: dict, width: int, reverse: bool) -> dict:
+    """Sum over every beam-sampled tree of P(tree) x the committed distribution, completed to 3 tokens."""
+    from dynatree.policies import beams
+
+    script: list[list[int]] = []
+    seen: list[list[float]] = []
+
+    def scripted(weights, k, generator):
+        seen.append(weights.tolist())
+        draw = script[len(seen) - 1] if len(seen) <= len(script) else ordered_draws(weights.tolist(), k)[0][0]
+        return list(reversed(draw)) if reverse else list(draw)
+
+    monkeypatch.setattr(beams, "draw_without_replacement", scripted)
+    sampler = Sampler(SamplingConfig(), seed=0)
+    total: dict[tuple[int, ...], float] = {}
+
+    def grow(draws: list[list[int]]):
+        script[:], seen[:] = draws, []
+        tree = grow_beams(drafter, 0, width=width, depth=2, sampler=sampler)
+        return tree, [list(w) for w in seen]
+
+    _, weights = grow([])
+    for first, p1 in ordered_draws(weights[0], width):
+        _, weights = grow([first])
+        for second, p2 in ordered_draws(weights[1], width):
+            tree, _ = grow([first, second])
+            for seq, prob in committed_distribution(tree, target).items():
+                for rest in itertools.product(range(3), repeat=3 - len(seq)):  # the target continues
+                    full, p = seq + rest, prob
+                    for i in range(len(seq), 3):
+                        p *= float(target[full[:i]][full[i]])
+                    total[full] = total.get(full, 0.0) + p1 * p2 * p
+    return total
+
+
+def test_dsbd_beam_trees_verified_by_rejection_sampling_commit_exactly_the_targets_distribution(monkeypatch):
+    gen = torch.Generator().manual_seed(4)
+
+    def dist() -> torch.Tensor:
+        row = torch.rand(3, generator=gen, dtype=torch.float64) + 0.05
+        return row / row.sum()
+
+    paths = [()] + [(a,) for a in range(3)] + [(a, b) for a in range(3) for b in range(3)]
+    target = {path: dist() for path in paths}
+    drafter = TableDrafter({path: dist().tolist() for path in paths[:4]}, vocab=3)
+    exact = {seq: float(target[()][seq[0]] * target[seq[:1]][seq[1]] * target[seq[:2]][seq[2]])
+             for seq in itertools.product(range(3), repeat=3)}
+    got = beam_sampled_output(monkeypatch, drafter, target, width=2, reverse=False)
+    assert max(abs(got.get(s, 0.0) - p) for s, p in exact.items()) < 1e-12
+    broken = beam_sampled_output(monkeypatch, drafter, target, width=2, reverse=True)  # children tried out of order
+    assert max(abs(broken.get(s, 0.0) - p) for s, p in exact.items()) > 1e-4
+
+
 # ---- MTAD's joint rule on a hand-drawn tree -------------------------------------------------
 
 def hand_tree():
@@ -153,8 +264,10 @@ def test_joint_rule_never_passes_a_beam_through_a_token_the_target_cannot_produc
         assert 2 not in got.path and 4 not in got.path
 
 
-def test_joint_rule_greedy_equals_greedy_verification():
-    """Greedy, P is the target's 0/1 argmax: the joint rule is exactly `greedy_accept`."""
+@pytest.mark.parametrize("rule", [JointVerifier, BeamVerifier])
+def test_deepest_beam_rules_greedy_equal_greedy_verification(rule):
+    """Greedy, P is the target's 0/1 argmax: MTAD's joint rule and WETAP's beam rule are exactly
+    `greedy_accept`, whatever their threshold."""
     gen = torch.Generator().manual_seed(0)
     for trial in range(300):
         builder = TreeBuilder(0)
@@ -166,7 +279,7 @@ def test_joint_rule_greedy_equals_greedy_verification():
         tree = builder.build(keep=order)
         logits = torch.randn(tree.size, 4, generator=gen)
         for tau in (0.0, 0.5, 0.99):
-            got = JointVerifier(tau).accept(tree, logits, None)
+            got = rule(tau).accept(tree, logits, None)
             assert (got.path, got.bonus) == greedy_accept(tree, logits), trial
 
 

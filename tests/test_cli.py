@@ -75,6 +75,13 @@ def test_lossy_method_is_labelled_when_sampling(capsys, saved_tiny):
     greedy = [a for a in argv if a not in ("--sample", "--top-k", "10")]
     code, out, err = run_cli(capsys, *greedy)  # greedy, the beam rule is exact: no note
     assert code == 0 and "lossy" not in err and json.loads(out)["run"]["lossy"] is False
+    assert "note: wetap: WETAP's beam rule (--verify beam) is lossy when sampling" in run_cli(capsys, *argv)[2]
+    mtad = argv[:-1] + ["mtad"]
+    code, out, err = run_cli(capsys, *mtad)  # its own reason, and no --verify to suggest (mtad has none)
+    assert code == 0 and json.loads(out)["run"]["lossy"] is True
+    assert "note: mtad: MTAD's joint rule is lossy when sampling" in err and "--verify" not in err
+    code, out, err = run_cli(capsys, *(argv[:-1] + ["dsbd"]))
+    assert code == 0 and "lossy" not in err and json.loads(out)["run"]["lossy"] is False
 
 
 def test_streamed_text_and_stats_line(capsys, saved_tiny):

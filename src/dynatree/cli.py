@@ -13,7 +13,7 @@ import sys
 
 from .cli_args import Parser, add_model_args, add_sampling_args, method_options
 from .errors import DynaTreeError
-from .methods import METHODS, get_method, is_lossy
+from .methods import METHODS, get_method, lossy_reason
 from .result import Result, Summary
 from .textstream import TextStream
 
@@ -196,9 +196,9 @@ def cmd_generate(args) -> int:
         **sampling_kwargs(args)) for method in methods}
     for method, request in requests.items():
         checked = request.check()
-        if args.sample and is_lossy(checked.config):
-            print(f"note: {method} with --verify beam is lossy when sampling: its output does not follow the "
-                  "target's distribution (--verify exact is lossless)", file=sys.stderr)
+        reason = lossy_reason(checked.config) if args.sample else None
+        if reason:
+            print(f"note: {method}: {reason}", file=sys.stderr)
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
     if not args.sample and any(METHODS[m].policy_cls is not None and METHODS[m].draft != "none" for m in methods):
         reason = inexact_greedy(target.dtype, target.weights, target.row_dependent)

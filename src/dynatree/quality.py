@@ -6,7 +6,7 @@ P_target is the target's own next-token distribution (softmax of its logits, tem
 no top-k/top-p), scored with full causal attention in one teacher-forced pass, whatever
 method, sampling settings or KV window produced the tokens. Lossless methods produce
 continuations distributed as the target samples them, so their PPL matches plain sampling
-up to noise; a lossy verifier (WETAP's beam rule) shows up as a shift.
+up to noise; a lossy verifier (WETAP's beam rule, MTAD's joint rule) shows up as a shift.
 """
 
 from __future__ import annotations

@@ -266,12 +266,19 @@ def header(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _lossy_rules(results: dict, labels: list[str]) -> str:
+    """The lossy rules the variants `labels` use, named once each, in the order they appear."""
+    names = {"wetap": "WETAP's beam rule", "mtad": "MTAD's joint rule"}
+    methods = [v["method"] for v in results["variants"] if v["label"] in labels]
+    return ", ".join(dict.fromkeys(names.get(m, f"{m}'s rule") for m in methods))
+
+
 def exactness(results: dict) -> str:
     if results["protocol"].get("sample"):
         marked = lossy(results)
         return ("Sampling run: tokens are not compared with `ar` (lossless methods reproduce the target's "
                 "distribution, not ar's draws); compare PPL instead."
-                + (f" Lossy verification (WETAP's beam rule, MTAD's joint rule): {', '.join(marked)}." if marked else ""))
+                + (f" Lossy verification ({_lossy_rules(results, marked)}): {', '.join(marked)}." if marked else ""))
     bad = [a for a in results["aggregates"] if a["mismatches"] and get_method(a["method"]).engine != "llama.cpp"]
     other = [a for a in results["aggregates"] if a["mismatches"] and get_method(a["method"]).engine == "llama.cpp"]
     unchecked = [a["variant"] for a in results["aggregates"] if a.get("unchecked")]
