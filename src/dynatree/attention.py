@@ -21,10 +21,10 @@ a tree step lays a node's keys out differently from one-token decoding (siblings
 slots between a node and its ancestors, several queries share one kernel call), so SDPA sums in
 another order; in float32 that moves the output by ~1e-7, which almost never changes a greedy
 token, but rounded to bfloat16 (8 mantissa bits) it flips the last bit of some outputs, and the
-flips grow through the layers: on the embedded SmolLM2 in q4, 17 of 24 greedy 128-token runs of
-dynatree/fixed-tree differed from `ar`. In float64 the two orders agree to ~1e-16, far below
-bfloat16's rounding, so every row rounds to the same bfloat16 value as in one-token decoding
-(0 of 36 runs differed). The low-bit linear kernels compute each row on its own (tested), so
+flips grow through the layers until greedy tokens differ from `ar`'s (measured: docs/benchmarks.md,
+"Measurements behind the design"). In float64 the two orders agree to ~1e-16, far below
+bfloat16's rounding, so every row rounds to the same bfloat16 value as in one-token decoding.
+The low-bit linear kernels compute each row on its own (tested), so
 with this attention a tree step's logits are bit for bit those of one-token steps, provided the
 dense layers left in the model (the output layer) are row-wise too: `load_model` checks them
 (`weights.row_dependent_layers`), and a run says when they are not (`run.inexact_greedy`).

@@ -194,7 +194,7 @@ class LoadedModel:
             torch.compiler.config.dynamic_sources = ",".join(dict.fromkeys(given + list(DYNAMIC_SOURCES)))
             # 16-bit models: inductor rounds every intermediate to the dtype where eager code does, as it
             # would not by default: otherwise the one-token and tree graphs, fused differently, round some
-            # values differently and greedy tokens differ (q4: 28 of 36 compiled runs differed from ar)
+            # values differently and greedy tokens differ from ar's
             options = {"freezing": True, "guard_filter_fn": module_guards,
                        "emulate_precision_casts": self.dtype in (torch.bfloat16, torch.float16)}
             self._compiled = torch.compile(self.model, options=options)

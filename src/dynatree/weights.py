@@ -21,8 +21,7 @@ bfloat16 too; they run on the CPU only. Greedy speculative output equals `ar` in
 token for token, because a tree step computes each row bit for bit as a one-token step does:
 the low-bit kernels compute each output row from its own input row only (tested), and attention
 runs in float64 (`attention.use_exact_attention`: in bfloat16, the different order in which a
-tree step sums over its keys flips rounding bits, and greedy runs of the embedded model differed
-from `ar` in 17 of 24 cases). The output layer, when it stays dense, is not converted.
+tree step sums over its keys flips rounding bits, enough to change greedy tokens). The output layer, when it stays dense, is not converted.
 
 Which GGUF rows feed which layer is found by value, for any architecture: transformers
 dequantizes the file (through the `gguf` package) and permutes some tensors' rows (llama's
@@ -74,7 +73,7 @@ def resolve_auto(weights: str, dtype, device: torch.device, gguf: Path | None, s
     """`auto`: q4 where it applies (a GGUF file with Q4_0/Q4_1 tensors, the CPU, no other --dtype
     than bfloat16), else dense; other formats as they are. The rule (docs/results/q4-cpu): q4 is
     the fastest format whose quality against the float32 model is within llama.cpp's own on the
-    same file (top-1 agreement 98.8% vs llama.cpp's 98.3%; PPL no higher). Returns the format and
+    same file (top-1 agreement with float32 at least llama.cpp's, perplexity no higher). Returns the format and
     the file's 4-bit rows when read (q4 uses them; kept in `cache_dir` if given: `read_q4_rows`).
     `q4` asked for without a GGUF file is refused here, before the model loads."""
     check_weights(weights)
@@ -396,8 +395,8 @@ def inexact_greedy(dtype: torch.dtype, weights: str, row_dependent: list[str] | 
 
     Dense 16-bit weights: the dense kernels (oneDNN, MKL) sum some rows of a multi-row call in
     another order than a one-row call, and bfloat16/float16 rounding makes such differences
-    change tokens (the embedded model in dense bfloat16: 23 of 24 greedy 128-token chat answers
-    of dynatree/fixed-tree differed from ar, still 15 of 24 with float64 attention). float32
+    change tokens, with float64 attention too (docs/benchmarks.md, "Measurements behind the
+    design"). float32
     (differences ~1e-7, below the logits' gaps in practice) and the low-bit formats (row-wise
     kernels, float64 attention) keep greedy output equal to ar's."""
     if weights == "dense" and dtype in (torch.bfloat16, torch.float16):

@@ -161,8 +161,8 @@ class DynaTreePolicy(TreePolicy):
         (depth `growth.levels`, drafted by `growth`'s calls) would raise the expected rate:
         j more levels (up to `depth_limit`), each costing what the average level did so far, each
         node as likely given its parent as u was given its own. Every j is tried, not just the
-        next level, because the cost curve is not convex (on a CPU 4 tokens can cost 1.6x one,
-        8 tokens 2x)."""
+        next level, because the cost curve is not convex (CPU GEMM kernels change with the number
+        of rows)."""
         if self.costs is None:
             return False
         levels, drafting = growth.levels, self.costs.drafting(growth.levels, growth.forwards)
