@@ -95,6 +95,9 @@ class _DeepestBeamVerifier(Verifier):
 
     lossless = False  # when sampling
 
+    def __init__(self, tau: float):
+        self.tau = tau  # the rule's pass threshold, in [0, 1)
+
     def passes(self, tree: Tree, beam_logp: torch.Tensor) -> torch.Tensor:
         """[n] bool: which nodes pass, from the [n] log P of their beams."""
         raise NotImplementedError
@@ -133,9 +136,6 @@ class BeamVerifier(_DeepestBeamVerifier):
     `_DeepestBeamVerifier` for P, Q, the choice among passing nodes and greedy exactness).
     """
 
-    def __init__(self, tau: float):
-        self.tau = tau
-
     def passes(self, tree: Tree, beam_logp: torch.Tensor) -> torch.Tensor:
         return (beam_logp - tree.logp).clamp(max=0.0).exp() > self.tau
 
@@ -146,9 +146,6 @@ class JointVerifier(_DeepestBeamVerifier):
     A drafted node v at depth d passes when P(v) / max_u Q(u) > tau, the maximum over the
     nodes u of depth d (see `_DeepestBeamVerifier` for the rest and greedy exactness).
     """
-
-    def __init__(self, tau: float):
-        self.tau = tau
 
     def passes(self, tree: Tree, beam_logp: torch.Tensor) -> torch.Tensor:
         level_max = torch.full((tree.max_depth + 1,), -math.inf, dtype=torch.float64)

@@ -11,6 +11,7 @@ depth level at a time so that a whole level costs a single drafter call (one dra
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -85,6 +86,15 @@ def _warp(probs: torch.Tensor, sampler: Sampler) -> torch.Tensor:
     q = sampler.probs(probs.clamp_min(1e-30).log()).masked_fill(probs <= 0, 0.0)
     total = q.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, q / total.clamp_min(1e-300), q)
+
+
+def best_pairs(tree: TreeBuilder, layer: list[int], offers: list[list[tuple[int, float]]],
+               width: int) -> list[tuple[int, int, float]]:
+    """A beam step across parents: of every (parent in `layer`, offered (token, prob)) pair, the
+    `width` of largest cumulative draft probability f(v), most probable first, as (parent, token, prob)."""
+    candidates = [(tree.logp[parent] + math.log(prob), parent, token, prob)
+                  for parent, children in zip(layer, offers) for token, prob in children]
+    return [(parent, token, prob) for _, parent, token, prob in heapq.nlargest(width, candidates, key=lambda c: c[0])]
 
 
 def top_children(proposal: Proposal, k: int, sampler: Sampler | None) -> list[list[tuple[int, float]]]:

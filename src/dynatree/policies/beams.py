@@ -30,8 +30,6 @@ beam of every layer stays in the tree, so one target pass verifies them all.
 
 from __future__ import annotations
 
-import heapq
-import math
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +39,7 @@ from ..drafters.base import Drafter
 from ..sampling import Sampler, draw_without_replacement
 from ..tree import Tree, TreeBuilder
 from ..verify import JointVerifier
-from .base import TreePolicy, tempered, top_children
+from .base import TreePolicy, best_pairs, tempered, top_children
 
 
 def grow_beams(drafter: Drafter, root_token: int, width: int, depth: int, sampler: Sampler | None) -> Tree:
@@ -52,21 +50,13 @@ def grow_beams(drafter: Drafter, root_token: int, width: int, depth: int, sample
     for _ in range(depth):
         proposal = drafter.propose(tree, layer, width, full=sampler is not None)
         if sampler is None:
-            pairs = _best_pairs(tree, layer, top_children(proposal, width, None), width)
+            pairs = best_pairs(tree, layer, top_children(proposal, width, None), width)
         else:
             pairs = _sampled_pairs(tree, layer, tempered(proposal.dist, sampler), width, sampler)
         layer = [node for parent, token, prob in pairs if (node := tree.add(parent, token, prob)) is not None]
         if not layer:
             break
     return tree.build()
-
-
-def _best_pairs(tree: TreeBuilder, layer: list[int], offers: list[list[tuple[int, float]]],
-                width: int) -> list[tuple[int, int, float]]:
-    """Beam search: the `width` (parent, token, prob) children of largest f(v), most probable first."""
-    candidates = [(tree.logp[parent] + math.log(prob), parent, token, prob)
-                  for parent, children in zip(layer, offers) for token, prob in children]
-    return [(parent, token, prob) for _, parent, token, prob in heapq.nlargest(width, candidates, key=lambda c: c[0])]
 
 
 def _sampled_pairs(tree: TreeBuilder, layer: list[int], q: torch.Tensor, width: int,
@@ -84,8 +74,8 @@ def _sampled_pairs(tree: TreeBuilder, layer: list[int], q: torch.Tensor, width: 
 
 
 @dataclass
-class DsbdConfig:
-    """Dynamic-width speculative beam decoding, one target beam per layer (paper 004, B.3). Lossless."""
+class BeamTreeConfig:
+    """The beam tree's shape, shared by DSBD and MTAD."""
 
     width: int = option(8, "draft beams per layer (the tree's width)")
     depth: int = option(8, "tree depth (beam decoding steps)")
@@ -94,19 +84,26 @@ class DsbdConfig:
         positive(self, "width", "depth")
 
 
-class DsbdPolicy(TreePolicy):
-    """A beam tree verified by the engine's lossless rule (see the module docstring)."""
+class BeamTreePolicy(TreePolicy):
+    """Grows the beam tree of the module docstring; the verifier is the subclass's business."""
 
     def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
         return grow_beams(drafter, root_token, self.config.width, min(self.config.depth, max_depth), sampler)
 
 
 @dataclass
-class MtadConfig:
+class DsbdConfig(BeamTreeConfig):
+    """Dynamic-width speculative beam decoding, one target beam per layer (paper 004, B.3). Lossless."""
+
+
+class DsbdPolicy(BeamTreePolicy):
+    """A beam tree verified by the engine's lossless rule (see the module docstring)."""
+
+
+@dataclass
+class MtadConfig(BeamTreeConfig):
     """Multi-token assisted decoding (multi-candidate): joint-likelihood verification. LOSSY when sampling."""
 
-    width: int = option(8, "draft beams per layer (the tree's width)")
-    depth: int = option(8, "tree depth (beam decoding steps)")
     joint_tau: float = option(0.5, "accept a beam when P(beam) / max Q(beams of its layer) > joint_tau "
                                    "(LOSSY when sampling)")
 
@@ -116,16 +113,13 @@ class MtadConfig:
                 "output does not follow the target's distribution (dsbd verifies the same trees losslessly)")
 
     def validate(self) -> None:
-        positive(self, "width", "depth")
+        super().validate()
         in_unit(self, "joint_tau")
 
 
-class MtadPolicy(TreePolicy):
+class MtadPolicy(BeamTreePolicy):
     """A beam tree verified by MTAD's joint-likelihood rule (`verify.JointVerifier`)."""
 
     def __init__(self, config: MtadConfig):
         super().__init__(config)
         self.verifier = JointVerifier(config.joint_tau)
-
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
-        return grow_beams(drafter, root_token, self.config.width, min(self.config.depth, max_depth), sampler)

@@ -21,7 +21,6 @@ verification threshold `beam_tau` defaults to 0.5 (the paper gives no value).
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ from ..drafters.base import Drafter
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
 from ..verify import BeamVerifier
-from .base import TreePolicy, top_children
+from .base import TreePolicy, best_pairs, top_children
 
 VERIFIERS = ("beam", "exact")
 
@@ -127,13 +126,8 @@ class WetapPolicy(TreePolicy):
         layer, width = [0], c.w_min if c.dynamic_width else c.w_max
         for _ in range(min(c.depth, max_depth)):
             proposal = drafter.propose(tree, layer, width, full=sampler is not None)
-            offers = top_children(proposal, width, sampler)
-            candidates = [
-                (tree.logp[parent] + math.log(prob), parent, token, prob)
-                for parent, children in zip(layer, offers) for token, prob in children
-            ]
-            chosen = heapq.nlargest(width, candidates, key=lambda cand: cand[0])  # top f(v), most probable first
-            layer = [node for _, parent, token, prob in chosen if (node := tree.add(parent, token, prob)) is not None]
+            chosen = best_pairs(tree, layer, top_children(proposal, width, sampler), width)  # top f(v)
+            layer = [node for parent, token, prob in chosen if (node := tree.add(parent, token, prob)) is not None]
             if not layer:
                 break
             layer_probs = [tree.prob(u) for u in layer]
