@@ -10,7 +10,8 @@ import torch
 
 from helpers import tiny, tokenizer
 from dynatree import DynaTreeError, api
-from dynatree.bench import commands, data, plots, presets, report, results, runner
+from dynatree import prompts as data
+from dynatree.bench import commands, plots, presets, report, results, runner
 from dynatree.cli import main
 from dynatree.quality import perplexity, teacher_forced
 

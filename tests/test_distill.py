@@ -14,7 +14,7 @@ from helpers import VOCAB, hf_greedy, tiny, tokenizer
 from dynatree import DynaTreeError
 from dynatree.distill import lm_data, lm_train
 from dynatree.api import generate
-from dynatree.bench import data as bench_data
+from dynatree import prompts as bench_data
 from dynatree.cli import main
 from dynatree.models import check_compatible, load_model
 

@@ -15,7 +15,7 @@ import torch
 from helpers import hf_greedy, tiny, tokenizer
 from dynatree import DynaTreeError
 from dynatree.api import generate
-from dynatree.bench.data import load_texts
+from dynatree.prompts import load_texts
 from dynatree.cli import main
 from dynatree.distill.chat import instruction_prompts
 from dynatree.distill.eagle_data import EagleConfig, build_data

@@ -91,14 +91,14 @@ def test_shipped_draft_is_small_loads_offline_and_drafts_exactly(smol):
 def test_shipped_feature_head_is_small_loads_offline_and_drafts_exactly(smol):
     """The feature head for the embedded target: at most 25 MB, loaded by alias without the network,
     built for this target, its drafts accepted on a chat prompt, every committed token the argmax."""
-    from dynatree.api import load_checked_draft
+    from dynatree.draftload import load_draft
     from dynatree.errors import DynaTreeError
     from dynatree.models import EMBEDDED_DRAFTS
 
     files = [p for p in EMBEDDED_DRAFTS["smollm2-135m-eagle"].iterdir() if p.is_file()]
     assert {"feature_head.json", "head.safetensors", "distill.json"} <= {p.name for p in files}
     assert sum(p.stat().st_size for p in files) <= 25 * 2**20
-    head = load_checked_draft(smol, "smollm2-135m-eagle", "cpu", "float32")
+    head = load_draft("smollm2-135m-eagle", smol).model
     ids = encode_prompt(smol.tokenizer, "Explain why the sky is blue in three sentences.", chat=True)
     for method in ("linear", "dynatree"):
         rec = generate(method=method, target=smol, draft=head, prompt_ids=ids, max_new_tokens=48, ignore_eos=True)

@@ -198,9 +198,9 @@ def test_bench_measures_a_feature_head_and_leaves_it_out_of_hf_assisted(tmp_path
     variants = presets.variants("draft", "small", ["ngram", head_path])
     labels = {v.label for v in variants}
     assert f"dynatree[{head_path}]" in labels and "hf-assisted" not in labels and "hf-lookup" in labels
-    from dynatree.api import load_checked_draft
+    from dynatree.draftload import load_draft
 
-    head = load_checked_draft(target, head_path, "cpu", "float64")
+    head = load_draft(head_path, target).model
     proto = runner.Protocol(dataset=str(prompt_file), n=2, warmup=0, max_new_tokens=[8])
     res = runner.run("draft", variants, proto, target, {head_path: head}, out_dir=tmp_path / "run", progress=False)
     assert all(r["matches_ar"] for r in res["records"])

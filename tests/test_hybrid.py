@@ -11,6 +11,7 @@ from dynatree import DynaTreeError, Decoder, api, draftspec, make_config
 from dynatree.bench import presets, report, runner
 from dynatree.cli import main
 from dynatree.drafters import HybridDrafter, LMDrafter, NgramDrafter
+from dynatree.draftload import load_draft, load_draft_model
 from dynatree.methods import METHODS
 from dynatree.tree import TreeBuilder
 
@@ -125,7 +126,7 @@ def test_min_match_must_be_an_order_the_ngram_drafter_has():
 def test_api_and_cli_take_ngram_plus_a_model(saved_tiny, capsys):
     target = api.load_model(str(saved_tiny))
     prompt = [5, 6, 7, 5, 6, 7, 5, 30]
-    for draft in (f"ngram+{saved_tiny}", api.Hybrid(target), api.load_draft(f"ngram+{saved_tiny}")):
+    for draft in (f"ngram+{saved_tiny}", api.Hybrid(target), load_draft(f"ngram+{saved_tiny}", target)):
         rec = api.generate(method="dynatree", target=target, draft=draft, prompt_ids=prompt, max_new_tokens=12,
                            ignore_eos=True)
         assert rec.draft.startswith("ngram+") and rec.new_token_ids == hf_greedy(target, prompt, 12)
@@ -133,7 +134,7 @@ def test_api_and_cli_take_ngram_plus_a_model(saved_tiny, capsys):
     with pytest.raises(DynaTreeError, match="needs a draft model after"):
         api.generate(method="dynatree", target=target, draft="ngram+", prompt_ids=prompt, max_new_tokens=2)
     with pytest.raises(DynaTreeError, match="needs a draft model after"):
-        api.load_draft("ngram+ngram")
+        load_draft("ngram+ngram", target)
     with pytest.raises(DynaTreeError, match="draft language model alone"):
         api.generate(method="hf-assisted", target=target, draft=api.Hybrid(target), prompt_ids=prompt, max_new_tokens=2)
 
@@ -156,7 +157,7 @@ def test_bench_runs_the_hybrid_beside_its_lm_and_reports_it_with_that_draft(tmp_
         runner.check_variants([runner.Variant("ar", "ar"), runner.Variant("a", "hf-assisted", {}, "ngram+tiny-draft")])
 
     lms = {"tiny-draft": target, "ngram+tiny-draft": api.Hybrid(target)}
-    assert runner.draft_lms(lms) == {"tiny-draft": target}
+    assert runner.draft_lms({spec: load_draft(d, target) for spec, d in lms.items()}) == {"tiny-draft": target}
     proto = runner.Protocol(dataset=str(prompt_file), n=2, warmup=1, max_new_tokens=[8])
     res = runner.run("draft", variants, proto, target, lms, out_dir=tmp_path, progress=False)
     assert all(r["matches_ar"] for r in res["records"])
@@ -215,3 +216,26 @@ def test_cost_aware_hybrid_declines_a_dear_model_but_keeps_copying():
     assert state["idle_iterations"] > run.stats.iterations / 2 and state["draft_forward_ms"] > 40
     assert len(lm.asked) < run.stats.iterations / 4  # probes only
     assert run.stats.accepted_tokens > 0 and hybrid.ngram  # the copying went on
+
+
+def test_a_draft_is_loaded_once_checked_against_its_target_and_named_as_its_spec(saved_tiny):
+    """draftload.load_draft is the one path from a --draft value to a checked Draft: a Draft built
+    once is reused as it is for its target, and checked again for another target."""
+    target = api.load_model(str(saved_tiny))
+    assert load_draft(None, target).name == load_draft("auto", target).name == "ngram"
+    hybrid = load_draft(f"ngram+{saved_tiny}", target)
+    assert hybrid.ngram and hybrid.name == f"ngram+{target.name}" and not hybrid.model_alone
+    alone = load_draft(target, target)
+    assert alone.model is target and alone.model_alone and load_draft(alone, target) is alone
+    prompt = [5, 6, 7, 5, 6, 7, 5, 30]
+    for draft in (hybrid, alone):
+        rec = api.generate(method="linear", target=target, draft=draft, prompt_ids=prompt, max_new_tokens=8,
+                           ignore_eos=True)
+        assert rec.draft == draft.name and rec.new_token_ids == hf_greedy(target, prompt, 8)
+    with pytest.raises(DynaTreeError, match="draft language model alone"):
+        api.generate(method="hf-assisted", target=target, draft=hybrid, prompt_ids=prompt, max_new_tokens=2)
+    other = tiny("llama", vocab=40)  # another tokenizer: the Draft is checked again for it
+    with pytest.raises(DynaTreeError, match="different vocabularies"):
+        load_draft(alone, other)
+    with pytest.raises(DynaTreeError, match="draft model spec"):
+        load_draft_model("ngram", target)

@@ -98,3 +98,37 @@ def test_policies_and_verifiers_are_pure():
     assert not closure & {"dynatree.runtime", "dynatree.costmeasure", "dynatree.decode", "dynatree.models"}
     clocks = {m for m in closure if names[m] & {"time", "timeit", "transformers"}}
     assert not clocks, f"{sorted(clocks)} import a clock or transformers"
+
+
+def imports_anywhere(path: Path) -> set[str]:
+    """Every dynatree module (or name) the module at `path` imports, at module level or inside functions."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {m for m in found if m.startswith("dynatree")}
+
+
+def test_the_distillers_and_the_bench_do_not_reach_into_each_other():
+    """Both read prompts through dynatree.prompts; neither imports the other, even inside a function;
+    and every path from a --draft value to a loaded draft goes through draftload (no entry point
+    loads a draft model itself)."""
+    imported = {module_name(p): imports_anywhere(p) for p in PACKAGE.rglob("*.py")}
+    for module, found in imported.items():
+        if module.startswith("dynatree.distill"):
+            assert not {m for m in found if m.startswith("dynatree.bench")}, module
+        if module.startswith("dynatree.bench"):
+            assert not {m for m in found if m.startswith("dynatree.distill")}, module
+    users = {m for m, found in imported.items() if "dynatree.draftload.load_draft" in found}
+    assert {"dynatree.api", "dynatree.cli", "dynatree.bench.commands", "dynatree.bench.runner",
+            "dynatree.serve.engine"} <= users
+    loaders = {m for m, found in imported.items() if "dynatree.featurehead.load_head" in found}
+    assert "dynatree.draftload" in loaders and loaders <= {"dynatree.draftload", "dynatree.distill.eagle_train"}, loaders

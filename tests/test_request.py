@@ -107,3 +107,33 @@ def test_compile_is_refused_with_the_reason_where_it_cannot_apply(method, reason
     assert main(["generate", "--target", str(saved_tiny), "--method", method, "--compile", "w5 w6"]) == 2
     assert reason in capsys.readouterr().err
     assert Request(prompt_ids=[5, 6], method="hf-ar", target=MISSING, compile=True).check().method.compilable
+
+
+def test_a_checked_request_is_bound_to_loaded_models_without_a_second_check(monkeypatch):
+    """The CLI checks each request before loading anything, then binds it to the loaded target, draft
+    and encoded prompt: prepare() takes the Checked request and does not run check() again."""
+    from dynatree.draftload import load_draft
+
+    target = tiny("llama", eos_ids=[])
+    prompt = [3, 4, 5, 3, 4, 5, 3]
+    checked = Request(prompt="text", method="linear", target=MISSING, draft="ngram", max_new_tokens=6,
+                      options={"k": 2}).check()
+    bound = checked.bind(target, load_draft("ngram", target), prompt)
+    calls = []
+    monkeypatch.setattr(Request, "check", lambda self: calls.append(self) or pytest.fail("checked twice"))
+    job = prepare(bound)
+    assert not calls and job.config.k == 2 and job.draft.name == "ngram"
+    assert run(job).new_token_ids == hf_greedy(target, prompt, 6)
+    monkeypatch.undo()
+    with pytest.raises(DynaTreeError, match="drafts: bind.. needs its Draft"):
+        checked.bind(target, None, prompt)
+    with pytest.raises(DynaTreeError, match="Draft loaded for this target"):
+        checked.bind(target, load_draft("ngram", tiny("llama", seed=1)), prompt)
+    ar = Request(prompt="text", method="ar", target=MISSING).check()
+    with pytest.raises(DynaTreeError, match="drafts nothing"):
+        ar.bind(target, load_draft("ngram", target), prompt)
+    with pytest.raises(DynaTreeError, match="loaded target"):
+        ar.bind(MISSING, None, prompt)
+    assistant = Request(prompt="text", method="hf-assisted", target=MISSING, draft=MISSING).check()
+    with pytest.raises(DynaTreeError, match="draft language model alone"):
+        assistant.bind(target, load_draft(Hybrid(target), target), prompt)

@@ -20,6 +20,7 @@ import uvicorn
 
 from helpers import EOS, hf_greedy, tiny, tokenizer
 from dynatree import api
+from dynatree.prompts import encode_prompt
 from dynatree.cli import main
 from dynatree.runtime import LoadedModel
 from dynatree.serve.app import create_app
@@ -261,7 +262,7 @@ def test_openai_fields_at_their_defaults_and_echoed_messages_are_accepted(server
     history = [{"role": "user", "content": "w5 w6"}, first.choices[0].message.model_dump(),
                {"role": "user", "content": "w7"}]
     again = server.client.chat.completions.create(model=MODEL, messages=history, temperature=0, max_tokens=6)
-    prompt = api.encode_prompt(TARGET.tokenizer, "w7", chat=True, history=[("w5 w6", first.choices[0].message.content)])
+    prompt = encode_prompt(TARGET.tokenizer, "w7", chat=True, history=[("w5 w6", first.choices[0].message.content)])
     assert again.dynatree["completion_token_ids"] == api.generate(
         method="dynatree", target=TARGET, draft=DRAFT, prompt_ids=prompt, max_new_tokens=6).new_token_ids
 
@@ -503,7 +504,7 @@ def test_compiled_server_builds_its_graphs_in_the_warm_up_and_stays_exact():
                                                temperature=0, max_tokens=24)
         assert runtime.compiled_graphs() - before == 2  # nothing compiled while serving
         assert got.dynatree["compile"] is True
-        prompt = api.encode_prompt(tok, "w5 w9", chat=True)
+        prompt = encode_prompt(tok, "w5 w9", chat=True)
         assert got.dynatree["completion_token_ids"] == hf_greedy(target, prompt, 24)
     finally:
         s.stop()

@@ -12,7 +12,7 @@ import pytest
 from helpers import tiny, tokenizer
 from dynatree.bench import presets, report, results, runner
 from dynatree import api
-from dynatree.bench.data import SPEC_BENCH_FILE, SPEC_BENCH_TASKS, Prompt, load_texts, tokenize
+from dynatree.prompts import SPEC_BENCH_FILE, SPEC_BENCH_TASKS, Prompt, load_texts, tokenize
 from dynatree.cli import main
 from dynatree.errors import DynaTreeError
 from dynatree.runtime import LoadedModel

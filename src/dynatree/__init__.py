@@ -7,7 +7,7 @@ The names below are imported on first use (PEP 562), so `import dynatree.cli` an
 from .lazy import lazy_exports
 
 _EXPORTS = {
-    "encode_prompt": "api",
+    "encode_prompt": "prompts",
     "generate": "api",
     "prepare": "api",
     "run": "api",

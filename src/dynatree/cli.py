@@ -152,7 +152,9 @@ def cmd_generate(args) -> int:
     import dataclasses
 
     from . import api
+    from .prompts import encode_prompt
     from .draftspec import parse as parse_draft
+    from .draftload import load_draft
     from .peers import universal_note
     from .methods import make_config
     from .models import load_model
@@ -194,9 +196,9 @@ def cmd_generate(args) -> int:
         ignore_eos=args.ignore_eos, chat=args.chat, device=args.device, dtype=args.dtype, weights=args.weights, seed=args.seed,
         ngram_max=ngram_max, kv_window=args.kv_window, compile=args.compile and method in compilable, linear=args.linear,
         **sampling_kwargs(args)) for method in methods}
-    for method, request in requests.items():
-        checked = request.check()
-        reason = lossy_reason(checked.config) if args.sample else None
+    checked = {method: request.check() for method, request in requests.items()}  # the one check of each
+    for method in methods:
+        reason = lossy_reason(checked[method].config) if args.sample else None
         if reason:
             print(f"note: {method}: {reason}", file=sys.stderr)
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
@@ -206,13 +208,10 @@ def cmd_generate(args) -> int:
             print(f"note: {reason}", file=sys.stderr)
     if target.linear_note:
         print(f"note: linear layers on stock kernels: {target.linear_note}", file=sys.stderr)
-    draft = args.draft
-    if any(METHODS[m].draft != "none" for m in methods):
-        draft = api.load_draft(draft, device=args.device, dtype=target.dtype, linear=args.linear)
-    prompt_ids = api.encode_prompt(target.tokenizer, prompt, args.chat)
-    jobs = {method: api.prepare(dataclasses.replace(  # the loaded models and the encoded prompt
-        request, target=target, draft=draft if method in drafting else None, prompt=None, prompt_ids=prompt_ids))
-        for method, request in requests.items()}
+    draft = load_draft(args.draft, target, args.linear) if drafting else None  # loaded once for every method
+    prompt_ids = encode_prompt(target.tokenizer, prompt, args.chat)
+    jobs = {method: api.prepare(checked[method].bind(  # the loaded models and the encoded prompt
+        target, draft if method in drafting else None, prompt_ids)) for method in methods}
 
     warm_compile: dict[str, float] = {}  # compiling done in a method's warm-up: reported with its result
     if len(methods) > 1:  # a short discarded run of each, so no measured method pays a cold start
@@ -238,7 +237,7 @@ def cmd_generate(args) -> int:
         print(file=sys.stderr)
         print(comparison_table(results), file=sys.stderr)
     if any(r.run.hf_universal_assisted for r in results):
-        print(f"note: {universal_note(target, draft)}", file=sys.stderr)
+        print(f"note: {universal_note(target, draft.model)}", file=sys.stderr)
     return 0
 
 

@@ -5,7 +5,7 @@
   SPEC         a draft model: a draft LM (alias, directory, .gguf file or hub id) or a feature head
                (a directory with feature_head.json, or a shipped alias such as smollm2-135m-eagle)
 
-Nothing here loads a model; `api.load_draft` and `api.resolve_draft` do, from a `DraftSpec`.
+Nothing here loads a model; `draftload.load_draft` does, from a `DraftSpec`.
 """
 
 from __future__ import annotations

@@ -10,9 +10,11 @@ against the target, prompt ids against the vocabulary, the context length).
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass, field
 
+from .draftload import Draft
 from .draftspec import AUTO, HYBRID, Hybrid, parse
 from .embedded import DEFAULT_TARGET
 from .errors import DynaTreeError
@@ -33,7 +35,7 @@ class Request:
     method: str = "dynatree"  # a registered method (dynatree.METHODS)
     options: dict = field(default_factory=dict)  # the method's options by config field name, e.g. {"d0": 4}
     target: str | LoadedModel = DEFAULT_TARGET  # model spec (alias, directory, .gguf file, hub id) or a loaded model
-    draft: object = None  # 'ngram', 'ngram+MODEL', a model spec, a loaded draft LM or head, Hybrid(...); None: default
+    draft: object = None  # 'ngram', 'ngram+MODEL', a model spec, a loaded draft LM or head, Hybrid(...), a Draft; None: default
     prompt_ids: list[int] | None = None  # token ids instead of `prompt`, used as they are
     max_new_tokens: int = 128  # at most this many new tokens
     ignore_eos: bool = False  # go on after an end-of-sequence token
@@ -103,6 +105,10 @@ class Request:
             if draft not in AUTO:
                 raise DynaTreeError(f"draft (--draft) does not apply to {self.method!r}: it drafts nothing")
             return
+        if isinstance(draft, Draft):  # loaded and checked against its target (by draftload.load_draft)
+            if spec.draft == "lm" and not draft.model_alone:
+                raise DynaTreeError(f"method {self.method!r} needs a draft language model alone, not {draft.name!r}")
+            return
         if isinstance(draft, Hybrid):
             if spec.draft == "lm":
                 raise DynaTreeError(f"method {self.method!r} takes a draft language model alone, not {HYBRID}MODEL")
@@ -130,6 +136,22 @@ class Checked:
     config: object  # the method's validated config dataclass
     window: KVWindow | None  # the KV window, or None
     sampling: SamplingConfig | None  # the sampling settings, or None (greedy)
+
+    def bind(self, target: LoadedModel, draft: Draft | None, prompt_ids: list[int]) -> Checked:
+        """This checked request with its models loaded and its prompt encoded by the caller (the CLI
+        loads them once for several methods): nothing checked before is checked again; `api.prepare`
+        checks the draft, the prompt ids and the context length against the target, as always."""
+        if not isinstance(target, LoadedModel):
+            raise DynaTreeError(f"bind() takes a loaded target, got {type(target).__name__}")
+        if draft is not None and not (isinstance(draft, Draft) and draft.target is target):
+            raise DynaTreeError("bind() takes a Draft loaded for this target (draftload.load_draft), or None")
+        if (draft is None) != (self.method.draft == "none"):
+            raise DynaTreeError(f"{self.request.method!r} " + ("drafts: bind() needs its Draft" if draft is None
+                                                                else "drafts nothing: bind() takes no Draft"))
+        request = dataclasses.replace(self.request, target=target, draft=draft, prompt=None, prompt_ids=prompt_ids)
+        if draft is not None:
+            request._check_draft(self.method)  # a Draft of the wrong kind for the method (hybrid for hf-assisted)
+        return dataclasses.replace(self, request=request)
 
 
 def is_int(value) -> bool:

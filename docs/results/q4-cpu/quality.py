@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from dynatree import generate
-from dynatree.api import encode_prompt
-from dynatree.bench.data import load_texts
+from dynatree.prompts import encode_prompt
+from dynatree.prompts import load_texts
 from dynatree.models import load_model
 
 

@@ -7,11 +7,11 @@ import itertools
 import time
 from pathlib import Path
 
-from ..draftspec import HYBRID, NGRAM, Hybrid, parse
+from ..draftspec import HYBRID, NGRAM, parse
 from ..errors import DynaTreeError, check_out_dir
 from ..sampling import sampling_config
 from ..methods import get_method, make_config
-from .data import DATASETS, L_MAX, SPEC_BENCH_TASKS
+from ..prompts import DATASETS, L_MAX, SPEC_BENCH_TASKS
 from .presets import PRESETS, dataset_default, method_variants, protocol_defaults, sampling_defaults, variants
 from .results import at, datasets, load, marked_lossy, settings
 from .plan import Protocol, Variant, check_variants
@@ -153,7 +153,7 @@ def _given_options(args) -> dict:
 
 
 def _execute(args, experiment: str, variant_list: list[Variant], protocol: Protocol) -> int:
-    from ..api import load_checked_draft
+    from ..draftload import Draft, load_draft
     from ..models import load_model
     from . import report, runner
     drafts = [parse(d) for d in _drafts(args)]  # a bad spec fails before any model loads
@@ -163,14 +163,15 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     out = args.out or Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_out_dir(out)
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
-    lms, loaded = {}, {}
+    loaded, models = {}, {}
     for spec in drafts:
-        if spec.model is None:
-            continue
-        if spec.model not in loaded:  # one copy of a draft LM (or feature head) used alone and in ngram+
-            loaded[spec.model] = load_checked_draft(target, spec.model, args.device, target.dtype, args.linear)
-        lms[spec.text] = Hybrid(loaded[spec.model]) if spec.ngram else loaded[spec.model]
-    runner.run(experiment, variant_list, protocol, target, lms, out_dir=out, progress=not args.no_progress,
+        model = None
+        if spec.model is not None:
+            if spec.model not in models:  # one copy of a draft LM (or feature head) used alone and in ngram+
+                models[spec.model] = load_draft(spec.model, target, args.linear).model
+            model = models[spec.model]
+        loaded[spec.text] = Draft(ngram=spec.ngram, model=model, target=target)
+    runner.run(experiment, variant_list, protocol, target, loaded, out_dir=out, progress=not args.no_progress,
                command=["dynatree", *args.argv], texts=texts)
     paths = report.write(out)
     results = load(out)

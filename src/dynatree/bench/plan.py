@@ -10,7 +10,7 @@ from ..errors import DynaTreeError
 from ..methods import get_method, make_config
 from ..sampling import sampling_config
 from ..window import KVWindow
-from .data import SPEC_BENCH, spec_bench_tasks
+from ..prompts import SPEC_BENCH, spec_bench_tasks
 
 
 @dataclass

@@ -127,7 +127,7 @@ def by_category(records: list[dict]) -> list[dict]:
 
 def task_order(categories) -> list[str]:
     """Task names in Spec-Bench's order (then any others as met), "overall" last."""
-    from .data import SPEC_BENCH_TASKS
+    from ..prompts import SPEC_BENCH_TASKS
 
     known = [t for cats in ([task, *cats] for task, cats in SPEC_BENCH_TASKS.items()) for t in cats]
     names = [c for c in dict.fromkeys(categories) if c != "overall"]

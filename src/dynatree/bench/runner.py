@@ -29,6 +29,7 @@ from .. import env
 from ..api import prepare, run as run_one
 from ..request import Request
 from ..result import Result
+from ..draftload import Draft, load_draft
 from ..draftspec import Hybrid, parse
 from ..errors import DynaTreeError
 from ..hardware import decode_limit, read_bandwidth
@@ -38,7 +39,7 @@ from ..runtime import LoadedModel
 from ..peers import check_assisted, universal_assisted
 from ..quality import teacher_forced
 from . import draftcheck
-from .data import Prompt, load_texts, tokenize
+from ..prompts import Prompt, load_texts, tokenize
 from .plan import Protocol, Variant, check_variants  # noqa: F401 (re-exported)
 from .results import aggregate, save
 
@@ -50,7 +51,7 @@ def run(
     variants: list[Variant],
     protocol: Protocol,
     target: LoadedModel,
-    drafts: dict[str, LoadedModel],
+    drafts: dict[str, Draft | LoadedModel | FeatureHead],
     out_dir: Path | None = None,
     progress: bool = True,
     command: list[str] | None = None,
@@ -58,8 +59,12 @@ def run(
 ) -> dict:
     """Run the protocol; write `out_dir/results.json` after every prompt; return the results.
 
+    `drafts` maps --draft specs (canonical text) to a `Draft`, or to the loaded model the spec names
+    (checked against the target here); a spec not in it ('ngram') is loaded by each request.
     `texts` maps each data set to its prompts when already loaded (else loaded here).
     """
+    drafts = {spec: load_draft(d if isinstance(d, (Draft, Hybrid)) or not parse(spec).ngram else Hybrid(d), target)
+              for spec, d in drafts.items()}
     protocol.validate()
     check_variants(variants)
     texts = texts if texts is not None else load_all(protocol)
@@ -91,9 +96,9 @@ def run(
     sampling = protocol.sampling()
     for v, row in zip(variants, results["variants"]):  # checked before any run, not in the middle of one
         if v.method == "hf-assisted":
-            check_assisted(target, drafts.get(v.draft), sampling)
-            row["hf_universal_assisted"] = isinstance(drafts.get(v.draft), LoadedModel) and \
-                universal_assisted(target, drafts[v.draft])
+            model = drafts[v.draft].model if v.draft in drafts else None
+            check_assisted(target, model, sampling)
+            row["hf_universal_assisted"] = isinstance(model, LoadedModel) and universal_assisted(target, model)
     scored: dict[str, tuple] = {}  # sha1 of prompt + tokens -> (PPL, target argmaxes); greedy runs repeat sequences
     answers: dict[tuple, list[str]] = {}  # (setting, question) -> ar's answer to each turn so far
     try:
@@ -215,14 +220,12 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, 
     }
 
 
-def draft_lms(drafts: dict) -> dict[str, LoadedModel | FeatureHead]:
+def draft_lms(drafts: dict[str, Draft]) -> dict[str, LoadedModel | FeatureHead]:
     """The distinct draft LMs (and feature heads) of a run by spec; 'ngram+SPEC' drafters count under SPEC."""
     out = {}
     for spec, d in drafts.items():
-        if isinstance(d, Hybrid):
-            spec, d = parse(spec).model, d.lm
-        if isinstance(d, (LoadedModel, FeatureHead)):
-            out.setdefault(spec, d)
+        if d.model is not None:
+            out.setdefault(parse(spec).model, d.model)
     return out
 
 

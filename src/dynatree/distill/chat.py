@@ -38,7 +38,7 @@ ASKS = (
 
 def instruction_prompts(spec: str, holdout: int) -> tuple[list[list[str]], dict]:
     """Conversations (lists of user turns) from `spec`, and counts per source."""
-    from ..bench.data import SPEC_BENCH, SPEC_BENCH_FILE, is_question_file, prompt_file, task_of
+    from ..prompts import SPEC_BENCH, SPEC_BENCH_FILE, is_question_file, prompt_file, task_of
 
     convs, info = [], {}
     for part in [p.strip() for p in spec.split(",") if p.strip()]:

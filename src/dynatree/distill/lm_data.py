@@ -109,7 +109,7 @@ class DistillConfig:
 
 def humaneval_lines() -> set[str]:
     """Distinctive lines (>= 30 characters) of the HumanEval prompts: text that must not be trained on."""
-    from ..bench.data import humaneval_prompts
+    from ..prompts import humaneval_prompts
 
     return {line.strip() for p in humaneval_prompts() for line in p.text.splitlines() if len(line.strip()) >= 30}
 

@@ -1,7 +1,8 @@
-"""The one place a resolved draft becomes a drafter (`api.resolve_draft` resolves the spec)."""
+"""The one place a loaded draft becomes a drafter (`draftload.load_draft` loads and checks it)."""
 
 from __future__ import annotations
 
+from ..draftload import Draft
 from ..featurehead import FeatureHead
 from ..runtime import LoadedModel
 from ..window import KVWindow
@@ -12,10 +13,10 @@ from .lm import LMDrafter
 from .ngram import NgramDrafter
 
 
-def make_drafter(model: LoadedModel | FeatureHead | None, ngram: bool, target: LoadedModel, ngram_max: int,
-                 window: KVWindow | None = None) -> Drafter:
-    """The n-gram drafter (`model` None), a draft LM's or a feature head's drafter, or, with `ngram`
-    and a model, both (`HybridDrafter`: n-gram copying where the text repeats, the model elsewhere)."""
+def make_drafter(draft: Draft, target: LoadedModel, ngram_max: int, window: KVWindow | None = None) -> Drafter:
+    """A fresh drafter for one run: the n-gram drafter, a draft LM's or a feature head's drafter, or
+    both (`HybridDrafter`: n-gram copying where the text repeats, the model elsewhere)."""
+    model, ngram = draft.model, draft.ngram
     ngrams = NgramDrafter(max_n=ngram_max, vocab_size=target.vocab_size) if ngram or model is None else None
     if model is None:
         return ngrams

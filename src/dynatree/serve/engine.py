@@ -20,11 +20,11 @@ import time
 from .. import api
 from ..request import Request
 from ..result import Result
-from ..draftspec import AUTO, Hybrid
+from ..draftload import Draft, load_draft
 from ..errors import DynaTreeError
-from ..featurehead import FeatureHead
 from ..methods import get_method
 from ..models import DEFAULT_TARGET, load_model
+from ..prompts import encode_messages, encode_prompt
 from ..runtime import LoadedModel
 from ..window import KVWindow
 from .metrics import Metrics
@@ -41,7 +41,7 @@ class ServeSettings:
     """What `dynatree serve` loads, and the defaults of every request."""
 
     target: str | LoadedModel = DEFAULT_TARGET  # a model spec (as --target), or a model already loaded
-    draft: object = None  # as --draft: None/'ngram', 'ngram+MODEL', a model spec, or a loaded draft/Hybrid
+    draft: object = None  # as --draft: None/'ngram', 'ngram+MODEL', a model spec, a loaded draft, Hybrid or Draft
     method: str = "dynatree"  # the method of requests that name none
     options: dict = dataclasses.field(default_factory=dict)  # that method's options (config field -> value)
     compile: bool = False  # decode steps through torch.compile (graphs built during the warm-up)
@@ -114,7 +114,7 @@ class Engine:
         self.error: str | None = None
         self.metrics = Metrics()
         self.target: LoadedModel | None = None
-        self.draft = None  # what api.prepare takes as `draft` for methods that draft
+        self.draft: Draft | None = None  # what api.prepare takes as `draft` for methods that draft
         self.tokenizer = None  # a copy of the target's tokenizer for the HTTP side (the worker has the original)
         self._queue: queue.Queue = queue.Queue(maxsize=settings.queue)
         self._busy_s = 0.0  # a moving average of decode durations, for Retry-After
@@ -136,12 +136,9 @@ class Engine:
             target.compile = s.compile  # the server's setting, for every request (never switched per call)
             self.target = target
             self.tokenizer = copy.deepcopy(target.tokenizer)
-            draft = s.draft
-            if not (draft in AUTO or isinstance(draft, (LoadedModel, FeatureHead, Hybrid))):
-                draft = api.load_draft(draft, device=s.device, dtype=target.dtype, linear=s.linear)
-            self.draft = draft
+            self.draft = load_draft(s.draft, target, s.linear)  # once, for every request that drafts
             chat = bool(getattr(target.tokenizer, "chat_template", None))
-            ids = api.encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)
+            ids = encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)
             prepared = self._prepare(ids, s.method, dict(s.options), max_new_tokens=8, seed=0)  # checks method + draft
             if s.warmup:
                 self._decode(Job(prepared, [], None), observe=False)
@@ -158,12 +155,12 @@ class Engine:
         tok = self.tokenizer
         if isinstance(request, CompletionRequest):
             if isinstance(request.prompt, str):
-                return api.encode_prompt(tok, request.prompt)
+                return encode_prompt(tok, request.prompt)
             return list(request.prompt)  # token ids, checked by api.prepare
         if not getattr(tok, "chat_template", None):
             raise DynaTreeError(f"{self.model_id!r} has no chat template: use /v1/completions with plain text")
         try:
-            return api.encode_messages(tok, [m.as_template_message() for m in request.messages])
+            return encode_messages(tok, [m.as_template_message() for m in request.messages])
         except DynaTreeError:
             raise
         except Exception as exc:  # noqa: BLE001 (jinja2's errors: templates that reject roles or their order)

@@ -135,7 +135,7 @@ def cmd_bench_serve(args) -> int:
     import httpx
     from tqdm import tqdm
 
-    from ..bench.data import load_texts
+    from ..prompts import load_texts
 
     for flag, value in (("--requests", args.requests), ("--concurrency", args.concurrency),
                         ("--max-tokens", args.max_tokens)):

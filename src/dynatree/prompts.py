@@ -1,4 +1,5 @@
-"""Prompt sources for benchmarks, with the papers' preprocessing.
+"""Prompt sources, with the papers' preprocessing: what the bench measures on and the distillers
+learn from.
 
   specbench  Spec-Bench's questions, shipped in this package (offline; Apache-2.0, see
              data/spec_bench/NOTICE): its six tasks mt_bench (MT-Bench's eight categories),
@@ -33,8 +34,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DynaTreeError
-from ..wording import counted
+from .errors import DynaTreeError
+from .wording import counted
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ HUB_DATASETS = {
     "pg19": HubDataset("deepmind/pg19", None, "test", "text", 200),
 }
 SPEC_BENCH = "specbench"
-SPEC_BENCH_FILE = Path(__file__).resolve().parent.parent / "data" / "spec_bench" / "question.jsonl"
+SPEC_BENCH_FILE = Path(__file__).resolve().parent / "data" / "spec_bench" / "question.jsonl"
 # Spec-Bench's tasks as its speed.py reports them, by the categories of its question file
 SPEC_BENCH_TASKS = {
     "mt_bench": ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"),
@@ -208,7 +209,7 @@ def humaneval_prompts() -> list[Prompt]:
 
 
 def _hub(name: str, spec: HubDataset, min_chars: int | None) -> list[Prompt]:
-    from ..models import hub_reachable
+    from .models import hub_reachable
 
     min_chars = spec.min_chars if min_chars is None else min_chars
     how = (f"supply the prompts locally with --dataset FILE (.jsonl with one {{\"prompt\": ...}} per line, or plain "
@@ -276,8 +277,6 @@ def tokenize(tokenizer, prompt: Prompt, l_max: int, chat: bool = False, answers:
     history). Without a chat template the ids are cut to the first `l_max`; with one, the last
     user message is shortened until the whole fits, so the template (and the generation prompt
     that ends it) stays whole."""
-    from ..api import encode_prompt
-
     if l_max < 1:
         raise DynaTreeError(f"--l-max must be at least 1, got {l_max}")
     if len(answers) != len(prompt.earlier):
@@ -296,3 +295,32 @@ def tokenize(tokenizer, prompt: Prompt, l_max: int, chat: bool = False, answers:
             raise DynaTreeError(f"prompt {prompt.id}: the chat template and history alone exceed --l-max {l_max}")
         ids = encode_prompt(tokenizer, tokenizer.decode(words[:keep]), chat, history)
     return ids
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = False, history=()) -> list[int]:
+    """Token ids of a prompt; with `chat`, wrapped in the tokenizer's chat template as a user turn
+    after `history`, earlier (user, assistant) turns of the conversation."""
+    if not prompt or not prompt.strip():
+        raise DynaTreeError("the prompt is empty")
+    if history and not chat:
+        raise DynaTreeError("a conversation history needs the chat template (--chat)")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise DynaTreeError("--chat needs a tokenizer with a chat template; this one has none")
+        messages = [m for user, answer in history
+                    for m in ({"role": "user", "content": user}, {"role": "assistant", "content": answer})]
+        return encode_messages(tokenizer, [*messages, {"role": "user", "content": prompt}])
+    return _nonempty(tokenizer(prompt).input_ids)
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of chat `messages` ({"role", "content"} dicts) through the tokenizer's chat template,
+    ready for the assistant's answer (the template's own special tokens, none added twice)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return _nonempty(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def _nonempty(ids) -> list[int]:
+    if not ids:
+        raise DynaTreeError("the prompt encodes to zero tokens")
+    return list(ids)

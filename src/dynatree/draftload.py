@@ -1,0 +1,83 @@
+"""From a --draft value to a checked `Draft`: the one path by which the API, the CLI, the bench
+and the server load a draft model (`draftspec.parse` reads the value; `drafters.make_drafter`
+turns a `Draft` into the drafter of one run).
+
+A draft model is a draft LM (alias, directory, .gguf file or hub id; it must share the target's
+tokenizer) or a feature head (a directory with feature_head.json, or a shipped alias; it must be
+built for the target). It is loaded once, in the target's dtype on the target's device, and
+checked against the target; a `Draft` can then be handed to any number of requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .draftspec import AUTO, HYBRID, NGRAM, Hybrid, head_dir, parse
+from .errors import DynaTreeError
+from .featurehead import FeatureHead, check_head, load_head
+from .models import check_compatible, load_model
+from .runtime import LoadedModel
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A --draft value resolved against one target: which drafters run, the draft model loaded."""
+
+    ngram: bool  # the n-gram drafter takes part (alone when `model` is None)
+    model: LoadedModel | FeatureHead | None  # the draft LM or feature head, checked against `target`; None: none
+    target: LoadedModel  # the target it was checked against
+
+    def __post_init__(self):
+        if not self.ngram and self.model is None:
+            raise ValueError("a Draft drafts with the n-gram drafter, a model, or both")
+
+    @property
+    def name(self) -> str:
+        """As a --draft value: 'ngram', the model's name, or 'ngram+NAME'."""
+        if self.model is None:
+            return NGRAM
+        return (HYBRID if self.ngram else "") + self.model.name
+
+    @property
+    def model_alone(self) -> bool:
+        """A draft model without the n-gram drafter (what hf-assisted and draft-LM-only methods take)."""
+        return self.model is not None and not self.ngram
+
+
+def load_draft(draft, target: LoadedModel, linear: str = "auto") -> Draft:
+    """`draft` resolved against `target`: None/'auto'/'ngram', a spec ('MODEL', 'ngram+MODEL'), a
+    loaded draft LM or feature head, `Hybrid(model or spec)`, or a `Draft` (returned as it is when it
+    was checked against this target). A model named by a spec is loaded in the target's dtype on its
+    device with `linear` kernels. Any mismatch with the target is a one-line DynaTreeError."""
+    if isinstance(draft, Draft):
+        if draft.target is target:
+            return draft
+        if draft.model is None:
+            draft = NGRAM
+        else:
+            draft = Hybrid(draft.model) if draft.ngram else draft.model
+    if isinstance(draft, Hybrid):
+        ngram, draft = True, draft.lm
+    elif isinstance(draft, (LoadedModel, FeatureHead)):
+        ngram = False
+    else:
+        parsed = parse(draft)
+        ngram, draft = parsed.ngram, parsed.model
+    if draft is None:
+        return Draft(ngram=True, model=None, target=target)
+    model = draft if isinstance(draft, (LoadedModel, FeatureHead)) else load_draft_model(draft, target, linear)
+    if isinstance(model, FeatureHead):
+        check_head(model, target)
+    else:
+        check_compatible(target, model)
+    return Draft(ngram=ngram, model=model, target=target)
+
+
+def load_draft_model(spec: str, target: LoadedModel, linear: str = "auto") -> LoadedModel | FeatureHead:
+    """The draft LM or feature head a model spec names, in the target's dtype on its device (unchecked)."""
+    if not isinstance(spec, str) or spec in AUTO or spec == NGRAM:
+        raise DynaTreeError(f"a draft model spec is a model name or path, got {spec!r}")
+    directory = head_dir(spec)
+    if directory is not None:
+        return load_head(directory, name=spec, device=target.device, dtype=target.dtype, linear=linear)
+    return load_model(spec, device=str(target.device), dtype=target.dtype, linear=linear)
