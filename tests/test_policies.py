@@ -120,31 +120,31 @@ def test_history_adapts_every_iteration():
     tree = fake_tree(10)
     d0s, taus = [], []
     for _ in range(3):  # acceptance 1.0 > a* = 0.5: deeper and fewer branches, every iteration
-        policy.observe(tree, list(range(1, 11)), NO_TIME)
+        policy.observe(tree, list(range(1, 11)), 0, NO_TIME)
         d0s.append(policy.d0)
         taus.append(policy.tau_h)
     assert d0s == pytest.approx([5.0, 6.0, 7.0])
     assert taus == pytest.approx([0.75, 0.70, 0.65])
     for _ in range(4):  # acceptance 0: the window mean falls below a*, drafting becomes conservative
-        policy.observe(tree, [], NO_TIME)
+        policy.observe(tree, [], 0, NO_TIME)
     assert policy.d0 < 7.0 and policy.tau_h > 0.65
     for _ in range(40):
-        policy.observe(tree, [], NO_TIME)
+        policy.observe(tree, [], 0, NO_TIME)
     assert policy.d0 == 1.0 and policy.tau_h == 1.0
     for _ in range(80):
-        policy.observe(tree, list(range(1, 11)), NO_TIME)
+        policy.observe(tree, list(range(1, 11)), 0, NO_TIME)
     assert policy.d0 == 7.0 and policy.tau_h == 0.4  # clipped to [1, d_max - 1] and [tau_l, 1]
 
 
 def test_history_window_mean_and_switch():
     policy = DynaTreePolicy(make_config("dynatree", d0=4, history_window=2, target_accept=0.5, eta_depth=1.0))
-    policy.observe(fake_tree(4), [1, 2, 3, 4], NO_TIME)  # a = 1.0 -> mean 1.0
-    policy.observe(fake_tree(4), [], NO_TIME)  # a = 0.0 -> mean 0.5 -> no change
+    policy.observe(fake_tree(4), [1, 2, 3, 4], 0, NO_TIME)  # a = 1.0 -> mean 1.0
+    policy.observe(fake_tree(4), [], 0, NO_TIME)  # a = 0.0 -> mean 0.5 -> no change
     assert policy.d0 == pytest.approx(4.5)
-    policy.observe(fake_tree(0), [], NO_TIME)  # nothing drafted: no acceptance signal, no update
+    policy.observe(fake_tree(0), [], 0, NO_TIME)  # nothing drafted: no acceptance signal, no update
     assert policy.d0 == pytest.approx(4.5)
     frozen = DynaTreePolicy(make_config("dynatree", history=False))
-    frozen.observe(fake_tree(4), [1, 2, 3, 4], NO_TIME)
+    frozen.observe(fake_tree(4), [1, 2, 3, 4], 0, NO_TIME)
     assert (frozen.d0, frozen.tau_h) == (5.0, 0.9)
 
 
@@ -153,7 +153,7 @@ def test_adapted_depth_changes_the_next_tree():
                       target_accept=0.2, eta_depth=10.0, history_window=1)
     drafter = ScriptedDrafter(uniform(2, first=0.95))
     assert policy.grow(drafter, 1, 10).max_depth == 1
-    policy.observe(fake_tree(1), [1], NO_TIME)  # acceptance 1.0: D0 1 -> 7
+    policy.observe(fake_tree(1), [1], 0, NO_TIME)  # acceptance 1.0: D0 1 -> 7
     assert policy.grow(drafter, 1, 10).max_depth == 7
 
 
@@ -272,8 +272,8 @@ def test_cost_aware_dynatree_stops_calling_a_draft_that_does_not_pay_and_probes_
         calls.append(len(drafter.calls) - before)
         sizes.append(tree.n_drafted)
         path = [] if not right else list(range(1, tree.n_drafted + 1))
-        policy.observe(tree, path, Timing(draft_s=0.02 * calls[-1], verify_s=curve.at(len(tree.tokens))))
-        root = (100 + len(path)) if right else 7  # the target's choice: never the draft's while wrong
+        root = (100 + len(path)) if right else 7  # the target's choice (the bonus): never the draft's while wrong
+        policy.observe(tree, path, root, Timing(draft_s=0.02 * calls[-1], verify_s=curve.at(len(tree.tokens))))
     assert sum(calls[40:60]) <= 3, calls  # wrong and dear: at most a probe or two in 20 iterations
     assert policy.idle_iterations > 30
     assert all(c > 0 for c in calls[100:]), calls  # right again: drafting every iteration
@@ -445,8 +445,8 @@ def test_cost_aware_dynatree_learns_from_cut_nodes_when_greedy():
         tree = policy.grow(drafter, root, max_depth=10)
         sizes.append(tree.n_drafted)
         path = list(range(1, tree.n_drafted + 1))  # the target accepts every verified node
-        policy.observe(tree, path, Timing(draft_s=0.0, verify_s=curve.at(len(tree.tokens))))
         root = 100 + len(path)  # the bonus token: the target's choice after the last accepted node
+        policy.observe(tree, path, root, Timing(draft_s=0.0, verify_s=curve.at(len(tree.tokens))))
     assert sizes[0] == 0 and sizes[-1] == 8, sizes
 
     # Sampling: the next root is a draw, not the target's choice; only verified nodes are learnt from.
@@ -455,18 +455,19 @@ def test_cost_aware_dynatree_learns_from_cut_nodes_when_greedy():
     sampler = Sampler(SamplingConfig())
     for _ in range(12):
         tree = policy.grow(drafter, 100, max_depth=10, sampler=sampler)
-        policy.observe(tree, [], Timing(draft_s=0.0, verify_s=curve.at(len(tree.tokens))))
+        policy.observe(tree, [], 7, Timing(draft_s=0.0, verify_s=curve.at(len(tree.tokens))))
         assert tree.n_drafted == 0
 
 
-def _step(policy, drafter, root, curve, per_call_s, accept=True):
+def _step(policy, drafter, root, curve, per_call_s, accept=True, bonus=1):
     """One iteration against a scripted drafter: grow, then observe the timings the decoder would
-    report (`per_call_s` per drafter forward, the curve's time for verification)."""
+    report (`per_call_s` per drafter forward, the curve's time for verification, the target's choice
+    `bonus` after the accepted path)."""
     before = len(drafter.calls)
     tree = policy.grow(drafter, root, max_depth=10)
     path = list(range(1, tree.n_drafted + 1)) if accept else []
-    policy.observe(tree, path, Timing(draft_s=per_call_s * (len(drafter.calls) - before),
-                                      verify_s=curve.at(len(tree.tokens))))
+    policy.observe(tree, path, bonus, Timing(draft_s=per_call_s * (len(drafter.calls) - before),
+                                             verify_s=curve.at(len(tree.tokens))))
     return tree
 
 
@@ -480,11 +481,11 @@ def test_cost_aware_dynatree_idles_after_an_accepted_tree_that_did_not_pay():
     policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
     policy.prepare(curve)
     drafter = ScriptedDrafter(lambda path: [(100 + len(path), 0.95)])
-    assert _step(policy, drafter, 1, curve, 0.02).n_drafted >= 1 and policy.idle == 0  # cost not known yet
+    assert _step(policy, drafter, 1, curve, 0.02, bonus=101).n_drafted >= 1 and policy.idle == 0  # cost not known yet
     assert policy.costs.forward_s == pytest.approx(0.02)
     tree = policy.grow(drafter, 101, max_depth=10)
     assert policy.idle == 1 and tree.n_drafted >= 1
-    policy.observe(tree, list(range(1, tree.n_drafted + 1)), Timing(0.02, curve.at(len(tree.tokens))))
+    policy.observe(tree, list(range(1, tree.n_drafted + 1)), 7, Timing(0.02, curve.at(len(tree.tokens))))
     assert policy.idle == 1  # not a probe: the spell stands
     calls = len(drafter.calls)
     assert policy.grow(drafter, 7, max_depth=10).n_drafted == 0 and policy.idle_iterations == 1
@@ -546,8 +547,8 @@ def test_cost_aware_dynatree_keeps_a_draft_that_pays_on_average_though_most_prob
         before = len(drafter.calls)
         tree = policy.grow(drafter, 1, max_depth=10)
         path = [1] if right and tree.n_drafted else []
-        policy.observe(tree, path, Timing(draft_s=0.005 * (len(drafter.calls) - before),
-                                          verify_s=curve.at(len(tree.tokens))))
+        policy.observe(tree, path, 1, Timing(draft_s=0.005 * (len(drafter.calls) - before),
+                                             verify_s=curve.at(len(tree.tokens))))
         idle[i] = policy.idle_iterations
     assert idle[99] > 30  # the wrong spell was declined
     assert idle[399] - idle[199] < 40, idle[399] - idle[199]  # the last 200 iterations draft

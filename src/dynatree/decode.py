@@ -136,7 +136,7 @@ class Decoder:
                 if self.drafter is not None:
                     self.drafter.commit(run.seq, tree.drafted_nodes(path), None if features is None else features[keep])
                 t_done = time.perf_counter()
-                self.policy.observe(tree, path, Timing(draft_s=t_verify - t_draft, verify_s=t_done - t_verify))
+                self.policy.observe(tree, path, bonus, Timing(draft_s=t_verify - t_draft, verify_s=t_done - t_verify))
                 stats.count_iteration(tree.n_drafted, min(len(path), len(committed)), len(committed), draft_s=t_verify - t_draft,
                                       verify_s=t_commit - t_verify, commit_s=time.perf_counter() - t_commit)
                 if on_tokens:

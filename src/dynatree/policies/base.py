@@ -62,8 +62,10 @@ class TreePolicy:
         in `TreeBuilder.proposals`; children it picks deterministically need nothing more."""
         raise NotImplementedError
 
-    def observe(self, tree: Tree, path: list[int], timing: Timing) -> None:
-        """After every verification: the accepted path (root excluded) and the iteration's timings."""
+    def observe(self, tree: Tree, path: list[int], bonus: int, timing: Timing) -> None:
+        """After every verification: the accepted path (root excluded), the bonus token the target
+        chose after its last node (greedy: the target's argmax there; sampling: a draw) and the
+        iteration's timings."""
 
     def state(self) -> dict | None:
         """What the policy adapted during the run, for the run's record (None: nothing)."""

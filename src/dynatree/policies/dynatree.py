@@ -109,7 +109,6 @@ class DynaTreePolicy(TreePolicy):
         self.costs: IterationCosts | None = None  # predicted drafting and verification times, when cost_aware
         self.calibration = Calibration()  # acceptance vs draft probability, learnt when cost_aware
         self._grown: TreeBuilder | None = None  # the last tree as drafted, before the cut (cost_aware, greedy)
-        self._pending: tuple[TreeBuilder, int] | None = None  # that tree and its last accepted node (greedy)
         self._growth = Growth()  # the drafter calls the last tree cost (cost_aware)
         self._drafted: TreeBuilder | None = None  # the last tree as drafted (cost_aware), to judge a probe by
         self.idle = 0  # iterations left to run without drafting (cost_aware: the draft did not pay)
@@ -119,7 +118,6 @@ class DynaTreePolicy(TreePolicy):
         self._probe = False  # whether the last grown tree was a probe after an idle spell
 
     def prepare(self, curve: CostCurve | None) -> None:
-        self._pending = None  # a new run: the next root says nothing about the last tree
         self.idle = self.backoff = self.idle_iterations = 0
         self.costs = IterationCosts(curve) if curve is not None else None
 
@@ -192,10 +190,6 @@ class DynaTreePolicy(TreePolicy):
                 return c.b_min
             return c.b_mid if confidence >= c.tau_l else c.b_max
 
-        if self._pending is not None:  # greedy: the root is the target's choice after the last accepted node
-            grown, node = self._pending
-            self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: root_token})
-            self._pending = None
         self._growth, self._grown, self._paid, self._probe = Growth(), None, True, False
         if self.idle:  # the draft model did not pay lately: its model-free part only, or the root alone
             self.idle -= 1
@@ -216,13 +210,13 @@ class DynaTreePolicy(TreePolicy):
             self.backoff = self.idle = 0 if self._paid else 1  # (a probe is judged on its outcome, in observe)
         return tree
 
-    def observe(self, tree: Tree, path: list[int], timing: Timing) -> None:
+    def observe(self, tree: Tree, path: list[int], bonus: int, timing: Timing) -> None:
         c = self.config
         if self.costs is not None:
             g = self._growth
             if not self._probe:  # a probe's first call catches up on the tokens of the idle spell: not a usual forward
                 self.costs.learn(g.levels, g.forwards, len(tree.tokens), timing.draft_s, timing.verify_s)
-            self._learn(tree, path)
+            self._learn(tree, path, bonus)
             if self._probe and g.forwards:  # judged with what it taught, then on what it achieved
                 plain = self._plain_rate()
                 expected = self._worth(self._drafted, self.costs.drafting(g.levels, g.forwards))[1]
@@ -239,10 +233,10 @@ class DynaTreePolicy(TreePolicy):
         self.d0 = min(max(self.d0 + c.eta_depth * error, 1.0), c.d_max - 1.0)
         self.tau_h = min(max(self.tau_h - c.eta_tau * error, c.tau_l), 1.0)
 
-    def _learn(self, tree: Tree, path: list[int]) -> None:
+    def _learn(self, tree: Tree, path: list[int], bonus: int) -> None:
         """Calibrate acceptance on a verified tree. Greedy, from the tree as drafted: the target's
-        choice at each accepted node is the next accepted token, and the next root at the last one
-        (learnt when the next tree is grown), so nodes cut before verification count too."""
+        choice at each accepted node is the next accepted token, and the bonus at the last one, so
+        nodes cut before verification count too."""
         grown, self._grown = self._grown, None
         if grown is None and tree.n_drafted == 0:  # nothing drafted (an idle iteration): nothing to learn
             return
@@ -251,8 +245,8 @@ class DynaTreePolicy(TreePolicy):
             return
         chain = [0, *tree.drafted_nodes(path)]  # the accepted nodes as drafted
         choices = {a: grown.tokens[b] for a, b in zip(chain, chain[1:])}
+        choices[chain[-1]] = bonus
         self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, choices)
-        self._pending = (grown, chain[-1])
 
     def state(self) -> dict:
         """The adapted parameters as they are now, and the cost curve the tree sizes were chosen on."""
