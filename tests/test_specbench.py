@@ -110,7 +110,7 @@ def test_later_turns_carry_the_history_and_chat_prompts_are_shortened_whole():
         tokenize(tok, turn2, 3, chat=True, answers=("w40 w41",))
 
 
-def test_multi_turn_run_asks_later_turns_with_ar_s_answers_and_reports_per_task(questions, tmp_path):
+def test_multi_turn_run_asks_later_turns_with_the_answers_and_reports_per_task(questions, tmp_path):
     target = chat_tiny()
     variants = presets.method_variants(["ar", "dynatree"], ["ngram"])
     proto = runner.Protocol(dataset=str(questions), n=2, warmup=1, max_new_tokens=[6], chat=True, turns="all")
@@ -120,7 +120,7 @@ def test_multi_turn_run_asks_later_turns_with_ar_s_answers_and_reports_per_task(
         ("questions.jsonl:1", 1, "mt_bench"), ("questions.jsonl:1/2", 2, "mt_bench"), ("questions.jsonl:3", 1, "qa"),
         ("questions.jsonl:2", 1, "mt_bench"), ("questions.jsonl:2/2", 2, "mt_bench"), ("questions.jsonl:4", 1, "qa")]
     assert all(r["matches_ar"] for r in recs)
-    # the second turn of question 2 was asked after its first turn and ar's answer to it
+    # the second turn of question 2 was asked after its first turn and the (greedy: common) answer to it
     prompts = load_texts(str(questions), 2, turns="all")
     first = tokenize(target.tokenizer, prompts[3], proto.l_max[0], chat=True)
     answer = api.generate(method="ar", target=target, prompt_ids=first, max_new_tokens=6, ignore_eos=True).text
@@ -141,6 +141,29 @@ def test_multi_turn_run_asks_later_turns_with_ar_s_answers_and_reports_per_task(
     written = report.write(tmp_path)
     assert "**Spec-Bench tasks**" in (tmp_path / "report.md").read_text()
     assert tmp_path / "tasks.png" in written and (tmp_path / "tasks.png").stat().st_size > 0
+
+
+def test_each_variant_asks_a_later_turn_after_its_own_answer(questions):
+    """Spec-Bench's protocol: a sampled run's variants answer the first turn differently, and each
+    is asked the second turn with its own answer in the history (not ar's); a greedy record asked
+    after another history than ar's does not count as matching ar."""
+    target = chat_tiny()
+    variants = presets.method_variants(["ar", "dynatree"], ["ngram"])
+    proto = runner.Protocol(dataset=str(questions), n=1, warmup=0, max_new_tokens=[6], chat=True, turns="all",
+                            sample=True, ppl=False, seed=1)
+    recs = runner.run("spec", variants, proto, target, {}, progress=False)["records"]
+    prompts = load_texts(str(questions), 1, turns="all")
+    first = tokenize(target.tokenizer, prompts[0], proto.l_max[0], chat=True)
+    asked = {}
+    for v in variants:  # each variant's own first answer, drawn again with the run's seed
+        own = api.generate(method=v.method, target=target, prompt_ids=first, max_new_tokens=6, ignore_eos=True,
+                           sample=True, seed=1)
+        second = tokenize(target.tokenizer, prompts[1], proto.l_max[0], chat=True, answers=(own.text,))
+        asked[v.label] = hashlib.sha1(json.dumps(second).encode()).hexdigest()
+    assert asked["ar"] != asked["dynatree"]  # the two drew different answers (else the test shows nothing)
+    got = {r["variant"]: r["prompt_sha1"] for r in recs if r["turn"] == 2}
+    assert got == asked
+
 
 
 def test_a_later_turn_s_history_ends_at_the_answer_s_first_eos():

@@ -18,7 +18,7 @@ learn from.
 
 Questions have one or two user turns; `turns="first"` asks the first only, `turns="all"`
 asks every turn, each a prompt of its own whose chat history holds the earlier turns and the
-answers the run gave them (the runner fills those in: Spec-Bench's protocol).
+answers the variant gave them (the runner fills those in: Spec-Bench's protocol).
 Every prompt is tokenized and cut to its first `l_max` tokens (with a chat template, the last
 user message is shortened instead, so the template stays whole). A data set that cannot be
 loaded is an error that says why and how to supply the prompts locally; other prompts are

@@ -45,7 +45,7 @@ def _protocol_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     g.add_argument("--turns", choices=("first", "all"), default="first",
                    help="multi-turn questions (Spec-Bench's MT-Bench rows): the first turn only, or every turn, "
-                        "each asked after the earlier turns and ar's answers to them (needs --chat) [first]")
+                        "each asked after the earlier turns and the variant's own answers to them (needs --chat) [first]")
     g.add_argument("--min-chars", type=int, help="drop prompts shorter than this many characters [200 for prose sets]")
     g.add_argument("--kv-window", metavar="SINK,RECENT", help="attention-sink KV window for every variant [none]")
     s = p.add_argument_group("sampling (greedy unless --sample; the wetap-* presets sample at temperature 1, "

@@ -233,7 +233,7 @@ def header(results: dict) -> str:
     p, e = results["protocol"], results["env"]
     tasks = any(r.get("category") for r in results["records"])
     per_task = " (questions per Spec-Bench task)" if tasks else ""
-    turns = ", every turn of multi-turn questions after ar's answers to the earlier ones" if p.get("turns") == "all" else ""
+    turns = ", every turn of multi-turn questions after each variant's own answers to the earlier ones" if p.get("turns") == "all" else ""
     versions = ", ".join(f"{k} {v}" for k, v in e["versions"].items() if v)
     lines = [f"# dynatree benchmark: {results['experiment']}", "",
              f"- command: `{' '.join(results['command'])}`",

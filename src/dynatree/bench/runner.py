@@ -100,18 +100,20 @@ def run(
             check_assisted(target, model, sampling)
             row["hf_universal_assisted"] = isinstance(model, LoadedModel) and universal_assisted(target, model)
     scored: dict[str, tuple] = {}  # sha1 of prompt + tokens -> (PPL, target argmaxes); greedy runs repeat sequences
-    answers: dict[tuple, list[str]] = {}  # (setting, question) -> ar's answer to each turn so far
+    answers: dict[tuple, list[str]] = {}  # (setting, question, variant) -> its answer to each turn so far
     try:
         for number, (dataset, t_new, l_max) in enumerate(settings):
             warm = _warmup_indices(texts[dataset], protocol.warmup)  # run in the first setting, skipped after
             for index, prompt in enumerate(texts[dataset]):
                 if number > 0 and index in warm:
                     continue
-                asked = answers.setdefault((dataset, t_new, l_max, prompt.question), [])[:len(prompt.earlier)]
-                ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat, tuple(asked))
-                _check_length(target, drafts, ids, t_new)
-                reference = {}  # (KV window, compiled) -> tokens of plain decoding (ar) in that setting
+                reference = {}  # (KV window, compiled) -> (prompt, tokens) of plain decoding (ar) in that setting
                 for v in rotated(variants, index):
+                    # a later turn is asked after the earlier ones and this variant's own answers to
+                    # them (Spec-Bench's protocol; greedy exact methods get ar's history, as answers)
+                    history = answers.setdefault((dataset, t_new, l_max, prompt.question, v.label), [])
+                    ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat, tuple(history[:len(prompt.earlier)]))
+                    _check_length(target, drafts, ids, t_new)
                     bar.start(f"{dataset} {index + 1}/{len(texts[dataset])}", v.label, t_new)
                     paired = protocol.bandwidth_limit  # around every variant, so none runs in a different pause
                     bandwidth = read_bandwidth(target.device) if paired else None
@@ -123,13 +125,11 @@ def run(
                         top_p=protocol.top_p, compile=v.compile)), on_tokens=bar.tokens)
                     bar.done(rec.stats.tokens_per_s)
                     if v.method == "ar":  # plain decoding in this setting, whatever runs first
-                        reference.setdefault((rec.run.kv_window, v.compile), rec.new_token_ids)
-                    if v.label == "ar" and prompt.question is not None:
-                        # the history of the question's next turn: plain decoding's answer, so every
-                        # variant is asked the same prompt (greedy, each exact method's own answer)
-                        answers[(dataset, t_new, l_max, prompt.question)][len(prompt.earlier):] = [
-                            _answer(target, rec.new_token_ids)]
+                        reference.setdefault((rec.run.kv_window, v.compile), (ids, rec.new_token_ids))
+                    if prompt.question is not None:  # the history of the question's next turn
+                        history[len(prompt.earlier):] = [_answer(target, rec.new_token_ids)]
                     r = _record(v, prompt, dataset, index, index in warm, t_new, l_max, rec)
+                    r["_prompt"] = ids
                     r["prompt_sha1"] = hashlib.sha1(json.dumps(ids).encode()).hexdigest()  # what was asked
                     if paired:  # the machine's bandwidth drifts: measure it beside each run, keep the higher
                         r["bandwidth_bytes_per_s"] = max(bandwidth, read_bandwidth(target.device))
@@ -140,18 +140,20 @@ def run(
                         r["ppl"] = scored[key][0]
                     results["records"].append(r)
                 for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
-                    new = r.pop("_ids")  # None below: sampling, or no ar run under this variant's window
+                    new, asked = r.pop("_ids"), r.pop("_prompt")  # None below: sampling, or no ar run here
                     key = _reference_key(reference, r["kv_window"], r.get("compile", False),
                                          get_method(r["method"]).engine == "dynatree")
-                    r["matches_ar"] = new == reference[key] if sampling is None and key is not None else None
+                    # a later turn asked after another history than ar's: the conversation had diverged
+                    r["matches_ar"] = (asked, new) == reference[key] if sampling is None and key is not None else None
                 plain = _reference_key(reference, None, False, False)
                 if plain is not None:  # the draft LMs' agreement and step cost on ar's continuation
-                    picks = scored.get(_key(ids, reference[plain]), (None, None))[1]  # known when ppl is on
+                    ids, continuation = reference[plain]
+                    picks = scored.get(_key(ids, continuation), (None, None))[1]  # known when ppl is on
                     for spec, lm in draft_lms(drafts).items():
                         results.setdefault("draft_quality", []).append({
                             "draft": spec, "dataset": dataset, "prompt_index": index, "warmup": index in warm,
                             "max_new_tokens": t_new, "l_max": l_max,
-                            **draftcheck.measure(target, lm, ids, reference[plain], picks),
+                            **draftcheck.measure(target, lm, ids, continuation, picks),
                         })
                 if out_dir is not None:
                     save(results, out_dir)
