@@ -91,6 +91,29 @@ def rec(variant, index, tps, warmup=False, t=8, acc=None, matches=True):
             "max_new_tokens": t, "l_max": 800, "prompt_tokens": 10 + index, "stats": stats, "matches_ar": matches}
 
 
+def test_every_speedup_table_gives_the_median_the_ratio_of_means_and_the_ratio_of_totals():
+    """Issue 27: three figures that differ when prompts differ in length and speed: `x` doubles a
+    long slow prompt and ties a short fast one: per-prompt median 1.5, ratio of mean throughputs
+    60/55, ratio of total throughputs (110 tokens in 5.1 s vs 10.1 s) 1.98; both tables show all three."""
+    def run(variant, long_s):
+        out = [rec(variant, 0, 100 / long_s, t=100), rec(variant, 1, 100.0, t=10)]
+        for r in out:
+            r.update(dataset="specbench", category="qa", max_new_tokens=100)  # one setting; the short one hit EOS
+        return out
+
+    records = run("ar", 10.0) + run("x", 5.0)
+    x = next(a for a in results.aggregate(records) if a["variant"] == "x")
+    assert x["speedup_median"] == pytest.approx(1.5) and x["speedup"] == pytest.approx(60 / 55)
+    assert x["speedup_totals"] == pytest.approx(10.1 / 5.1)
+    assert "| x | - | 60.0 ± 56.6 | 1.50× (1.00-2.00; of means 1.09×, of totals 1.98×) | ar |" in report.main_tables(
+        results.aggregate(records))
+    overall = next(c for c in results.by_category(records) if c["variant"] == "x" and c["category"] == "overall")
+    assert overall["speedup"] == pytest.approx(10.1 / 5.1) and overall["speedup_of_means"] == pytest.approx(60 / 55)
+    table = report.category_table({"records": records, "variants": [{"label": "ar"}, {"label": "x"}], "protocol": {}},
+                                  100, 800)
+    assert "| x | 1.98× [1.50, 1.00-2.00; means 1.09×] M " in table
+
+
 def test_speedups_are_over_plain_decoding_in_the_same_implementation_and_setting():
     """Issue 27: a compiled method over compiled ar, a windowed one over windowed ar, hf-* over hf-ar,
     ar variants over plain ar; never over another implementation's or setting's plain decoding."""
@@ -114,7 +137,8 @@ def test_speedups_are_over_plain_decoding_in_the_same_implementation_and_setting
     assert {v: (a["reference"], round(a["speedup"], 6)) for v, a in aggs.items()} == expected
     assert all(a["speedup_median"] == pytest.approx(a["speedup"]) for a in aggs.values())  # same ratio per prompt
     table = report.main_tables(list(aggs.values()))
-    assert "| dynatree +compile | - | 45.0 ± 21.2 | 1.50× (median 1.50, 1.50-1.50) | ar +compile |" in table
+    assert "| dynatree +compile | - | 45.0 ± 21.2 | 1.50× (1.50-1.50; of means 1.50×, of totals 1.50×) | ar +compile |" in table
+    assert all(a["speedup_totals"] == pytest.approx(a["speedup"]) for a in aggs.values())
 
 
 def test_bench_summary_shows_every_data_set_and_setting_labelled(capsys, saved_tiny, prompt_file, tmp_path):
@@ -320,7 +344,7 @@ def test_report_numbers(tmp_path):
     res = fixed_results("main")
     md = report.render(res)
     # linear is variant 1: tokens/s 10+1+i for measured prompts i=1,2 (ratios 12/11, 13/12) vs ar 11+i
-    assert "| linear | ngram | 12.5 ± 0.7 | 1.09× (median 1.09, 1.08-1.09) |" in md
+    assert "| linear | ngram | 12.5 ± 0.7 | 1.09× (1.08-1.09; of means 1.09×, of totals 1.09×) |" in md
     assert "Exactness: every measured run" in md
 
 

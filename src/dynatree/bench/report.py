@@ -137,9 +137,12 @@ def _ngram_twin(a: dict, aggs: list[dict], spec: dict) -> str | None:
 
 
 def _speedup(a: dict) -> str:
-    if a["speedup"] is None:
+    """Per-prompt median (range; ratio of mean throughputs, ratio of total throughputs)."""
+    if a["speedup"] is None or a["speedup_median"] is None:
         return "-"
-    return f"{a['speedup']:.2f}× (median {a['speedup_median']:.2f}, {a['speedup_min']:.2f}-{a['speedup_max']:.2f})"
+    totals = "-" if a.get("speedup_totals") is None else f"{a['speedup_totals']:.2f}×"
+    return (f"{a['speedup_median']:.2f}× ({a['speedup_min']:.2f}-{a['speedup_max']:.2f}; "
+            f"of means {a['speedup']:.2f}×, of totals {totals})")
 
 
 def main_tables(aggs: list[dict], lossy_variants=frozenset()) -> str:
@@ -148,7 +151,7 @@ def main_tables(aggs: list[dict], lossy_variants=frozenset()) -> str:
     ar = next((a for a in aggs if a["variant"] == "ar"), None)
     ar_mem = ar["mean"]["peak_mem_mb"] if ar else None
     out = ["**Throughput**", "", _table(
-        ["Method", "Draft", "Throughput (tok/s)", "Speedup (per-prompt median, range)", "over"],
+        ["Method", "Draft", "Throughput (tok/s)", "Speedup: per-prompt median (range; of means, of totals)", "over"],
         [[a["variant"], a["draft"] or "-", _pm(a["mean"]["tokens_per_s"], a["std"]["tokens_per_s"]), _speedup(a),
           a.get("reference", "ar")] for a in aggs]),
         "", "Speedups are over plain decoding in the same implementation and setting: our methods over our "
@@ -318,18 +321,19 @@ def category_table(results: dict, t_new: int, l_max: int) -> str:
                 table.append([label] + [f"{cell[('ar', t)]['tokens_per_s']:.1f} tok/s" if ("ar", t) in cell else "-"
                                         for t in tasks])
                 continue
-            table.append([label] + [f"{cell[(variant, t)]['speedup']:.2f}× "
-                                    f"[{cell[(variant, t)]['speedup_median']:.2f}, "
-                                    f"{cell[(variant, t)]['speedup_min']:.2f}-{cell[(variant, t)]['speedup_max']:.2f}]"
-                                    f" M {cell[(variant, t)]['mean_generated_len'] or 0:.2f}"
-                                    if (variant, t) in cell else "-" for t in tasks])
+            table.append([label] + [_task_cell(cell[(variant, t)]) if (variant, t) in cell else "-" for t in tasks])
         n = {t: cell[("ar", t)]["n"] for t in tasks if ("ar", t) in cell}
         parts += [f"`{dataset}`: speedup over the same setting's `ar` (see Throughput) = ratio of total "
-                  "throughputs (all tokens / all decode time, as Spec-Bench's speed.py), [per-prompt median, "
-                  "min-max]; M = tokens per verification pass "
+                  "throughputs (all tokens / all decode time, as Spec-Bench's speed.py) [per-prompt median, "
+                  "min-max; ratio of mean throughputs]; M = tokens per verification pass "
                   f"over all passes; prompts per task: {', '.join(f'{t} {k}' for t, k in n.items())}", "",
                   _table(["Variant", *tasks], table), ""]
     return "\n".join(parts).rstrip()
+
+
+def _task_cell(c: dict) -> str:
+    return (f"{c['speedup']:.2f}× [{c['speedup_median']:.2f}, {c['speedup_min']:.2f}-{c['speedup_max']:.2f}; "
+            f"means {c['speedup_of_means']:.2f}×] M {c['mean_generated_len'] or 0:.2f}")
 
 
 def render(results: dict) -> str:

@@ -8,6 +8,8 @@ and KV window (so `dynatree +compile` against `ar +compile`), transformers' meth
 against `hf-ar`, and `ar` and `hf-ar` variants against the plain `ar` (how much compiling, a
 window or transformers' own loop changes plain decoding). Two ways:
   speedup            = mean throughput / mean reference throughput (the papers' definition)
+  speedup_totals     = throughput over the totals (all tokens / all decode time) / the reference's,
+                       on the prompts both ran (Spec-Bench's speed.py)
   speedup_median/min/max = over prompts, of throughput / reference throughput on the same prompt
 """
 
@@ -91,6 +93,9 @@ def aggregate(records: list[dict], order: list[str] | None = None) -> list[dict]
         agg["speedup_min"] = min(ratios) if ratios else None
         agg["speedup_max"] = max(ratios) if ratios else None
         agg["speedup_std"] = mean_std(ratios)[1]
+        base = {r["prompt_index"]: r for r in measured if r["variant"] == ref and _setting(r) == setting}
+        paired = [(r, base[r["prompt_index"]]) for r in rows if r["prompt_index"] in base]
+        agg["speedup_totals"] = _rate([r for r, _ in paired]) / _rate([b for _, b in paired]) if paired else None
         agg["mismatches"] = sum(1 for r in rows if r.get("matches_ar") is False)
         agg["unchecked"] = sum(1 for r in rows if r.get("matches_ar") is None)
         out.append(agg)
@@ -114,15 +119,21 @@ def by_category(records: list[dict]) -> list[dict]:
     out = []
     for (variant, dataset, t_new, l_max, category), rows in groups.items():
         base = [by_key[(refs[variant], r["prompt_index"], dataset, t_new, l_max)] for r in rows]
-        rate = sum(r["stats"]["new_tokens"] for r in rows) / sum(r["stats"]["wall_s"] for r in rows)
-        ar_rate = sum(b["stats"]["new_tokens"] for b in base) / sum(b["stats"]["wall_s"] for b in base)
+        rate, ar_rate = _rate(rows), _rate(base)
         passes = sum(r["stats"]["iterations"] - 1 for r in rows)
         out.append({"variant": variant, "dataset": dataset, "max_new_tokens": t_new, "l_max": l_max,
                     "category": category, "reference": refs[variant], "n": len(rows), "tokens_per_s": rate, "speedup": rate / ar_rate,
+                    "speedup_of_means": statistics.fmean(r["stats"]["tokens_per_s"] for r in rows)
+                    / statistics.fmean(b["stats"]["tokens_per_s"] for b in base),
                     **{f"speedup_{k}": v for k, v in _spread([r["stats"]["tokens_per_s"] / b["stats"]["tokens_per_s"]
                                                                for r, b in zip(rows, base)]).items()},
                     "mean_generated_len": sum(r["stats"]["new_tokens"] - 1 for r in rows) / passes if passes else None})
     return out
+
+
+def _rate(rows: list[dict]) -> float:
+    """Throughput over the totals of some runs: all their tokens / all their decode time."""
+    return sum(r["stats"]["new_tokens"] for r in rows) / sum(r["stats"]["wall_s"] for r in rows)
 
 
 def task_order(categories) -> list[str]:
