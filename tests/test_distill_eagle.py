@@ -47,11 +47,13 @@ def test_data_is_the_targets_greedy_answers_labelled_by_one_pass(prompts):
     target = chat_target()
     data = build_data(target, EagleConfig(**{**SMALL, "prompts": str(prompts)}), progress=False)
     assert data["info"]["sequences"] == 16
-    for tokens, feats, labels in list(zip(data["tokens"], data["features"], data["labels"]))[:4]:
+    for tokens, feats, labels, start in list(zip(data["tokens"], data["features"], data["labels"],
+                                                  data["answer_from"]))[:4]:
         tokens = tokens.tolist()
         prompt_len = tokens.index(4) + 1  # the template's generation prompt ends the prompt
         answer = hf_greedy(target, tokens[:prompt_len], 12, eos=2)
         assert tokens[prompt_len:] == answer
+        assert start == prompt_len  # where the answer starts is kept: answer rows are known
         out = target.model(torch.tensor([tokens]), output_hidden_states=True)
         torch.testing.assert_close(feats.float(), out.hidden_states[-1][0].to(torch.bfloat16).float())
         assert torch.equal(labels.long(), out.logits[0].argmax(-1))
@@ -96,6 +98,45 @@ def test_spec_bench_benchmark_questions_are_held_out():
     assert benchmark and not any(p.text in asked for p in benchmark)
     assert info["specbench"]["conversations"] == len(convs) == 461 - 6 * 10  # the shipped file: 461 questions, 6 tasks
     assert max(len(c) for c in convs) == 2  # MT-Bench's second turns are kept
+
+
+def test_answer_rows_are_the_targets_answers_and_the_loss_can_keep_to_them():
+    """A row is an answer row when its label is the target's choice of an answer token; with
+    --loss-rows answers the loss is the cross-entropy over those rows only; held-out agreement is
+    reported over all rows and over answer rows."""
+    from transformers import DynamicCache
+
+    from helpers import tiny_head
+    from dynatree.distill.eagle_train import evaluate, make_batch, unrolled_loss
+
+    target, head = tiny("llama", dtype=torch.float32), tiny_head("llama", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    n, start = 12, 7  # tokens 0..6 the prompt, 7..11 the answer
+    data = {"tokens": [torch.randint(5, 90, (n,), generator=gen)], "features": [torch.randn(n, 32, generator=gen)],
+            "labels": [head.vocab_ids[torch.randint(0, 80, (n,), generator=gen)]], "answer_from": [start]}
+    sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
+    sub_index[head.vocab_ids] = torch.arange(len(head.vocab_ids))
+    batch = make_batch(data, [0], 64, sub_index, head.vocab_ids)
+    # row r: input token r + 1, label the choice of token r + 2: answer rows r = 5..10
+    assert batch["answer"][0].tolist() == [False] * 5 + [True] * 6
+    assert make_batch({**data, "answer_from": [None]}, [0], 64, sub_index, head.vocab_ids)["answer"].all()
+
+    embed, out_rows = target.model.get_input_embeddings(), target.model.get_output_embeddings().weight[head.vocab_ids]
+    cfg = EagleConfig(unroll=1, feature_loss=0.0, loss_rows="answers")
+    loss, stats = unrolled_loss(head, embed, out_rows, batch, cfg)
+    L = batch["tokens"].shape[1]
+    out = head(embed(batch["tokens"]).float(), batch["features"], batch["positions"], _pass_mask(L, 1), DynamicCache())
+    per_row = torch.nn.functional.cross_entropy(out[0] @ out_rows.T, batch["sub_labels"][0], reduction="none")
+    torch.testing.assert_close(loss, per_row[5:].mean())
+    everything, _ = unrolled_loss(head, embed, out_rows, batch, dataclasses.replace(cfg, loss_rows="all"))
+    torch.testing.assert_close(everything, per_row.mean())
+    hits = (head.vocab_ids[(out[0] @ out_rows.T).argmax(-1)] == batch["labels"][0])
+    assert stats == [(int(hits.sum()), 11, int(hits[5:].sum()), 6)]
+    result = evaluate(head, embed, out_rows, data, [0], cfg, sub_index, head.vocab_ids)
+    assert result["answer_agreement_by_depth"] == [int(hits[5:].sum()) / 6]
+    assert result["agreement_by_depth"] == [int(hits.sum()) / 11]
+    with pytest.raises(DynaTreeError, match="--loss-rows must be all or answers"):
+        EagleConfig(loss_rows="prompt").validate()
 
 
 def test_pass_mask_by_hand():

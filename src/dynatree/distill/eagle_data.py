@@ -47,6 +47,8 @@ class EagleConfig:
     data_dir: str = option("", "directory of the data parts (default OUT/data); give one directory to several "
                            "runs to reuse what each built (parts are named by what determines them)")
     label_batch: int = option(4, "conversations per teacher-forced target pass")
+    loss_rows: str = option("all", "rows the loss is taken on: 'all' (prompt and answer tokens) or 'answers' (the "
+                            "target's answers only: what drafting meets)")
     draft_vocab: int = option(8192, "most frequent target tokens of the data the head proposes from")
     ffn: int = option(0, "inner size of the head's MLP (0: the target's)")
     heads: int = option(0, "attention heads of the head (0: the target's)")
@@ -72,6 +74,7 @@ class EagleConfig:
         require(self.holdout >= 0 and self.self_prompts >= 0, "--holdout and --self-prompts must be at least 0")
         require(min(self.ffn, self.heads, self.kv_heads) >= 0, "--ffn, --heads and --kv-heads must be at least 0")
         require(0.0 < self.eval_fraction < 1.0, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}")
+        require(self.loss_rows in ("all", "answers"), f"--loss-rows must be all or answers, got {self.loss_rows!r}")
         require(self.lr > 0 and 0 < self.decay <= 1 and self.feature_loss >= 0,
                 "--lr must be positive, --decay in (0, 1], --feature-loss at least 0")
         require(not self.data_dir or not Path(self.data_dir).expanduser().exists()
@@ -121,12 +124,14 @@ def _part_path(parts: Path | None, kind: str, key, suffix: str) -> Path | None:
     return parts / f"{kind}-{digest}{suffix}"
 
 
-def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: EagleConfig, bar=None) -> list[list[int]]:
+def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: EagleConfig,
+                         bar=None) -> tuple[list[list[int]], list[int]]:
     """Token ids of every turn of every conversation asked in turn, with the target's own greedy
-    answers in the history: one sequence per turn (its prompt with history, then its answer)."""
+    answers in the history: one sequence per turn (its prompt with history, then its answer), and
+    where each answer starts (the prompt's length)."""
     tok = target.tokenizer
     answers: list[list[str]] = [[] for _ in convs]
-    sequences = []
+    sequences, starts = [], []
     for turn in range(max(len(c) for c in convs)):
         asked = [i for i, c in enumerate(convs) if len(c) > turn and len(answers[i]) == turn]
         prompts = {i: chat_ids(tok, convs[i][: turn + 1], answers[i]) for i in asked}
@@ -135,7 +140,8 @@ def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: Eagle
         for i, reply in zip(asked, replies):
             answers[i].append(tok.decode(reply, skip_special_tokens=True))
             sequences.append(prompts[i] + reply)
-    return sequences
+            starts.append(len(prompts[i]))
+    return sequences, starts
 
 
 @torch.no_grad()
@@ -180,7 +186,7 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
         convs += written
     if not convs:
         raise DynaTreeError("no instruction prompts: give --prompts or --self-prompts")
-    data = {"key": cfg.data_key(), "info": info, "tokens": [], "features": [], "labels": []}
+    data = {"key": cfg.data_key(), "info": info, "tokens": [], "features": [], "labels": [], "answer_from": []}
     b = bar(sum(len(c) for c in convs), "target answers and labels", "turn")
     reused = 0
     for start in range(0, len(convs), cfg.chunk):
@@ -191,14 +197,15 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
             b.update(sum(len(c) for c in chunk))
             reused += 1
         else:
-            sequences = answer_conversations(target, chunk, cfg, b)
+            sequences, starts = answer_conversations(target, chunk, cfg, b)
             feats, labels = label(target, sequences, cfg.label_batch)
             part = {"tokens": [torch.tensor(s, dtype=torch.int32) for s in sequences], "features": feats,
-                    "labels": labels}
+                    "labels": labels, "answer_from": starts}
             if path is not None:
                 save_atomic(part, path)
         for name in ("tokens", "features", "labels"):
             data[name] += part[name]
+        data["answer_from"] += part.get("answer_from") or [None] * len(part["tokens"])  # older parts: unknown
     b.close()
     info["sequences"] = len(data["tokens"])
     info["tokens"] = sum(len(s) for s in data["tokens"])

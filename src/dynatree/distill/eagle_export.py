@@ -31,11 +31,15 @@ def write_head(head, target, out: Path, cfg, info: dict, final: dict, history: l
     head.eval().save(out, extra={"trained": {"held_out": final, "steps": cfg.steps}})
     (out / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
     depth = " / ".join(f"{a:.1%}" for a in final["agreement_by_depth"])
+    answers = ""
+    if final.get("answer_agreement_by_depth"):  # the rows drafting meets: the target's answers
+        answers = "; on answer tokens only: " + " / ".join(f"{a:.1%}" for a in final["answer_agreement_by_depth"])
     (out / "README.md").write_text(
         f"# Feature head for {target.name}\n\nTrained with `dynatree distill --kind eagle` "
         f"({summary['parameters'] / 1e6:.1f}M parameters: one decoder layer over the target's features, "
         f"proposing from the {len(head.vocab_ids)} most frequent tokens, {final['vocab_coverage']:.1%} of held-out labels).\n"
-        f"Held-out top-1 agreement with the target at draft depth 1 / 2 / ...: {depth}.\n"
+        f"Held-out top-1 agreement with the target at draft depth 1 / 2 / ...: {depth}"
+        f"{answers}.\n"
         f"Use: `dynatree generate PROMPT --chat --target {target.name} --draft {out}`. Details in distill.json.\n"
     )
     return summary

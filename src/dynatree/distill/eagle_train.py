@@ -76,7 +76,8 @@ def _pass_mask(rows: int, depth: int) -> torch.Tensor:
 
 
 def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleConfig) -> tuple[torch.Tensor, list]:
-    """Loss and per-pass top-1 agreement (count, total) for a batch of sequences (see module doc)."""
+    """Loss and per-pass top-1 agreement (hits, rows, hits on answer rows, answer rows) for a batch
+    of sequences (see module doc); with `loss_rows` 'answers' the loss is taken on answer rows only."""
     from transformers import DynamicCache
 
     tokens, feats, labels, valid, positions = (batch[k] for k in ("tokens", "features", "labels", "valid", "positions"))
@@ -94,20 +95,25 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
         logits = out @ out_rows.T
         rows = valid & (torch.arange(L) >= depth - 1)[None]  # rows that exist at this depth
         learn = rows & batch["covered"]  # ... and whose label the sub-vocabulary holds
+        if cfg.loss_rows == "answers":
+            learn = learn & batch["answer"]
         if bool(learn.any()):
             ce = F.cross_entropy(logits[learn], batch["sub_labels"][learn], reduction="mean")
             total = total + (cfg.decay ** (depth - 1)) * ce
             if depth == 1 and cfg.feature_loss:
                 total = total + cfg.feature_loss * F.smooth_l1_loss(out[learn], batch["next_features"][learn])
         hit = (batch["head_vocab"][logits.argmax(-1)] == labels) & rows
-        stats.append((int(hit.sum()), int(rows.sum())))
+        answer = rows & batch["answer"]
+        stats.append((int(hit.sum()), int(rows.sum()), int((hit & answer).sum()), int(answer.sum())))
         prev = out
     return total, stats
 
 
 def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Tensor, head_vocab: torch.Tensor) -> dict:
     """Rows r of a sequence of n tokens (the last seq_len of 0..n-2): input token x_{r+1} at position
-    r+1 with feature f_r; label the target's argmax at r+1 and feature f_{r+1}. Right-padded."""
+    r+1 with feature f_r; label the target's argmax at r+1 and feature f_{r+1}. Right-padded. A row
+    is an answer row when its label is the target's choice of an answer token (position r+2 at or
+    after the answer's start; every row when the start is unknown): what drafting meets."""
     rows = [min(seq_len, len(data["tokens"][i]) - 1) for i in picked]
     L = max(rows)
     B = len(picked)
@@ -118,6 +124,8 @@ def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Ten
     labels = torch.full((B, L), -1, dtype=torch.long)
     positions = torch.zeros(B, L, dtype=torch.long)
     valid = torch.zeros(B, L, dtype=torch.bool)
+    answer = torch.zeros(B, L, dtype=torch.bool)
+    starts = data.get("answer_from") or [None] * len(data["tokens"])
     for b, (i, m) in enumerate(zip(picked, rows)):
         n = len(data["tokens"][i])
         start = n - 1 - m  # first row
@@ -129,30 +137,33 @@ def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Ten
         positions[b, :m] = r + 1
         positions[b, m:] = n + torch.arange(L - m)
         valid[b, :m] = True
+        answer[b, :m] = True if starts[i] is None else r + 2 >= starts[i]
     sub = sub_index[labels.clamp(min=0)]
     return {"tokens": tokens, "features": feats, "next_features": nxt, "labels": labels, "sub_labels": sub.clamp(min=0),
-            "valid": valid, "covered": sub >= 0,  # labels outside the sub-vocabulary: counted as misses, no loss
+            "valid": valid, "answer": answer, "covered": sub >= 0,  # labels outside the sub-vocabulary: counted as misses, no loss
             "positions": positions, "head_vocab": head_vocab}
 
 
 @torch.no_grad()
 def evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab) -> dict:
-    """Held-out top-1 agreement with the target per depth (pass), over all rows whose label the
-    sub-vocabulary holds, and the share of labels it holds."""
+    """Held-out top-1 agreement with the target per depth (pass), over all rows and over answer rows
+    (what drafting meets: the prompt's rows, the chat template's above all, are easier), and the
+    share of labels the sub-vocabulary holds."""
     head.eval()
-    hits = [[0, 0] for _ in range(cfg.unroll)]
+    hits = [[0, 0, 0, 0] for _ in range(cfg.unroll)]
     covered = total = 0
     for s in range(0, len(held), cfg.batch_size):
         batch = make_batch(data, held[s: s + cfg.batch_size], cfg.seq_len, sub_index, head_vocab)
         _, stats = unrolled_loss(head, embed, out_rows, batch, cfg)
-        for d, (h, n) in enumerate(stats):
-            hits[d][0] += h
-            hits[d][1] += n
+        for d, counts in enumerate(stats):
+            hits[d] = [a + b for a, b in zip(hits[d], counts)]
         real = batch["labels"] >= 0
         covered += int((sub_index[batch["labels"].clamp(min=0)] >= 0)[real].sum())
         total += int(real.sum())
     head.train()
-    return {"agreement_by_depth": [h / max(n, 1) for h, n in hits], "vocab_coverage": covered / max(total, 1)}
+    return {"agreement_by_depth": [h / max(n, 1) for h, n, _, _ in hits],
+            "answer_agreement_by_depth": [h / max(n, 1) for _, _, h, n in hits],
+            "vocab_coverage": covered / max(total, 1)}
 
 
 def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool = False, progress: bool = True,
@@ -222,19 +233,21 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
             group["lr"] = lr_at(step, cfg, floor=0.05)
         loss, stats = unrolled_loss(head, embed, out_rows, batch, cfg)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        if torch.is_tensor(loss):  # else no row of the batch had a label to learn (e.g. no answer row): no update
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+        loss = float(loss)
         step += 1
-        agree = [h / max(t, 1) for h, t in stats]
+        agree = [h / max(t, 1) for h, t, _, _ in stats]
         avg = agree if avg is None else [0.95 * a + 0.05 * b for a, b in zip(avg, agree)]
-        bar.set_postfix_str(f"step loss {loss.item():.3f} | moving avg agreement by depth "
+        bar.set_postfix_str(f"step loss {loss:.3f} | moving avg agreement by depth "
                             + " ".join(f"{a:.0%}" for a in avg),
                             refresh=False)
         bar.update(1)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             # the step's own loss, and agreement as a moving average (weight 0.05 per step)
-            history.append({"step": step, "train_step_loss": loss.item(), "train_agreement_moving_avg": avg,
+            history.append({"step": step, "train_step_loss": loss, "train_agreement_moving_avg": avg,
                             "held_out": evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab)})
             save_atomic({"model": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
                           "config": dataclasses.asdict(cfg), "train_s": prior_s + time.perf_counter() - t0}, ckpt_path)
