@@ -239,3 +239,18 @@ def test_a_draft_is_loaded_once_checked_against_its_target_and_named_as_its_spec
         load_draft(alone, other)
     with pytest.raises(DynaTreeError, match="draft model spec"):
         load_draft_model("ngram", target)
+
+
+def test_the_bench_refuses_a_draft_that_is_not_what_its_spec_says(prompt_file):
+    """runner.run's `drafts` map a --draft spec to its Draft or loaded model; a value that contradicts
+    its spec is a one-line error, never relabelled (a model under 'ngram' would run as a hybrid)."""
+    target = tiny("llama", eos_ids=[])
+    variants = presets.method_variants(["ar", "linear"], ["ngram"])
+    proto = runner.Protocol(dataset=str(prompt_file), n=1, warmup=0, max_new_tokens=[4])
+    for drafts, message in [({"ngram": target}, "must be a Draft or the draft model"),
+                            ({"tiny-draft": "tiny-draft"}, "must be a Draft or the draft model"),
+                            ({"tiny-draft": api.Hybrid(target)}, "must be a Draft or the draft model"),
+                            ({"tiny-draft": load_draft(api.Hybrid(target), target)}, "drafts as 'ngram\\+"),
+                            ({"ngram": load_draft(target, target)}, "not as that spec says")]:
+        with pytest.raises(DynaTreeError, match=message):
+            runner.run("custom", variants, proto, target, drafts, progress=False)

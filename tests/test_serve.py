@@ -504,6 +504,7 @@ def test_compiled_server_builds_its_graphs_in_the_warm_up_and_stays_exact():
                                                temperature=0, max_tokens=24)
         assert runtime.compiled_graphs() - before == 2  # nothing compiled while serving
         assert got.dynatree["compile"] is True
+        assert target.compile is False  # the setting travels with each request; the caller's model is not changed
         prompt = encode_prompt(tok, "w5 w9", chat=True)
         assert got.dynatree["completion_token_ids"] == hf_greedy(target, prompt, 24)
     finally:

@@ -63,8 +63,7 @@ def run(
     (checked against the target here); a spec not in it ('ngram') is loaded by each request.
     `texts` maps each data set to its prompts when already loaded (else loaded here).
     """
-    drafts = {spec: load_draft(d if isinstance(d, (Draft, Hybrid)) or not parse(spec).ngram else Hybrid(d), target)
-              for spec, d in drafts.items()}
+    drafts = {spec: _draft_for(spec, d, target) for spec, d in drafts.items()}
     protocol.validate()
     check_variants(variants)
     texts = texts if texts is not None else load_all(protocol)
@@ -220,6 +219,24 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, 
         "tokens_sha1": hashlib.sha1(json.dumps(ids).encode()).hexdigest(),
         "_ids": ids,
     }
+
+
+def _draft_for(spec: str, value, target: LoadedModel) -> Draft:
+    """The `Draft` a run's `drafts[spec]` gives (a Draft, the loaded model the spec names, or
+    Hybrid(model) for 'ngram+SPEC'), checked against the target; a value that is not what its spec
+    says is a one-line error, never relabelled."""
+    parsed = parse(spec)
+    if isinstance(value, (LoadedModel, FeatureHead)) and parsed.model is not None:
+        value = Hybrid(value) if parsed.ngram else value
+    elif isinstance(value, Hybrid) and parsed.model is not None and parsed.ngram:
+        pass
+    elif not isinstance(value, Draft):
+        raise DynaTreeError(f"drafts[{spec!r}] must be a Draft or the draft model that spec names, "
+                            f"got {type(value).__name__}")
+    draft = load_draft(value, target)
+    if (draft.ngram, draft.model is None) != (parsed.ngram, parsed.model is None):
+        raise DynaTreeError(f"drafts[{spec!r}] drafts as {draft.name!r}, not as that spec says")
+    return draft
 
 
 def draft_lms(drafts: dict[str, Draft]) -> dict[str, LoadedModel | FeatureHead]:

@@ -216,7 +216,7 @@ class DynaTreePolicy(TreePolicy):
             g = self._growth
             if not self._probe:  # a probe's first call catches up on the tokens of the idle spell: not a usual forward
                 self.costs.learn(g.levels, g.forwards, len(tree.tokens), timing.draft_s, timing.verify_s)
-            self._learn(tree, path, bonus)
+            last = self._learn(tree, path)
             if self._probe and g.forwards:  # judged with what it taught, then on what it achieved
                 plain = self._plain_rate()
                 expected = self._worth(self._drafted, self.costs.drafting(g.levels, g.forwards))[1]
@@ -226,6 +226,9 @@ class DynaTreePolicy(TreePolicy):
                 else:
                     self.backoff = self.backoff // 2 if achieved >= plain else min(2 * self.backoff, BACKOFF_MAX)
                 self.idle = self.backoff
+            if last is not None:  # the bonus: the target's choice at the last accepted node, learnt after a
+                grown, node = last  # probe is judged on what the verified nodes taught (as the policy was tuned)
+                self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: bonus})
         if not c.history or tree.n_drafted == 0:
             return
         self.window.append(len(path) / tree.n_drafted)
@@ -233,20 +236,21 @@ class DynaTreePolicy(TreePolicy):
         self.d0 = min(max(self.d0 + c.eta_depth * error, 1.0), c.d_max - 1.0)
         self.tau_h = min(max(self.tau_h - c.eta_tau * error, c.tau_l), 1.0)
 
-    def _learn(self, tree: Tree, path: list[int], bonus: int) -> None:
+    def _learn(self, tree: Tree, path: list[int]) -> tuple[TreeBuilder, int] | None:
         """Calibrate acceptance on a verified tree. Greedy, from the tree as drafted: the target's
-        choice at each accepted node is the next accepted token, and the bonus at the last one, so
-        nodes cut before verification count too."""
+        choice at each accepted node is the next accepted token, so nodes cut before verification
+        count too; returns (that tree, its last accepted node), whose choice is the bonus token
+        (learnt by `observe`), or None (sampling: the bonus is a draw; or nothing drafted)."""
         grown, self._grown = self._grown, None
         if grown is None and tree.n_drafted == 0:  # nothing drafted (an idle iteration): nothing to learn
-            return
-        if grown is None:  # sampling (the next root is a draw): the verified nodes only
+            return None
+        if grown is None:  # sampling: the verified nodes only
             self.calibration.observe(tree.parents.tolist(), tree.logp.tolist(), {0, *path})
-            return
+            return None
         chain = [0, *tree.drafted_nodes(path)]  # the accepted nodes as drafted
         choices = {a: grown.tokens[b] for a, b in zip(chain, chain[1:])}
-        choices[chain[-1]] = bonus
         self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, choices)
+        return grown, chain[-1]
 
     def state(self) -> dict:
         """The adapted parameters as they are now, and the cost curve the tree sizes were chosen on."""

@@ -133,7 +133,6 @@ class Engine:
             s = self.settings
             target = s.target if isinstance(s.target, LoadedModel) else load_model(
                 s.target, device=s.device, dtype=s.dtype, linear=s.linear, weights=s.weights)
-            target.compile = s.compile  # the server's setting, for every request (never switched per call)
             self.target = target
             self.tokenizer = copy.deepcopy(target.tokenizer)
             self.draft = load_draft(s.draft, target, s.linear)  # once, for every request that drafts
@@ -204,7 +203,7 @@ class Engine:
         return api.prepare(Request(method=method, options=options, target=self.target,
                                    draft=self.draft if spec.draft != "none" else None, prompt_ids=ids,
                                    max_new_tokens=max_new_tokens, seed=seed, ngram_max=self.settings.ngram_max,
-                                   kv_window=self.window, **sampling))
+                                   kv_window=self.window, compile=self.settings.compile and spec.compilable, **sampling))
 
     def submit(self, job: Job) -> None:
         """Queue a job; QueueFull when `settings.queue` jobs wait already."""
