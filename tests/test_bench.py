@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -228,6 +229,7 @@ def fixed_results(kind: str, drafts: tuple[str, ...] = ("ngram",)) -> dict:
                          "kv_window": v.kv_window, "config": v.options} for v in variants],
            "records": records}
     res["aggregates"] = results.aggregate(records)
+    res["declared"] = presets.declared(kind, variants)
     return res
 
 
@@ -262,6 +264,30 @@ def test_wetap_report_has_m_speed_ppl_per_data_set_and_marks_the_lossy_rule():
     assert "sampling: temperature 1.0, top-k 10, top-p 0.9" in md
     throughput = md[md.index("**Throughput**"):md.index("**Latency**")]  # labelled in every table (issue 37)
     assert "| wetap (lossy) |" in throughput and "| wetap (exact verify) |" in throughput
+
+
+def test_each_preset_declares_its_headline_before_it_runs_and_the_report_leads_with_it(prompt_file):
+    """Issue 27: the configuration a preset declares is fixed by its rules before any run (never the
+    best row afterwards); a sweep declares none; the report and the CLI say which it is."""
+    shipped = ["ngram", "tiny-draft", "ngram+tiny-draft"]
+    expect = {"main": "dynatree", "ablation": "+ history adaptation", "length": "dynatree",
+              "streaming": "dynatree", "wetap-main": "wetap", "wetap-ablation": "WETAP",
+              "fixed-sweep": None, "dynatree-sensitivity": None, "wetap-gamma": None}
+    for preset, label in expect.items():
+        assert presets.declared(preset, presets.variants(preset, "small", ["ngram"])) == label, preset
+    for preset in ("perf", "draft"):  # eager cost-aware DynaTree, the n-gram drafter backed by the draft
+        assert presets.declared(preset, presets.variants(preset, "small", shipped)) == \
+            "dynatree[ngram+tiny-draft] +cost-aware"
+    compiled = [dataclasses.replace(v, compile=True) for v in presets.variants("perf", "small", shipped)]
+    assert presets.declared("perf", compiled) == "dynatree[ngram+tiny-draft] +cost-aware +compile"  # --compile
+    md = report.render(fixed_results("main"))
+    assert "- declared configuration (before the run, the headline; every other row is for comparison): " \
+           "`dynatree`: fixture, T = 8: " in md
+    assert "- declared configuration: none (a sweep" in report.render(fixed_results("fixed-sweep"))
+    variants = presets.method_variants(["ar", "linear"], ["ngram"])
+    proto = runner.Protocol(dataset=str(prompt_file), n=1, warmup=0, max_new_tokens=[4])
+    with pytest.raises(DynaTreeError, match="declared configuration 'dynatree' is not a variant"):
+        runner.run("main", variants, proto, tiny("llama", eos_ids=[]), {}, progress=False, declared="dynatree")
 
 
 def test_wetap_presets_hold_every_row_of_the_papers_tables():
@@ -530,10 +556,11 @@ def test_bench_bad_input(capsys, argv, message):
 def test_cost_aware_given_to_a_preset_relabels_its_rows(monkeypatch):
     """Issue 37 item 7: `bench --preset main --cost-aware` rows are 'dynatree +cost-aware', not plain 'dynatree'."""
     seen = {}
-    monkeypatch.setattr(commands, "_execute", lambda args, experiment, variants, protocol: seen.update(
-        {v.label: v.options for v in variants}) or 0)
+    monkeypatch.setattr(commands, "_execute", lambda args, experiment, variants, protocol, headline: seen.update(
+        {v.label: v.options for v in variants}, headline=headline) or 0)
     assert main(["bench", "--preset", "main", "--cost-aware", "--draft", "ngram"]) == 0
     assert seen["dynatree +cost-aware"] == {"cost_aware": True} and "dynatree" not in seen
+    assert seen["headline"] == "dynatree +cost-aware"  # declared from the rows as they will run
 
 
 def test_method_variants_label_cost_aware_rows_as_presets_do():

@@ -12,7 +12,7 @@ from ..errors import DynaTreeError, check_out_dir
 from ..sampling import sampling_config
 from ..methods import get_method, make_config
 from ..prompts import DATASETS, L_MAX, SPEC_BENCH_TASKS
-from .presets import PRESETS, dataset_default, method_variants, protocol_defaults, sampling_defaults, variants
+from .presets import PRESETS, dataset_default, declared, method_variants, protocol_defaults, sampling_defaults, variants
 from .results import at, datasets, load, marked_lossy, settings
 from .plan import Protocol, Variant, check_variants
 
@@ -152,7 +152,8 @@ def _given_options(args) -> dict:
     return {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
 
 
-def _execute(args, experiment: str, variant_list: list[Variant], protocol: Protocol) -> int:
+def _execute(args, experiment: str, variant_list: list[Variant], protocol: Protocol,
+             headline: str | None = None) -> int:
     from ..draftload import Draft, load_draft
     from ..models import load_model
     from . import report, runner
@@ -172,7 +173,7 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
             model = models[spec.model]
         loaded[spec.text] = Draft(ngram=spec.ngram, model=model, target=target)
     runner.run(experiment, variant_list, protocol, target, loaded, out_dir=out, progress=not args.no_progress,
-               command=["dynatree", *args.argv], texts=texts)
+               command=["dynatree", *args.argv], texts=texts, declared=headline)
     paths = report.write(out)
     results = load(out)
     setting = max(settings(results))
@@ -190,6 +191,7 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
         for dataset in sets:
             print(f"-- {dataset}, T = {t_new}, L_max = {l_max}")
             print(report.main_tables(at(results, t_new, l_max, dataset), marked).split("\n\n**Latency**")[0])
+    print(report.declared_line(results).removeprefix("- "))
     print(f"\nwrote {', '.join(str(p) for p in [out / 'results.json', *paths])}")
     return 0
 
@@ -233,7 +235,9 @@ def cmd_bench(args) -> int:
     if unused:
         raise DynaTreeError(f"option --{unused[0].replace('_', '-')} applies to none of the methods in this run")
     _check_drafts_used(args, drafts, variant_list)
-    return _execute(args, experiment, variant_list, _protocol(args, args.preset if not args.methods else "main"))
+    headline = None if args.methods is not None else declared(args.preset, variant_list)
+    return _execute(args, experiment, variant_list, _protocol(args, args.preset if not args.methods else "main"),
+                    headline)
 
 
 def cmd_sweep(args) -> int:

@@ -239,6 +239,36 @@ def variants(preset: str, scale: str, drafts: list[str]) -> list[Variant]:
     raise DynaTreeError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
 
 
+SWEEPS = {"fixed-sweep", "dynatree-sensitivity", *WETAP_GRIDS}  # presets that vary one method: no headline row
+
+
+def declared(preset: str, variant_list: list[Variant]) -> str | None:
+    """The configuration a preset declares before it runs (the label of the row its report and the
+    README lead with, never the best row picked afterwards), or None for a sweep.
+
+      main, length, prompt-length, streaming  DynaTree (the papers' method), first drafter
+      ablation        the whole DynaTree (its last stage); wetap-ablation the whole WETAP
+      wetap-main      WETAP with its own (beam) verification, first drafter
+      perf, draft     eager cost-aware DynaTree (compiled under --compile) with the last drafter given: with the default
+                      drafters, the n-gram drafter backed by the shipped draft (as `make demo`)
+    """
+    preset = ALIASES.get(preset, preset)
+    if preset in SWEEPS:
+        return None
+    rules = {
+        "ablation": lambda v: v.tags.get("stage") == 2,
+        "wetap-ablation": lambda v: v.tags.get("stage") == 2,
+        "wetap-main": lambda v: v.method == "wetap" and v.options.get("verify") == "beam",
+        "perf": lambda v: v.method == "dynatree" and v.options.get("cost_aware"),
+        "draft": lambda v: v.method == "dynatree" and v.options.get("cost_aware"),
+    }
+    rule = rules.get(preset, lambda v: v.method == "dynatree" and v.kv_window is None)
+    found = [v for v in variant_list if rule(v)]
+    if preset in ("perf", "draft"):
+        found = ([v for v in found if not v.compile] or found)[-1:]  # eager, unless --compile made every row compiled
+    return found[0].label if found else None
+
+
 def protocol_defaults(preset: str, scale: str) -> tuple[int, int, list[int], list[int] | None]:
     if scale not in SCALES:
         raise DynaTreeError(f"unknown scale {scale!r}; choose small or paper")

@@ -261,12 +261,26 @@ def header(results: dict) -> str:
         lines.insert(-1, f"- {', '.join(universal)}: the draft's vocabulary size differs from the target's, so "
                          "transformers ran universal assisted decoding (re-tokenizing the draft's text each "
                          "iteration; slower than plain assisted decoding)")
+    lines.insert(-1, declared_line(results))
     window = p.get("kv_window")
     lines += ["**Variants**", "", _table(["Label", "Method", "Draft", "KV window", "Config"],
               [[v["label"], v["method"], v["draft"] or "-", v.get("kv_window") or window or "-",
                 ", ".join(f"{k}={val}" for k, val in v["config"].items()) or "-"]
                for v in results["variants"]])]
     return "\n".join(lines)
+
+
+def declared_line(results: dict) -> str:
+    """The configuration declared before the run and its figures, or that none was (a sweep)."""
+    label = results.get("declared")
+    if label is None:
+        return ("- declared configuration: none (a sweep or a custom method list): every row is one variant "
+                "among others, none is a headline")
+    mine = [a for a in results.get("aggregates", []) if a["variant"] == label]
+    figures = "; ".join(f"{a['dataset']}, T = {a['max_new_tokens']}: {_speedup(a)} over `{a['reference']}`"
+                        for a in mine)
+    return (f"- declared configuration (before the run, the headline; every other row is for comparison): "
+            f"`{label}`{': ' + figures if figures else ''}")
 
 
 def _lossy_rules(results: dict, labels: list[str]) -> str:

@@ -56,20 +56,26 @@ def run(
     progress: bool = True,
     command: list[str] | None = None,
     texts: dict[str, list[Prompt]] | None = None,
+    declared: str | None = None,
 ) -> dict:
     """Run the protocol; write `out_dir/results.json` after every prompt; return the results.
 
     `drafts` maps --draft specs (canonical text) to a `Draft`, or to the loaded model the spec names
     (checked against the target here); a spec not in it ('ngram') is loaded by each request.
     `texts` maps each data set to its prompts when already loaded (else loaded here).
+    `declared` is the label of the configuration declared before the run (presets.declared), the
+    report's headline; None: none (a sweep or a custom method list).
     """
     drafts = {spec: _draft_for(spec, d, target) for spec, d in drafts.items()}
     protocol.validate()
     check_variants(variants)
+    if declared is not None and declared not in {v.label for v in variants}:
+        raise DynaTreeError(f"the declared configuration {declared!r} is not a variant of this run")
     texts = texts if texts is not None else load_all(protocol)
     results = {
         "schema": SCHEMA,
         "experiment": experiment,
+        "declared": declared,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": command if command is not None else sys.argv,
         "complete": False,
