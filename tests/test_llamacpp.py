@@ -54,7 +54,7 @@ def test_llamacpp_decodes_the_embedded_gguf_greedily():
     ours = generate(question, "ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
     theirs = generate(question, "llamacpp-ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
     assert len(theirs.new_token_ids) == 12 and theirs.stats.iterations == 12
-    assert theirs.run.engine == "llama.cpp" and theirs.run.weights == "gguf"
+    assert theirs.run.engine == "llama.cpp" and theirs.run.weights == "GGUF Q4_1 x210, Q8_0 (token_embd.weight)"
     assert "Paris" in theirs.text and "Paris" in ours.text
     assert theirs.new_token_ids[:3] == ours.new_token_ids[:3]  # the same model, decoded by another engine
     again = generate(question, "llamacpp-ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
@@ -68,3 +68,21 @@ def test_llamacpp_refuses_runs_longer_than_its_context(monkeypatch):
     with pytest.raises(DynaTreeError, match=r"^llamacpp-ar: prompt \(2 tokens\) \+ max_new_tokens \(7\) exceeds the "
                                             r"8 tokens of llama\.cpp's context here$"):
         generate(method="llamacpp-ar", target=_gguf_tiny(), prompt_ids=[5, 6], max_new_tokens=7)
+
+
+def test_llamacpp_rows_are_labelled_with_the_quantized_format_they_read():
+    """llama.cpp reads the GGUF file's own 4-bit matrices: its run records and its bench rows name
+    the storage types, so it is never mistaken for a float32 comparison."""
+    from dynatree.bench import report, results
+    from dynatree.embedded import DEFAULT_TARGET, EMBEDDED
+    from dynatree.llamacpp import gguf_format
+    from dynatree.models import _embedded_gguf
+
+    label = gguf_format(_embedded_gguf(EMBEDDED[DEFAULT_TARGET]))
+    assert label == "GGUF Q4_1 x210, Q8_0 (token_embd.weight)"
+    stats = {k: 1.0 for k in results.STATS}
+    records = [{"variant": v, "method": v, "draft": None, "prompt_index": 0, "warmup": False, "max_new_tokens": 8,
+                "l_max": 800, "prompt_tokens": 5, "stats": stats, "matches_ar": True, "weights": w}
+               for v, w in (("ar", "dense"), ("llamacpp-ar", label))]
+    table = report.main_tables(results.aggregate(records))
+    assert f"| llamacpp-ar ({label}) |" in table and "| ar | - |" in table

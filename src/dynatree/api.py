@@ -16,7 +16,7 @@ from .draftspec import Hybrid  # noqa: F401 (re-exported: dynatree.api.Hybrid(mo
 from .errors import DynaTreeError
 from .featurehead import FeatureHead
 from .kernels import linear_kernel
-from .llamacpp import LlamaCppArConfig, llamacpp_generate
+from .llamacpp import LlamaCppArConfig, gguf_format, llamacpp_generate
 from .weights import inexact_greedy
 from .llamacpp import check_target as check_llamacpp
 from .methods import get_method, is_lossy
@@ -113,7 +113,7 @@ class Prepared:
             chat=self.chat,
             device=str(tgt.device),
             dtype="gguf" if llama else str(tgt.dtype).removeprefix("torch."),
-            weights="gguf" if llama else tgt.weights,
+            weights=gguf_format(tgt.gguf) if llama else tgt.weights,
             weights_note=None if llama else tgt.weights_note,
             compile=self.compile,
             engine=engine,

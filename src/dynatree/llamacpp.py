@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,22 @@ def _close_all() -> None:
     for llm in _LOADED.values():
         llm.close()
     _LOADED.clear()
+
+
+@functools.lru_cache(maxsize=8)
+def gguf_format(gguf: Path) -> str:
+    """What llama.cpp reads from a GGUF file, for labels: the storage types of its weight matrices,
+    most common first, the rarer ones with the tensors they hold (the embedded SmolLM2:
+    "GGUF Q4_1 x210, Q8_0 (token_embd.weight)")."""
+    from gguf import GGUFReader
+
+    kinds: dict[str, list[str]] = {}
+    for tensor in GGUFReader(str(gguf)).tensors:
+        if len(tensor.shape) >= 2:  # matrices: what decoding reads (norms and biases are tiny)
+            kinds.setdefault(tensor.tensor_type.name, []).append(tensor.name)
+    parts = [f"{kind} x{len(names)}" if len(names) > 2 else f"{kind} ({', '.join(sorted(names))})"
+             for kind, names in sorted(kinds.items(), key=lambda kv: -len(kv[1]))]
+    return "GGUF " + ", ".join(parts)
 
 
 def _llama(gguf: Path, context: int, threads: int):

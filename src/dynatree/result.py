@@ -46,7 +46,7 @@ class RunInfo:
     chat: bool  # the prompt went through the chat template
     device: str
     dtype: str  # the target's compute dtype ("gguf": llama.cpp decoded the file as stored)
-    weights: str  # the target's weight format (weights.py; "gguf" for llama.cpp)
+    weights: str  # the target's weight format (weights.py; for llama.cpp the GGUF file's storage types, `gguf_format`)
     weights_note: str | None  # what a low-bit format converted, or why it fell back to dense
     compile: bool  # decode steps through torch.compile
     engine: str  # who decoded: "dynatree", "transformers" or "llama.cpp"

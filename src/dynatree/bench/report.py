@@ -147,7 +147,9 @@ def _speedup(a: dict) -> str:
 
 def main_tables(aggs: list[dict], lossy_variants=frozenset()) -> str:
     """Throughput, latency, efficiency and memory tables; `lossy_variants` labelled "(lossy)"."""
-    aggs = [{**a, "variant": a["variant"] + (" (lossy)" if a["variant"] in lossy_variants else "")} for a in aggs]
+    aggs = [{**a, "variant": a["variant"] + (" (lossy)" if a["variant"] in lossy_variants else "")
+             + (f" ({a['weights']})" if a.get("weights") and a["method"].startswith("llamacpp") else "")}
+            for a in aggs]  # llama.cpp rows name the quantized format they read
     ar = next((a for a in aggs if a["variant"] == "ar"), None)
     ar_mem = ar["mean"]["peak_mem_mb"] if ar else None
     out = ["**Throughput**", "", _table(

@@ -80,7 +80,7 @@ def aggregate(records: list[dict], order: list[str] | None = None) -> list[dict]
         ref = refs[variant]
         agg = {"variant": variant, "method": rows[0]["method"], "draft": rows[0]["draft"], "dataset": setting[0],
                "max_new_tokens": setting[1], "l_max": setting[2], "n": len(rows), "reference": ref,
-               "compile": rows[0].get("compile", False), "mean": {}, "std": {}}
+               "compile": rows[0].get("compile", False), "weights": rows[0].get("weights"), "mean": {}, "std": {}}
         for stat in STATS:
             agg["mean"][stat], agg["std"][stat] = mean_std([r["stats"].get(stat) for r in rows])
         agg["mean"]["prompt_tokens"], agg["std"]["prompt_tokens"] = mean_std([r["prompt_tokens"] for r in rows])

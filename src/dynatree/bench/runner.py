@@ -219,6 +219,7 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, 
         "prompt_tokens": rec.prompt_tokens,
         "kv_window": rec.run.kv_window,
         "compile": rec.run.compile,
+        "weights": rec.run.weights,  # the weight format read (llama.cpp: the GGUF file's storage types)
         "stats": dataclasses.asdict(rec.stats),
         "policy_state": rec.policy_state,
         "seed": rec.run.seed,
