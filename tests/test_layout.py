@@ -22,6 +22,18 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def imported_names(node: ast.Import | ast.ImportFrom, package: str) -> set[str]:
+    """The module names an import statement inside `package` names (relative ones resolved); for
+    `from M import x`, both M and M.x (x may be a module)."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(anchor + ([base] if base else []))
+    return {base} | {f"{base}.{a.name}" for a in node.names}
+
+
 def module_level_imports(everything: bool = False) -> dict[str, set[str]]:
     """dynatree module -> the dynatree modules it imports when it is imported (statements at module
     level, `if` blocks included; imports inside functions run later and cannot form a cycle).
@@ -37,15 +49,8 @@ def module_level_imports(everything: bool = False) -> dict[str, set[str]]:
             if isinstance(node, (ast.If, ast.Try)):
                 statements += node.body + node.orelse + getattr(node, "finalbody", [])
                 statements += [s for h in getattr(node, "handlers", []) for s in h.body]
-            elif isinstance(node, ast.Import):
-                found |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
-                found.add(base)
-                found |= {f"{base}.{a.name}" for a in node.names}  # `from . import x`: x may be a module
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                found |= imported_names(node, package)
         graph[name] = found if everything else {m for m in found if m in modules and m != name}
     return graph
 
@@ -106,14 +111,8 @@ def imports_anywhere(path: Path) -> set[str]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found |= imported_names(node, package)
     return {m for m in found if m.startswith("dynatree")}
 
 
