@@ -39,8 +39,8 @@ def test_what_llamacpp_cannot_run_is_a_one_line_error(kwargs, message):
 
 def test_without_the_binding_llamacpp_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
-    with pytest.raises(DynaTreeError, match=r"^llamacpp-ar needs the llama-cpp-python package: pip install "
-                                            r"llama-cpp-python"):
+    with pytest.raises(DynaTreeError, match=r"^llamacpp-ar and llamacpp-lookup need the llama-cpp-python package: "
+                                            r"pip install llama-cpp-python"):
         generate(method="llamacpp-ar", target=_gguf_tiny(), prompt_ids=[5, 6], max_new_tokens=2)
 
 
@@ -59,6 +59,34 @@ def test_llamacpp_decodes_the_embedded_gguf_greedily():
     assert theirs.new_token_ids[:3] == ours.new_token_ids[:3]  # the same model, decoded by another engine
     again = generate(question, "llamacpp-ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
     assert again.new_token_ids == theirs.new_token_ids  # each run starts from an empty cache
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"sample": True}, r"^llamacpp-lookup decodes greedily only"),
+    ({"prompt_lookup_num_tokens": 0}, r"--prompt-lookup-num-tokens must be at least 1, got 0"),
+    ({"draft": "ngram"}, r"draft \(--draft\) does not apply to 'llamacpp-lookup'"),
+])
+def test_llamacpp_lookup_refuses_what_it_cannot_run(kwargs, message):
+    with pytest.raises(DynaTreeError, match=message):
+        generate(method="llamacpp-lookup", target=_gguf_tiny(), prompt_ids=[5, 6], **{"max_new_tokens": 2, **kwargs})
+    with pytest.raises(DynaTreeError, match=r"^llamacpp-lookup runs llama\.cpp on the target's GGUF file"):
+        generate(method="llamacpp-lookup", target=tiny("llama"), prompt_ids=[5, 6], max_new_tokens=2)
+
+
+@pytest.mark.slow
+def test_llamacpp_lookup_is_llama_cpps_own_speculative_mode_with_its_passes_counted():
+    """llama.cpp's prompt-lookup decoding (the binding's speculative mode) on a prompt that repeats
+    itself: the same tokens as llama.cpp's one-token greedy decoding, in fewer passes, its drafts counted."""
+    pytest.importorskip("llama_cpp")
+    from dynatree.models import load_model
+
+    target = load_model("smollm2-135m", weights="q4")
+    text = "Repeat this list exactly three times: apple, banana, cherry, date, elderberry, fig, grape."
+    plain = generate(text, "llamacpp-ar", target=target, chat=True, max_new_tokens=48, ignore_eos=True)
+    fast = generate(text, "llamacpp-lookup", target=target, chat=True, max_new_tokens=48, ignore_eos=True)
+    assert fast.new_token_ids == plain.new_token_ids and fast.run.engine == "llama.cpp"
+    assert fast.stats.iterations < 48 and fast.stats.drafted_tokens > 0 and fast.stats.accepted_tokens > 0
+    assert fast.stats.accepted_tokens == 48 - fast.stats.iterations
 
 
 def test_llamacpp_refuses_runs_longer_than_its_context(monkeypatch):

@@ -16,7 +16,7 @@ from .draftspec import Hybrid  # noqa: F401 (re-exported: dynatree.api.Hybrid(mo
 from .errors import DynaTreeError
 from .featurehead import FeatureHead
 from .kernels import linear_kernel
-from .llamacpp import LlamaCppArConfig, gguf_format, llamacpp_generate
+from .llamacpp import LlamaCppArConfig, LlamaCppLookupConfig, gguf_format, llamacpp_generate
 from .weights import inexact_greedy
 from .llamacpp import check_target as check_llamacpp
 from .methods import get_method, is_lossy
@@ -173,7 +173,7 @@ def prepare(request: Request | Checked) -> Prepared:
                 f"context length {limit} of {model.name!r}"
             )
     if spec.engine == "llama.cpp":
-        check_llamacpp(tgt, len(prompt_ids), r.max_new_tokens, checked.sampling)
+        check_llamacpp(tgt, len(prompt_ids), r.max_new_tokens, checked.sampling, r.method)
     return Prepared(method=r.method, config=checked.config, target=tgt, draft=draft,
                     prompt_ids=prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos, chat=r.chat,
                     seed=r.seed, ngram_max=r.ngram_max, window=window, sampling=checked.sampling,
@@ -184,9 +184,10 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> 
     """Decode a prepared request once and return its result (transformers' generate()
     for the hf-* methods, dynatree's decoder for the others)."""
     tgt = job.target
-    if isinstance(job.config, LlamaCppArConfig):
+    if isinstance(job.config, (LlamaCppArConfig, LlamaCppLookupConfig)):
+        lookup = job.config if isinstance(job.config, LlamaCppLookupConfig) else None
         new_ids, stats = llamacpp_generate(tgt, job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens,
-                                           job.sampling)
+                                           job.sampling, lookup)
         return job.result(new_ids, stats)
     if not job.ours:
         torch.manual_seed(job.seed)

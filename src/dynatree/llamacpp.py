@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .config import option, positive
 from .errors import DynaTreeError
 from .stats import Clock, PeakMemory, Stats
 
@@ -33,6 +35,19 @@ MAX_CONTEXT = 4096
 @dataclass
 class LlamaCppArConfig:
     """llama.cpp's plain greedy decoding of the target's GGUF file (llama-cpp-python)."""
+
+
+@dataclass
+class LlamaCppLookupConfig:
+    """llama.cpp's own speculative mode in the binding: prompt-lookup decoding (llama-cpp-python's
+    `LlamaPromptLookupDecoding` drafts the continuation of the last matching n-gram; one llama.cpp
+    pass verifies it), greedy. Same options as transformers' prompt lookup (hf-lookup)."""
+
+    prompt_lookup_num_tokens: int = option(10, "candidate tokens copied from the matched n-gram's continuation")
+    max_matching_ngram_size: int = option(2, "longest n-gram llama.cpp's lookup tries to match")
+
+    def validate(self) -> None:
+        positive(self, "prompt_lookup_num_tokens", "max_matching_ngram_size")
 
 
 _LOADED: dict[tuple, object] = {}  # (file, context, threads) -> llama_cpp.Llama, loaded once per process
@@ -63,46 +78,71 @@ def gguf_format(gguf: Path) -> str:
     return "GGUF " + ", ".join(parts)
 
 
-def _llama(gguf: Path, context: int, threads: int):
-    key = (str(gguf), context, threads)
+def _llama(gguf: Path, context: int, threads: int, lookup: LlamaCppLookupConfig | None = None):
+    """The binding's model for a file, context and thread count (with `lookup`, its prompt-lookup
+    draft model, wrapped to count the passes), loaded once per process."""
+    key = (str(gguf), context, threads, None if lookup is None else dataclasses.astuple(lookup))
     if key not in _LOADED:
         try:
             from llama_cpp import Llama
         except ImportError:
-            raise DynaTreeError("llamacpp-ar needs the llama-cpp-python package: pip install llama-cpp-python "
-                                "(builds llama.cpp from source, a few minutes)") from None
+            raise DynaTreeError("llamacpp-ar and llamacpp-lookup need the llama-cpp-python package: pip install "
+                                "llama-cpp-python (builds llama.cpp from source, a few minutes)") from None
+        draft = None if lookup is None else _counting_lookup(lookup)
         with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):
             _LOADED[key] = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
-                                 verbose=False)
+                                 draft_model=draft, verbose=False)
     return _LOADED[key]
+
+
+def _counting_lookup(config: LlamaCppLookupConfig):
+    """The binding's prompt-lookup draft model, counting its calls and drafted tokens: it is asked
+    once after every llama.cpp pass that sampled a token (the prefill's and each verification's),
+    so its calls are the passes of a run."""
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    class Counting(LlamaPromptLookupDecoding):
+        calls = drafted = 0
+
+        def __call__(self, input_ids, *args, **kwargs):
+            out = super().__call__(input_ids, *args, **kwargs)
+            self.calls += 1
+            self.drafted += len(out)
+            return out
+
+    return Counting(max_ngram_size=config.max_matching_ngram_size, num_pred_tokens=config.prompt_lookup_num_tokens)
 
 
 def context_for(target_context: int | None) -> int:
     return min(target_context or MAX_CONTEXT, MAX_CONTEXT)
 
 
-def check_target(target, prompt_tokens: int, max_new_tokens: int, sampling) -> None:
-    """One-line errors for what llamacpp-ar cannot run, before any decoding."""
+def check_target(target, prompt_tokens: int, max_new_tokens: int, sampling, method: str = "llamacpp-ar") -> None:
+    """One-line errors for what llama.cpp (llamacpp-ar, llamacpp-lookup) cannot run, before any decoding."""
     if target.gguf is None:
-        raise DynaTreeError(f"llamacpp-ar runs llama.cpp on the target's GGUF file; {target.name!r} was not loaded "
+        raise DynaTreeError(f"{method} runs llama.cpp on the target's GGUF file; {target.name!r} was not loaded "
                             "from one (use the embedded model or a .gguf path)")
     if target.device.type != "cpu":
-        raise DynaTreeError("llamacpp-ar runs llama.cpp on the CPU; load the target with --device cpu")
+        raise DynaTreeError(f"{method} runs llama.cpp on the CPU; load the target with --device cpu")
     if sampling is not None:
-        raise DynaTreeError("llamacpp-ar decodes greedily only (its samplers differ from dynatree's); drop --sample")
+        raise DynaTreeError(f"{method} decodes greedily only (its samplers differ from dynatree's); drop --sample")
     context = context_for(target.context_length)
     if prompt_tokens + max_new_tokens > context:
-        raise DynaTreeError(f"llamacpp-ar: prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) "
+        raise DynaTreeError(f"{method}: prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) "
                             f"exceeds the {context} tokens of llama.cpp's context here")
 
 
 def llamacpp_generate(target, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False,
-                      on_tokens=None, sampling=None) -> tuple[list[int], Stats]:
-    """Greedy decoding by llama.cpp of the target's GGUF file; new tokens and stats (one pass per token)."""
-    check_target(target, len(prompt_ids), max_new_tokens, sampling)
-    llm = _llama(target.gguf, context_for(target.context_length), torch.get_num_threads())
+                      on_tokens=None, sampling=None, lookup: LlamaCppLookupConfig | None = None
+                      ) -> tuple[list[int], Stats]:
+    """Greedy decoding by llama.cpp of the target's GGUF file, one pass per token, or with `lookup`
+    its prompt-lookup speculative mode; new tokens and stats."""
+    check_target(target, len(prompt_ids), max_new_tokens, sampling, "llamacpp-ar" if lookup is None else "llamacpp-lookup")
+    llm = _llama(target.gguf, context_for(target.context_length), torch.get_num_threads(), lookup)
     eos = set() if ignore_eos else set(target.eos_ids)
     llm.reset()  # an empty cache: no prefix of an earlier run reused
+    if lookup is not None:
+        llm.draft_model.calls = llm.draft_model.drafted = 0
     memory, clock = PeakMemory(torch.device("cpu")), Clock(torch.device("cpu"))
     new_ids, ttft = [], None
     for token in llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
@@ -114,6 +154,10 @@ def llamacpp_generate(target, prompt_ids: list[int], max_new_tokens: int, ignore
         if len(new_ids) >= max_new_tokens or token in eos:
             break
     wall = clock.elapsed()
-    stats = Stats(new_tokens=len(new_ids), iterations=len(new_ids), drafted_tokens=0, accepted_tokens=0,
+    passes, drafted = len(new_ids), 0
+    if lookup is not None:  # the last pass's own drafts were never verified when the run stopped there
+        passes, drafted = max(llm.draft_model.calls, 1), llm.draft_model.drafted
+    stats = Stats(new_tokens=len(new_ids), iterations=passes, drafted_tokens=drafted,
+                  accepted_tokens=max(len(new_ids) - passes, 0),
                   ttft_s=ttft if ttft is not None else wall, wall_s=wall, peak_mem_mb=memory.peak_mb())
     return new_ids, stats

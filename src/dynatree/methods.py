@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .config import field_type
 from .errors import DynaTreeError
-from .llamacpp import LlamaCppArConfig
+from .llamacpp import LlamaCppArConfig, LlamaCppLookupConfig
 from .peers import HfArConfig, HfAssistedConfig, HfLookupConfig
 from .policies.dynatree import DynaTreeConfig, DynaTreePolicy
 from .policies.baselines import (
@@ -62,6 +62,9 @@ METHODS = {
         Method("llamacpp-ar", LlamaCppArConfig, None, "none",
                "llama.cpp greedy on the target's GGUF file (pip install llama-cpp-python)", "llama.cpp",
                "llama.cpp runs its own native kernels; there is no torch graph to compile"),
+        Method("llamacpp-lookup", LlamaCppLookupConfig, None, "none",
+               "llama.cpp's prompt-lookup speculative decoding on the target's GGUF file (llama-cpp-python)",
+               "llama.cpp", "llama.cpp runs its own native kernels; there is no torch graph to compile"),
     ]
 }
 
