@@ -103,6 +103,9 @@ def test_policies_and_verifiers_are_pure():
     assert not closure & {"dynatree.runtime", "dynatree.costmeasure", "dynatree.decode", "dynatree.models"}
     clocks = {m for m in closure if names[m] & {"time", "timeit", "transformers"}}
     assert not clocks, f"{sorted(clocks)} import a clock or transformers"
+    # the decoder times its run (the cost-aware policy learns from it) but meters no memory: api.run does
+    assert "dynatree.stats.PeakMemory" not in names["dynatree.decode"]
+    assert "dynatree.stats.PeakMemory" in names["dynatree.api"]
 
 
 def imports_anywhere(path: Path) -> set[str]:

@@ -137,3 +137,14 @@ def test_a_checked_request_is_bound_to_loaded_models_without_a_second_check(monk
     assistant = Request(prompt="text", method="hf-assisted", target=MISSING, draft=MISSING).check()
     with pytest.raises(DynaTreeError, match="draft language model alone"):
         assistant.bind(target, load_draft(Hybrid(target), target), prompt)
+
+
+def test_peak_memory_is_read_by_run_over_the_timed_span_not_by_the_decoder():
+    """api.run prepares the decoder (graphs, cost curve) and reads peak memory over the timed run;
+    a decoder driven directly (as the server does) leaves it unmeasured, not 0."""
+    target = tiny("llama", eos_ids=[])
+    job = prepare(Request(method="dynatree", target=target, prompt_ids=[3, 4, 5, 3, 4], max_new_tokens=6,
+                          options={"cost_aware": True}))
+    assert run(job).stats.peak_mem_mb > 0
+    direct = job.decoder().generate(job.prompt_ids, job.max_new_tokens)
+    assert direct.stats.peak_mem_mb is None and direct.new_tokens == hf_greedy(target, job.prompt_ids, 6)

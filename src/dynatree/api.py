@@ -25,7 +25,7 @@ from .runtime import LoadedModel
 from .peers import hf_generate, universal_assisted
 from .prompts import encode_prompt
 from .sampling import Sampler, SamplingConfig
-from .stats import Stats
+from .stats import PeakMemory, Stats
 from .request import Checked, Request, is_int
 from .result import Result, RunInfo
 from .window import KVWindow
@@ -195,7 +195,10 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> 
                                      on_tokens, job.sampling, compile=job.compile)
         return job.result(new_ids, stats)
     decoder = job.decoder()
+    decoder.prepare(job.prompt_ids, job.max_new_tokens)  # compiled graphs and cost curve, before the span measured
+    memory = PeakMemory(tgt.device)
     run = decoder.generate(job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens)
+    run.stats.peak_mem_mb = memory.peak_mb()
     return job.result(run.new_tokens, run.stats, decoder.policy.state())
 
 

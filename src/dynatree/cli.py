@@ -105,7 +105,8 @@ def stats_line(result: Result) -> str:
     line = (
         f"[{result.method}] {s.new_tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s) | "
         f"iterations {s.iterations}, L {s.tokens_per_iter:.2f}, l {s.accepted_len:.2f}, acceptance {acc} | "
-        f"TTFT {1000 * s.ttft_s:.0f} ms, TPOT {tpot} | peak {s.peak_mem_mb:.0f} MB"
+        f"TTFT {1000 * s.ttft_s:.0f} ms, TPOT {tpot}"
+        + ("" if s.peak_mem_mb is None else f" | peak {s.peak_mem_mb:.0f} MB")
     )
     return line + compile_note(s)
 

@@ -20,7 +20,7 @@ from .drafters.base import Drafter
 from .runtime import LoadedModel, compiled_graphs
 from .costmeasure import curve_for
 from .policies.base import Timing, TreePolicy
-from .stats import Clock, PeakMemory, Stats
+from .stats import Clock, Stats
 from .tree import Tree
 from .sampling import Sampler
 from .verify import default_verifier
@@ -68,6 +68,7 @@ class Decoder:
         self.sampler = sampler  # sampling mode (lossless rejection sampling), or None for greedy
         self.compile = target.compile if compile is None else compile  # target steps through torch.compile
         self.verifier = policy.verifier or default_verifier(sampler)  # the policy's own rule (lossy), else ours
+        self._prepared, self._compile_s = False, 0.0  # `prepare` ran for the next run; what compiling took
 
     @torch.no_grad()
     def generate(
@@ -82,19 +83,33 @@ class Decoder:
         return self.run
 
     @torch.no_grad()
+    def prepare(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        """What a run needs before its clock starts: the compiled graphs (built if missing), the
+        target's measured verification cost for a cost-aware policy (once per target), and the
+        policy reset for a new sequence. `steps` calls it when the caller did not; a caller that
+        measures the run itself (peak memory: `api.run`) calls it first, so that what it measures
+        starts where the timings do."""
+        hidden = self.drafter is not None and self.drafter.uses_target_hidden
+        self._compile_s = (self.target.warm_up(self._step_kinds(), hidden)
+                           if self.compile and max_new_tokens > 1 else 0.0)
+        curve = None  # the target's verification cost (seconds)
+        if self.policy.uses_cost_curve:
+            curve = curve_for(self.target, list(prompt_ids), masked_token=self._masked_tokens, compiled=self.compile)
+        self.policy.prepare(curve)
+        self._prepared = True
+
+    @torch.no_grad()
     def steps(self, prompt_ids, max_new_tokens, ignore_eos=False, on_tokens=None) -> Iterator[Step]:
         """Generate, yielding after every verification (the prefill is not a `Step`). Closing the
         generator early ends the run there, with its stats complete up to that step."""
         device = self.target.device
         compiled = self.compile  # the setting of this whole run
         hidden = self.drafter is not None and self.drafter.uses_target_hidden  # hand the target's features over
-        compile_s = self.target.warm_up(self._step_kinds(), hidden) if compiled and max_new_tokens > 1 else 0.0
-        curve = None  # the target's verification cost: measured once per target (seconds), outside the timings
-        if self.policy.uses_cost_curve:
-            curve = curve_for(self.target, list(prompt_ids), masked_token=self._masked_tokens, compiled=compiled)
-        self.policy.prepare(curve)
+        if not self._prepared:
+            self.prepare(prompt_ids, max_new_tokens)
+        self._prepared, compile_s = False, self._compile_s  # a later run prepares again
         graphs = compiled_graphs()
-        memory, clock = PeakMemory(device), Clock(device)
+        clock = Clock(device)
         stop_ids = set() if ignore_eos else set(self.target.eos_ids)
         run = self.run = Run(seq=list(prompt_ids), prompt_len=len(prompt_ids),
                              cache=kv.new_cache(self.target.model), slot_pos=torch.empty(0, dtype=torch.long))
@@ -144,7 +159,6 @@ class Decoder:
                 yield Step(tree=tree, path=path, committed=committed)
         finally:
             stats.wall_s = clock.elapsed()
-            stats.peak_mem_mb = memory.peak_mb()
             if compiled:
                 stats.compile_s, stats.graphs_compiled_while_timed = compile_s, compiled_graphs() - graphs
 

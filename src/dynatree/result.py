@@ -27,7 +27,7 @@ class Summary:
     tpot_s: float | None  # (wall - ttft) / (new - 1)
     wall_s: float  # prefill included, model load excluded
     tokens_per_s: float | None  # new tokens / wall time
-    peak_mem_mb: float  # process peak RSS (CPU) or peak allocated device memory (CUDA)
+    peak_mem_mb: float | None  # process peak RSS (CPU) or peak allocated device memory (CUDA); None: not measured (server)
     drafted_tokens: int  # drafted tree nodes sent to verification
     accepted_tokens: int  # of those, committed
     compile_s: float | None  # compiling before the clock started (--compile; None without)

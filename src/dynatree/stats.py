@@ -17,7 +17,9 @@
                 (--compile; 0.0 when this process had built them already, None without --compile);
                 graphs_compiled_while_timed = graphs compiled inside the timed span (0 expected)
   peak_mem_mb = peak resident memory of the process during the run (CPU; the kernel's
-                high-water mark is reset at the start) or peak allocated device memory (CUDA)
+                high-water mark is reset at the start) or peak allocated device memory (CUDA),
+                measured by `api.run` around the timed span; None where nobody measured it (a
+                server's decodes share one process)
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class Stats:
     accepted_tokens: int = 0  # drafted tokens committed (bonus tokens excluded)
     ttft_s: float = 0.0
     wall_s: float = 0.0
-    peak_mem_mb: float = 0.0
+    peak_mem_mb: float | None = None  # set by whoever measured the run's span (api.run); None: not measured
     tree_sizes: list[int] = field(default_factory=list)  # drafted nodes per iteration
     accepted_lens: list[int] = field(default_factory=list)  # committed draft tokens per iteration
     draft_s: float | None = None  # total time of the decode loop's phases (None: not measured, e.g. hf-*)
