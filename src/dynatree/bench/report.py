@@ -193,12 +193,12 @@ def pivot_table(results: dict, axis: str, stat: str = "tokens_per_s") -> str:
         a = next((a for a in aggs if a["variant"] == v and a[axis] == x), None)
         if a is None:
             return "-"
-        if key == "speedup":
-            return "-" if a["speedup"] is None else f"{a['speedup']:.2f}×"
+        if key == "speedup":  # per-prompt median (range; of means, of totals), as every speedup table
+            return _speedup(a)
         return _pm(a["mean"][key], a["std"][key], digits=2 if key != "tokens_per_s" else 1)
 
     parts = []
-    for key, title in [(stat, "Throughput (tok/s)"), ("speedup", "Speedup over its reference"), ("tokens_per_iter", "L (tokens/iter)")]:
+    for key, title in [(stat, "Throughput (tok/s)"), ("speedup", "Speedup over its reference: per-prompt median (range; of means, of totals)"), ("tokens_per_iter", "L (tokens/iter)")]:
         parts += [f"**{title} by {label}**", "",
                   _table(["Method"] + [f"{label}={x}" for x in values], [[v] + [cell(v, x, key) for x in values] for v in variants]), ""]
     return "\n".join(parts)
@@ -221,15 +221,17 @@ def grid_best(results: dict) -> tuple[dict, list[str]]:
 def sweep_section(results: dict) -> str:
     best, edges = grid_best(results)
     aggs = sorted((a for a in results["aggregates"] if a["variant"] != "ar"), key=lambda a: -(a["speedup"] or 0))
-    lines = [f"Best configuration: **{best['variant']}**, {_pm(best['mean']['tokens_per_s'], best['std']['tokens_per_s'])} tok/s, "
-             f"speedup {best['speedup']:.2f}×.",
+    lines = [f"Best configuration of this sweep (picked after the run: a sweep's best, not a declared headline): "
+             f"**{best['variant']}**, {_pm(best['mean']['tokens_per_s'], best['std']['tokens_per_s'])} tok/s, "
+             f"speedup {_speedup(best)}.",
              "",
              ("It lies **on the edge** of the grid in " + "; ".join(edges) + ": extend the grid there before calling it tuned."
               if edges else "It lies inside the grid on every axis (not on an edge)."),
              "", "**All configurations, best first**", "",
-             _table(["Configuration", "Throughput (tok/s)", "Speedup", "L", "drafted/iter"],
+             _table(["Configuration", "Throughput (tok/s)", "Speedup: per-prompt median (range; of means, of totals)",
+                     "L", "drafted/iter"],
                     [[a["variant"], _pm(a["mean"]["tokens_per_s"], a["std"]["tokens_per_s"]),
-                      f"{a['speedup']:.2f}×" if a["speedup"] else "-", f"{a['mean']['tokens_per_iter']:.2f}",
+                      _speedup(a), f"{a['mean']['tokens_per_iter']:.2f}",
                       f"{a['mean']['drafted_tokens'] / max(a['mean']['iterations'] - 1, 1):.1f}"] for a in aggs])]
     return "\n".join(lines)
 
