@@ -561,6 +561,9 @@ def test_cost_aware_given_to_a_preset_relabels_its_rows(monkeypatch):
     assert main(["bench", "--preset", "main", "--cost-aware", "--draft", "ngram"]) == 0
     assert seen["dynatree +cost-aware"] == {"cost_aware": True} and "dynatree" not in seen
     assert seen["headline"] == "dynatree +cost-aware"  # declared from the rows as they will run
+    seen.clear()  # the perf preset's own compiled cost-aware rows keep their one suffix
+    assert main(["bench", "--preset", "perf", "--draft", "ngram"]) == 0
+    assert "dynatree +cost-aware +compile" in seen and not [k for k in seen if k.count("+cost-aware") > 1]
 
 
 def test_method_variants_label_cost_aware_rows_as_presets_do():

@@ -220,7 +220,7 @@ def cmd_bench(args) -> int:
                         f"--{k.replace('_', '-')} {val} conflicts with preset {args.preset!r}: its variant "
                         f"{w.label!r} sets {k}={w.options[k]}; run your own set with --methods instead")
             v.options = {**v.options, **mine}
-            if v.options.get("cost_aware") and not v.label.endswith("+cost-aware"):
+            if mine.get("cost_aware") and "+cost-aware" not in v.label.split():
                 v.label += " +cost-aware"  # as the presets' own cost-aware rows are labelled
     if args.compile:  # every variant that can be compiled, under its own label
         compilable = [v for v in variant_list if get_method(v.method).compilable]
