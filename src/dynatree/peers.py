@@ -15,8 +15,8 @@ generation runs to max_new_tokens (`eos_token_id=None`), never by suppressing EO
 
 `hf-ar` with compile is transformers at its best: `generate()` with a static cache sized for
 the prompt and the new tokens, and transformers' own compiled forward for its decode steps
-(inductor with `freezing`, the option dynatree compiles with; on the CPU without CUDA graphs,
-which need a GPU). An untimed 4-token generate() first builds the graph, so compiling is
+(inductor with its default options, as dynatree compiles; on the CPU without CUDA graphs, which
+need a GPU). An untimed 4-token generate() first builds the graph, so compiling is
 reported apart (`compile_s`) as for dynatree's methods, and graphs built inside the timed run
 are counted. `hf-assisted` compiles the same way (the target's forward; its drafts vary in length,
 so a graph may still be built in the timed run: counted). Prompt lookup with a static cache fails
@@ -235,6 +235,6 @@ def _static_compiled(device: torch.device, length: int) -> dict:
     if device.type == "cuda":
         config = CompileConfig()  # transformers' default: CUDA graphs ("reduce-overhead")
     else:
-        config = CompileConfig(mode=None, options={"freezing": True})  # torch takes a mode or options, not both
+        config = CompileConfig(mode=None)  # inductor's default mode (CUDA graphs need a GPU)
         config._compile_all_devices = True  # transformers' own switch to compile off the GPU
     return {"cache_implementation": "static", "max_cache_len": length, "compile_config": config}

@@ -175,11 +175,11 @@ class LoadedModel:
     def compiled(self):
         """The model wrapped in torch.compile for decode steps, built on first use.
 
-        `freezing`: the weights become constants of the graph (the decoder runs under no_grad,
-        which inductor's freezing needs), so inductor lays them out once for its matrix kernels
-        instead of on every call. Packed linears (kernels.py) emit their own operations when
-        compiled (a multiply-sum on the frozen weight for one row, the oneDNN copy for several).
-        The weights must not change while the model is used compiled (inference only).
+        The weights stay inputs of the graph, read on every call (inductor's `freezing` is read from
+        its global config when a graph is built; given in torch.compile's `options` it freezes
+        nothing, so it is not passed). Packed linears (kernels.py) emit their own operations when
+        compiled (a multiply-sum on the weight for one row, the oneDNN copy for several), so a
+        weight changed in place needs `repack_linears` as it does eagerly.
         Sizes that vary from step to step (cache length, tree size: `DYNAMIC_SOURCES`) are symbolic
         from the first compile, so each kind of step (`STEP_KINDS`) builds one graph: at most 2 for
         a run (1 for `ar`), which `warm_up` builds before any timing (left to dynamo, each kind
@@ -195,7 +195,7 @@ class LoadedModel:
             # 16-bit models: inductor rounds every intermediate to the dtype where eager code does, as it
             # would not by default: otherwise the one-token and tree graphs, fused differently, round some
             # values differently and greedy tokens differ from ar's
-            options = {"freezing": True, "guard_filter_fn": module_guards,
+            options = {"guard_filter_fn": module_guards,
                        "emulate_precision_casts": self.dtype in (torch.bfloat16, torch.float16)}
             self._compiled = torch.compile(self.model, options=options)
         return self._compiled
