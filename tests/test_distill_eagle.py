@@ -80,7 +80,8 @@ def test_a_stopped_build_resumes_from_its_parts_and_a_larger_one_reuses_them(tmp
     monkeypatch.setattr(de, "label", real_label)
     assert len(list(parts.glob("part-*.pt"))) == 2 and len(list(parts.glob("questions-*.json"))) == 1
     data = build_data(target, cfg, progress=False, parts=parts)
-    assert data["info"]["chunks"] == {"total": 5, "reused": 2}  # 16 file prompts + 3 questions, 4 per chunk
+    # 16 file prompts + 3 questions, 4 per chunk; the third chunk's answers were saved before it stopped
+    assert data["info"]["chunks"] == {"total": 5, "reused": 2, "answers_reused": 1}
     fresh = build_data(target, cfg, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(data["tokens"], fresh["tokens"]))
     assert all(torch.equal(a, b) for a, b in zip(data["labels"], fresh["labels"]))
@@ -89,6 +90,72 @@ def test_a_stopped_build_resumes_from_its_parts_and_a_larger_one_reuses_them(tmp
     assert more["info"]["chunks"]["reused"] == 4  # the file prompts' chunks; the questions' chunk changed
     assert len(list(parts.glob("questions-*.json"))) == 2  # block 1 written, block 0 reused
     assert all(torch.equal(a, b) for a, b in zip(more["tokens"][:16], data["tokens"][:16]))  # the file prompts'
+
+
+def test_committed_answers_rebuild_the_data_without_generating(tmp_path, prompts, monkeypatch):
+    """A chunk's answers (token ids, gzip JSON) are kept apart from its features and labels: with
+    only the answers files (as committed), a build generates nothing, recomputes the rest in one
+    pass and gives the same data; answers of another target are a one-line error."""
+    import dynatree.distill.eagle_data as de
+
+    target, parts = chat_target(), tmp_path / "parts"
+    cfg = EagleConfig(**{**SMALL, "prompts": str(prompts), "chunk": 8})
+    first = build_data(target, cfg, progress=False, parts=parts)
+    assert len(list(parts.glob("answers-*.json.gz"))) == 2
+    for path in parts.glob("part-*.pt"):
+        path.unlink()
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("generated again")
+    monkeypatch.setattr(de, "answer_conversations", no_generation)
+    again = build_data(target, cfg, progress=False, parts=parts)
+    assert again["info"]["chunks"] == {"total": 2, "reused": 0, "answers_reused": 2}
+    for name in ("tokens", "labels"):
+        assert all(torch.equal(a, b) for a, b in zip(first[name], again[name]))
+    assert again["answer_from"] == first["answer_from"]
+    other = LoadedModel(model=target.model, tokenizer=target.tokenizer, name="another", eos_ids=[2])
+    path = next(parts.glob("answers-*.json.gz"))
+    de.write_answers(path, "another", [[5, 6]], [1])  # a file renamed from another target's build
+    for part in parts.glob("part-*.pt"):
+        part.unlink()
+    with pytest.raises(DynaTreeError, match="holds answers of 'another', not of 'tiny-chat'"):
+        build_data(target, cfg, progress=False, parts=parts)
+    path.write_bytes(b"not gzip")
+    with pytest.raises(DynaTreeError, match="is not a saved chunk of answers"):
+        build_data(target, cfg, progress=False, parts=parts)
+    assert other.name == "another"
+
+
+def test_long_prompts_are_answered_by_exact_speculation(prompts, monkeypatch):
+    """Greedy answers to long prompts are decoded one at a time by the library's own speculation:
+    the same tokens as the target's greedy decoding, EOS included where reached."""
+    import dynatree.distill.chat as chat
+
+    target = chat_target()
+    monkeypatch.setattr(chat, "SPECULATE_FROM", 9)  # the longest of the test prompts
+    rows = [json.loads(line)["prompt"] for line in prompts.read_text().splitlines()]
+    asked = [chat.chat_ids(target.tokenizer, [row], []) for row in rows]
+    assert 0 < sum(len(p) >= 9 for p in asked) < len(asked)
+    answers = chat.generate_batched(target, asked, 12, 3)
+    for prompt, answer in zip(asked, answers):
+        assert answer == hf_greedy(target, prompt, 12, eos=2)
+
+
+def test_other_asks_use_training_material_only():
+    """`specbench-asks` asks other things about the training questions' articles, passages,
+    sentences and problems; nothing of a held-out question appears in any of them."""
+    from dynatree.distill.chat import other_asks
+
+    convs, info = instruction_prompts("specbench-asks", holdout=10)
+    assert info["specbench-asks"]["conversations"] == len(convs) > 500
+    text = "\n".join(t for c in convs for t in c)
+    for p in load_texts("specbench", 10):
+        core = p.text.split(": ", 1)[-1].rsplit("\n", 1)[0]  # the article, passages, sentence or problem
+        assert core[:200] not in text
+    assert any(len(c) == 2 for c in convs)
+    doc = "Summarize: An article."
+    assert other_asks("summarization", [doc])[2] == [doc, "Now write a headline for the article."]
+    assert other_asks("mt_bench", ["Write a poem."]) == []
 
 
 def test_spec_bench_benchmark_questions_are_held_out():

@@ -6,6 +6,8 @@ template, to instruction prompts:
                own first answer in the history), except the first `holdout` questions of each
                task: those are what `dynatree bench --dataset specbench --n N` (N <= holdout)
                measures, so a benchmark never runs on training text
+  specbench-asks  other requests over the same training questions' articles, passages, sentences
+               and problems (chat.other_asks): summaries, facts, quotes, follow-up turns
   self         questions the target writes itself from topic seeds (sampled), then answers
   FILE         prompts of a file (`--prompts`): Spec-Bench question .jsonl, one
                {"prompt": ...} per line, or plain text with blank-line-separated paragraphs
@@ -16,6 +18,7 @@ next token at every position): the labels and the features come from the same fo
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import random
@@ -35,8 +38,8 @@ from .common import save_atomic, write_atomic
 
 @dataclass
 class EagleConfig:
-    prompts: str = option("specbench", "instruction prompts: 'specbench' (all but the held-out questions), a file, "
-                          "or several joined by commas")
+    prompts: str = option("specbench", "instruction prompts: 'specbench' (all but the held-out questions), "
+                          "'specbench-asks' (other requests over their material), a file, or several joined by commas")
     holdout: int = option(10, "Spec-Bench questions per task left out of training (bench --n up to this stays unseen)")
     self_prompts: int = option(256, "extra questions the target writes itself from topic seeds, then answers")
     max_new_tokens: int = option(256, "longest answer per turn (EOS ends it sooner)")
@@ -124,6 +127,28 @@ def _part_path(parts: Path | None, kind: str, key, suffix: str) -> Path | None:
     return parts / f"{kind}-{digest}{suffix}"
 
 
+def write_answers(path: Path, target_name: str, sequences: list[list[int]], starts: list[int]) -> None:
+    """Save a chunk's token ids (prompts with history, then the target's answers) and where each
+    answer starts: the part of the data that costs generation time, small enough (gzip JSON, a few
+    bytes per token) to commit, so builds accumulate across machines; features and labels are one
+    teacher-forced pass over these ids and are recomputed (`label`) where only this file exists."""
+    record = {"target": target_name, "sequences": sequences, "answer_from": starts}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(gzip.compress(json.dumps(record, separators=(",", ":")).encode(), mtime=0))
+    tmp.replace(path)
+
+
+def read_answers(path: Path, target_name: str) -> tuple[list[list[int]], list[int]]:
+    try:
+        record = json.loads(gzip.decompress(path.read_bytes()))
+        sequences, starts = record["sequences"], record["answer_from"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DynaTreeError(f"{path} is not a saved chunk of answers ({e}); delete it to generate it again") from e
+    if record.get("target") != target_name:  # the name is in the file's hash too: this is a renamed file
+        raise DynaTreeError(f"{path} holds answers of {record.get('target')!r}, not of {target_name!r}")
+    return sequences, starts
+
+
 def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: EagleConfig,
                          bar=None) -> tuple[list[list[int]], list[int]]:
     """Token ids of every turn of every conversation asked in turn, with the target's own greedy
@@ -169,7 +194,10 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
     """Conversations, the target's answers, features and labels. Conversations are answered and
     labelled `chunk` at a time; with `parts` (a directory) each chunk is saved as it completes and
     found again by a hash of its conversations and options, so a stopped build resumes where it
-    stopped and a larger build (more --self-prompts, another prompts file) reuses what was built."""
+    stopped and a larger build (more --self-prompts, another prompts file) reuses what was built.
+    Each chunk is two files: `answers-*.json.gz`, the token ids (what generation costs, small: commit
+    it to share a build), and `part-*.pt`, their features and labels (large, recomputed from the
+    answers in one teacher-forced pass when missing)."""
     from tqdm.auto import tqdm
 
     def bar(total, desc, unit):
@@ -188,16 +216,25 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
         raise DynaTreeError("no instruction prompts: give --prompts or --self-prompts")
     data = {"key": cfg.data_key(), "info": info, "tokens": [], "features": [], "labels": [], "answer_from": []}
     b = bar(sum(len(c) for c in convs), "target answers and labels", "turn")
-    reused = 0
+    reused = answers_reused = 0
     for start in range(0, len(convs), cfg.chunk):
         chunk = convs[start: start + cfg.chunk]
-        path = _part_path(parts, "part", [target.name, chunk, cfg.max_new_tokens, cfg.l_max], ".pt")
+        key = [target.name, chunk, cfg.max_new_tokens, cfg.l_max]
+        path = _part_path(parts, "part", key, ".pt")
+        answers_path = _part_path(parts, "answers", key, ".json.gz")
         if path is not None and path.exists():
             part = torch.load(path, weights_only=True)
             b.update(sum(len(c) for c in chunk))
             reused += 1
         else:
-            sequences, starts = answer_conversations(target, chunk, cfg, b)
+            if answers_path is not None and answers_path.exists():
+                sequences, starts = read_answers(answers_path, target.name)
+                b.update(sum(len(c) for c in chunk))
+                answers_reused += 1
+            else:
+                sequences, starts = answer_conversations(target, chunk, cfg, b)
+                if answers_path is not None:
+                    write_answers(answers_path, target.name, sequences, starts)
             feats, labels = label(target, sequences, cfg.label_batch)
             part = {"tokens": [torch.tensor(s, dtype=torch.int32) for s in sequences], "features": feats,
                     "labels": labels, "answer_from": starts}
@@ -209,5 +246,5 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
     b.close()
     info["sequences"] = len(data["tokens"])
     info["tokens"] = sum(len(s) for s in data["tokens"])
-    info["chunks"] = {"total": -(-len(convs) // cfg.chunk), "reused": reused}
+    info["chunks"] = {"total": -(-len(convs) // cfg.chunk), "reused": reused, "answers_reused": answers_reused}
     return data
