@@ -95,13 +95,19 @@ def test_a_stopped_build_resumes_from_its_parts_and_a_larger_one_reuses_them(tmp
 def test_committed_answers_rebuild_the_data_without_generating(tmp_path, prompts, monkeypatch):
     """A chunk's answers (token ids, gzip JSON) are kept apart from its features and labels: with
     only the answers files (as committed), a build generates nothing, recomputes the rest in one
-    pass and gives the same data; answers of another target are a one-line error."""
+    pass and gives the same data; a part built before answers were kept apart gets its answers
+    file; a broken or another target's answers file is a one-line error."""
+    import gzip
+
     import dynatree.distill.eagle_data as de
 
     target, parts = chat_target(), tmp_path / "parts"
     cfg = EagleConfig(**{**SMALL, "prompts": str(prompts), "chunk": 8})
     first = build_data(target, cfg, progress=False, parts=parts)
-    assert len(list(parts.glob("answers-*.json.gz"))) == 2
+    answers = sorted(parts.glob("answers-*.json.gz"))
+    assert len(answers) == 2
+    record = json.loads(gzip.decompress(answers[0].read_bytes()))
+    assert record["target"] == "tiny-chat" and record["dtype"] == "float32" and record["device"] == "cpu"
     for path in parts.glob("part-*.pt"):
         path.unlink()
 
@@ -113,48 +119,78 @@ def test_committed_answers_rebuild_the_data_without_generating(tmp_path, prompts
     for name in ("tokens", "labels"):
         assert all(torch.equal(a, b) for a, b in zip(first[name], again[name]))
     assert again["answer_from"] == first["answer_from"]
-    other = LoadedModel(model=target.model, tokenizer=target.tokenizer, name="another", eos_ids=[2])
-    path = next(parts.glob("answers-*.json.gz"))
-    de.write_answers(path, "another", [[5, 6]], [1])  # a file renamed from another target's build
+
+    answers[0].unlink()  # as a part built before this change: its answers file is written from it
+    build_data(target, cfg, progress=False, parts=parts)
+    assert json.loads(gzip.decompress(answers[0].read_bytes()))["sequences"] == record["sequences"]
+
     for part in parts.glob("part-*.pt"):
         part.unlink()
-    with pytest.raises(DynaTreeError, match="holds answers of 'another', not of 'tiny-chat'"):
-        build_data(target, cfg, progress=False, parts=parts)
-    path.write_bytes(b"not gzip")
-    with pytest.raises(DynaTreeError, match="is not a saved chunk of answers"):
-        build_data(target, cfg, progress=False, parts=parts)
-    assert other.name == "another"
+    good = answers[0].read_bytes()
+    broken = {"another target": (gzip.compress(json.dumps({**record, "target": "another"}).encode()),
+                                 "holds answers of 'another', not of 'tiny-chat'"),
+              "not gzip": (b"not gzip", "is not a saved chunk of answers"),
+              "truncated": (good[: len(good) // 2], "is not a saved chunk of answers"),
+              "starts missing": (gzip.compress(json.dumps({**record, "answer_from": record["answer_from"][1:]}).encode()),
+                                 "sequences and answer starts do not match")}
+    for name, (blob, message) in broken.items():
+        answers[0].write_bytes(blob)
+        with pytest.raises(DynaTreeError, match=message) as err:
+            build_data(target, cfg, progress=False, parts=parts)
+        assert "\n" not in str(err.value), name
+
+
+def test_a_turn_asked_by_two_sources_is_kept_once(prompts):
+    target = chat_target()
+    once = build_data(target, EagleConfig(**{**SMALL, "prompts": str(prompts)}), progress=False)
+    twice = build_data(target, EagleConfig(**{**SMALL, "prompts": f"{prompts},{prompts}"}), progress=False)
+    assert twice["info"]["duplicates_dropped"] == 16 and twice["info"]["sequences"] == 16
+    assert all(torch.equal(a, b) for a, b in zip(once["tokens"], twice["tokens"]))
 
 
 def test_long_prompts_are_answered_by_exact_speculation(prompts, monkeypatch):
-    """Greedy answers to long prompts are decoded one at a time by the library's own speculation:
-    the same tokens as the target's greedy decoding, EOS included where reached."""
+    """On a CPU, greedy answers to long prompts are decoded one at a time by the library's own
+    speculation (one decode per long prompt): the same tokens as the target's greedy decoding,
+    in the prompts' order, EOS included where reached."""
+    import dynatree.api as api
     import dynatree.distill.chat as chat
 
     target = chat_target()
-    monkeypatch.setattr(chat, "SPECULATE_FROM", 9)  # the longest of the test prompts
     rows = [json.loads(line)["prompt"] for line in prompts.read_text().splitlines()]
     asked = [chat.chat_ids(target.tokenizer, [row], []) for row in rows]
-    assert 0 < sum(len(p) >= 9 for p in asked) < len(asked)
+    free = [hf_greedy(target, prompt, 12) for prompt in asked]
+    eos = max(set(t for a in free for t in a[2:]), key=lambda t: sum(t in a[2:] for a in free))  # stops many answers
+    target.eos_ids = [eos]
+    monkeypatch.setattr(chat, "SPECULATE_FROM", 9)  # the longest of the test prompts
+    long = sum(len(p) >= 9 for p in asked)
+    assert 0 < long < len(asked)
+    calls, real = [], api.generate
+    monkeypatch.setattr(api, "generate", lambda *a, **k: calls.append(1) or real(*a, **k))
     answers = chat.generate_batched(target, asked, 12, 3)
-    for prompt, answer in zip(asked, answers):
-        assert answer == hf_greedy(target, prompt, 12, eos=2)
+    assert len(calls) == long
+    expected = [hf_greedy(target, prompt, 12, eos=eos) for prompt in asked]
+    assert answers == expected
+    assert any(a[-1] == eos and len(a) < 12 for a, p in zip(answers, asked) if len(p) >= 9)
+    assert len({tuple(a) for a in answers}) > 1
 
 
 def test_other_asks_use_training_material_only():
     """`specbench-asks` asks other things about the training questions' articles, passages,
-    sentences and problems; nothing of a held-out question appears in any of them."""
+    sentences and problems; nothing of a held-out question appears in any of them, and no
+    conversation starts with a question `specbench` asks itself."""
     from dynatree.distill.chat import other_asks
 
     convs, info = instruction_prompts("specbench-asks", holdout=10)
-    assert info["specbench-asks"]["conversations"] == len(convs) > 500
+    assert info["specbench-asks"]["conversations"] == len(convs) == 67 * 7
     text = "\n".join(t for c in convs for t in c)
     for p in load_texts("specbench", 10):
         core = p.text.split(": ", 1)[-1].rsplit("\n", 1)[0]  # the article, passages, sentence or problem
         assert core[:200] not in text
-    assert any(len(c) == 2 for c in convs)
-    doc = "Summarize: An article."
-    assert other_asks("summarization", [doc])[2] == [doc, "Now write a headline for the article."]
+    asked, _ = instruction_prompts("specbench", holdout=10)
+    assert not {c[0] for c in convs} & {c[0] for c in asked}
+    assert len({c[0] for c in convs}) == len(convs) and any(len(c) == 2 for c in convs)
+    assert other_asks("summarization", ["Summarize: An article."])[0] == [
+        "Summarize the following article in two sentences.\n\nAn article.", "Now write a headline for the article."]
     assert other_asks("mt_bench", ["Write a poem."]) == []
 
 
@@ -272,7 +308,7 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
                          (["--prompts", str(binary)], "UTF-8"),
                          (["--prompts", str(tmp_path)], "is a directory"),
                          (["--prompts", "/dev/null"], "is not a regular file"),
-                         (["--prompts", str(tmp_path / "nope")], "neither 'specbench' nor an existing file")]:
+                         (["--prompts", str(tmp_path / "nope")], "neither 'specbench', 'specbench-asks' nor an existing file")]:
         args = [*argv[:6], str(tmp_path / "x"), *argv[7:], *bad]
         assert main(args) == 2, bad
         err = capsys.readouterr().err

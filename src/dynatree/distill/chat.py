@@ -43,36 +43,44 @@ def other_asks(task: str, turns: list[str]) -> list[list[str]]:
     """Other requests over one Spec-Bench training question's own material (its article, passages,
     sentence or problem), as conversations: more answers of the kinds the benchmark asks for
     (summaries and answers over long documents, translations, worked problems) than the questions
-    alone give, without any text of the held-out questions. MT-Bench questions have none."""
+    alone give, without any text of the held-out questions. No conversation starts with the
+    question itself (the `specbench` source asks that one: the same turn twice would be answered
+    twice and weigh double). MT-Bench questions have none."""
     first = turns[0]
     if task == "summarization" and first.startswith("Summarize: "):
         doc = first[len("Summarize: "):]
-        return [[f"Summarize the following article in two sentences.\n\n{doc}"],
-                [f"{doc}\n\nWhat are the three most important facts in the article above?"],
-                [first, "Now write a headline for the article."]]
+        return [[f"Summarize the following article in two sentences.\n\n{doc}", "Now write a headline for the article."],
+                [f"{doc}\n\nWhat are the three most important facts in the article above?"]]
     if task == "rag" and "\n" in first:
         passages = first.rsplit("\n", 1)[0]
-        return [[f"{passages}\nSummarize the text above in a few sentences."],
-                [first, "Quote the sentence of the text that best supports your answer."]]
+        return [[f"{passages}\nSummarize the text above in a few sentences.",
+                 "Quote the sentence of the text that matters most for your summary."],
+                [f"{passages}\nWhat is the main topic of the text above?"]]
     if task == "translation" and first.startswith("Translate German to English: "):
         sentence = first[len("Translate German to English: "):]
         return [[f"Translate the following German sentence into English, then explain the meaning of its main "
-                 f"words.\n{sentence}"],
-                [first, "Now translate your English sentence into French."]]
+                 f"words.\n{sentence}", "Now translate the sentence into French."]]
     if task == "qa":
-        return [[f"{first} Answer in one sentence."], [first, "Tell me more about it."]]
+        return [[f"{first} Answer in one sentence.", "Tell me more about it."]]
     if task == "math_reasoning":
-        return [[f"{first} Let's think step by step."],
-                [first, "Check your answer by solving the problem in another way."]]
+        return [[f"{first} Let's think step by step.", "Check your answer by solving the problem in another way."]]
     return []
 
 
 def instruction_prompts(spec: str, holdout: int) -> tuple[list[list[str]], dict]:
     """Conversations (lists of user turns) from `spec`, and counts per source."""
+    groups, info = instruction_sources(spec, holdout)
+    return [conv for group in groups for conv in group], info
+
+
+def instruction_sources(spec: str, holdout: int) -> tuple[list[list[list[str]]], dict]:
+    """The conversations of each source of `spec` (comma-separated), in order, and counts per source."""
     from ..prompts import SPEC_BENCH, SPEC_BENCH_FILE, is_question_file, prompt_file, task_of
 
-    convs, info = [], {}
+    groups, info = [], {}
     for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        convs: list[list[str]] = []
+        groups.append(convs)
         if part == SPEC_BENCH_ASKS:
             asks, seen = [], {}
             for line in SPEC_BENCH_FILE.read_text(encoding="utf-8").splitlines():
@@ -110,8 +118,8 @@ def instruction_prompts(spec: str, holdout: int) -> tuple[list[list[str]], dict]
         elif Path(part).exists():
             raise DynaTreeError(f"--prompts {part!r} is not a regular file; give a prompts file")
         else:
-            raise DynaTreeError(f"--prompts {part!r}: neither 'specbench' nor an existing file")
-    return convs, info
+            raise DynaTreeError(f"--prompts {part!r}: neither 'specbench', '{SPEC_BENCH_ASKS}' nor an existing file")
+    return groups, info
 
 
 def chat_ids(tokenizer, turns: list[str], answers: list[str]) -> list[int]:
@@ -131,14 +139,14 @@ SPECULATE_FROM = 256  # prompt tokens from which greedy answers are speculated o
 def generate_batched(target: LoadedModel, prompts: list[list[int]], max_new: int, batch: int, bar=None,
                      sample: bool = False, seed: int = 0) -> list[list[int]]:
     """The target's answer ids to each prompt (greedy unless `sample`), EOS included when reached;
-    prompts batched by length (left-padded). Greedy answers to prompts of `SPECULATE_FROM` tokens
-    or more (articles, passages) are decoded one at a time by this library's own exact greedy
+    prompts batched by length (left-padded). On a CPU, greedy answers to prompts of `SPECULATE_FROM`
+    tokens or more (articles, passages) are decoded one at a time by this library's own exact greedy
     speculation (linear, n-gram drafter): on a CPU a batch of long prompts runs no faster per
     token than one prompt, while answers about a document copy from it (measured on Spec-Bench
     summarization/RAG material, 5 prompts x 200 tokens, 2 cores: batched 16 about 22 tok/s,
     one at a time 39, with n-gram speculation 69; the same tokens)."""
     out: list[list[int]] = [[] for _ in prompts]
-    if not sample:
+    if not sample and target.device.type == "cpu":
         from ..api import generate
 
         for i in [i for i, p in enumerate(prompts) if len(p) >= SPECULATE_FROM]:

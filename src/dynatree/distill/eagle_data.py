@@ -21,8 +21,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import random
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from ..config import option, positive, require
 from ..draftspec import is_head_dir
 from ..errors import DynaTreeError
 from ..runtime import LoadedModel
-from .chat import ASKS, TOPICS, chat_ids, generate_batched, instruction_prompts
+from .chat import ASKS, SPECULATE_FROM, TOPICS, chat_ids, generate_batched, instruction_sources
 from .common import save_atomic, write_atomic
 
 
@@ -127,23 +129,38 @@ def _part_path(parts: Path | None, kind: str, key, suffix: str) -> Path | None:
     return parts / f"{kind}-{digest}{suffix}"
 
 
-def write_answers(path: Path, target_name: str, sequences: list[list[int]], starts: list[int]) -> None:
+def write_answers(path: Path, target: LoadedModel, sequences: list[list[int]], starts: list[int]) -> None:
     """Save a chunk's token ids (prompts with history, then the target's answers) and where each
     answer starts: the part of the data that costs generation time, small enough (gzip JSON, a few
     bytes per token) to commit, so builds accumulate across machines; features and labels are one
-    teacher-forced pass over these ids and are recomputed (`label`) where only this file exists."""
-    record = {"target": target_name, "sequences": sequences, "answer_from": starts}
-    tmp = path.with_name(path.name + ".tmp")
+    teacher-forced pass over these ids and are recomputed (`label`) where only this file exists.
+    The record says where the answers were generated (dtype, device, library versions, CPU): another
+    machine's kernels may round differently, so a regenerated chunk can differ in a few tokens."""
+    from ..env import describe
+
+    machine = describe(target.device)
+    record = {"target": target.name, "dtype": str(target.model.dtype).removeprefix("torch."),
+              "device": str(target.device), "versions": machine["versions"], "cpu": machine["cpu"],
+              "answers": f"greedy; on a CPU prompts of {SPECULATE_FROM}+ tokens by exact linear n-gram speculation",
+              "sequences": sequences, "answer_from": starts}
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_bytes(gzip.compress(json.dumps(record, separators=(",", ":")).encode(), mtime=0))
     tmp.replace(path)
 
 
 def read_answers(path: Path, target_name: str) -> tuple[list[list[int]], list[int]]:
+    """A saved chunk's (sequences, answer starts), checked, or a one-line error."""
     try:
         record = json.loads(gzip.decompress(path.read_bytes()))
         sequences, starts = record["sequences"], record["answer_from"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        ok = (len(sequences) == len(starts) and all(isinstance(n, int) and 0 < n <= len(seq)
+                                                    and all(isinstance(t, int) for t in seq)
+                                                    for seq, n in zip(sequences, starts)))
+    except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError) as e:
         raise DynaTreeError(f"{path} is not a saved chunk of answers ({e}); delete it to generate it again") from e
+    if not ok:
+        raise DynaTreeError(f"{path} is not a saved chunk of answers (sequences and answer starts do not match); "
+                            "delete it to generate it again")
     if record.get("target") != target_name:  # the name is in the file's hash too: this is a renamed file
         raise DynaTreeError(f"{path} holds answers of {record.get('target')!r}, not of {target_name!r}")
     return sequences, starts
@@ -205,20 +222,22 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
 
     if parts is not None:
         parts.mkdir(parents=True, exist_ok=True)
-    convs, info = instruction_prompts(cfg.prompts, cfg.holdout)
+    groups, info = instruction_sources(cfg.prompts, cfg.holdout)
     if cfg.self_prompts:
         b = bar(cfg.self_prompts, "target writes questions", "q")
         written = self_written(target, cfg.self_prompts, cfg, b, parts)
         b.close()
         info["self"] = {"conversations": len(written), "asked_for": cfg.self_prompts}
-        convs += written
-    if not convs:
+        groups.append(written)
+    if not any(groups):
         raise DynaTreeError("no instruction prompts: give --prompts or --self-prompts")
     data = {"key": cfg.data_key(), "info": info, "tokens": [], "features": [], "labels": [], "answer_from": []}
-    b = bar(sum(len(c) for c in convs), "target answers and labels", "turn")
-    reused = answers_reused = 0
-    for start in range(0, len(convs), cfg.chunk):
-        chunk = convs[start: start + cfg.chunk]
+    b = bar(sum(len(c) for group in groups for c in group), "target answers and labels", "turn")
+    reused = answers_reused = duplicates = 0
+    seen: set[bytes] = set()
+    # each source is cut into chunks of its own: adding, dropping or reordering sources keeps the others' parts
+    chunks = [group[start: start + cfg.chunk] for group in groups for start in range(0, len(group), cfg.chunk)]
+    for chunk in chunks:
         key = [target.name, chunk, cfg.max_new_tokens, cfg.l_max]
         path = _part_path(parts, "part", key, ".pt")
         answers_path = _part_path(parts, "answers", key, ".json.gz")
@@ -226,6 +245,8 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
             part = torch.load(path, weights_only=True)
             b.update(sum(len(c) for c in chunk))
             reused += 1
+            if not answers_path.exists() and part.get("answer_from"):  # built before answers were kept apart
+                write_answers(answers_path, target, [t.tolist() for t in part["tokens"]], part["answer_from"])
         else:
             if answers_path is not None and answers_path.exists():
                 sequences, starts = read_answers(answers_path, target.name)
@@ -234,17 +255,25 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
             else:
                 sequences, starts = answer_conversations(target, chunk, cfg, b)
                 if answers_path is not None:
-                    write_answers(answers_path, target.name, sequences, starts)
+                    write_answers(answers_path, target, sequences, starts)
             feats, labels = label(target, sequences, cfg.label_batch)
             part = {"tokens": [torch.tensor(s, dtype=torch.int32) for s in sequences], "features": feats,
                     "labels": labels, "answer_from": starts}
             if path is not None:
                 save_atomic(part, path)
-        for name in ("tokens", "features", "labels"):
-            data[name] += part[name]
-        data["answer_from"] += part.get("answer_from") or [None] * len(part["tokens"])  # older parts: unknown
+        starts = part.get("answer_from") or [None] * len(part["tokens"])  # older parts: unknown
+        for i, tokens in enumerate(part["tokens"]):
+            key = hashlib.sha1(tokens.numpy().tobytes()).digest()
+            if key in seen:  # the same turn from two sources (or a source given twice): kept once
+                duplicates += 1
+                continue
+            seen.add(key)
+            for name in ("tokens", "features", "labels"):
+                data[name].append(part[name][i])
+            data["answer_from"].append(starts[i])
     b.close()
     info["sequences"] = len(data["tokens"])
+    info["duplicates_dropped"] = duplicates
     info["tokens"] = sum(len(s) for s in data["tokens"])
-    info["chunks"] = {"total": -(-len(convs) // cfg.chunk), "reused": reused, "answers_reused": answers_reused}
+    info["chunks"] = {"total": len(chunks), "reused": reused, "answers_reused": answers_reused}
     return data
