@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from helpers import hf_greedy, tiny
+from helpers import VOCAB, examples, hf_greedy, tiny
 from dynatree import api, runtime
 from dynatree import cache as kv
 from dynatree.kernels import stock_linears
@@ -169,3 +172,36 @@ def test_stats_line_reports_compiling_apart():
     assert note(compile_s=None) == ""
     assert note(compile_s=95.24, graphs_compiled_while_timed=0) == " | compiled 95.2 s before timing"
     assert "2 graph(s) compiled while timed" in note(compile_s=0.0, graphs_compiled_while_timed=2)
+
+
+@functools.cache
+def _compiled_target(arch: str) -> LoadedModel:
+    base = tiny(arch, seed=4, dtype=torch.float32)  # packed linears (oneDNN where the CPU has it)
+    return LoadedModel(model=base.model, tokenizer=base.tokenizer, name=f"tiny-compiled-{arch}", eos_ids=[])
+
+
+@st.composite
+def _compiled_cases(draw):
+    arch = draw(st.sampled_from(["llama", "gpt_neox"]))
+    method = draw(st.sampled_from(["ar", "linear", "dynatree", "specinfer", "fixed-tree"]))
+    motif = draw(st.lists(st.integers(3, VOCAB - 1), min_size=1, max_size=6))
+    prompt = (motif * draw(st.integers(1, 4)) + draw(st.lists(st.integers(0, VOCAB - 1), max_size=8)))[:24]
+    return arch, method, prompt, draw(st.integers(1, 40))
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_compiled_cases())
+def test_compiled_float32_commits_the_targets_argmax(case):
+    """Issue 29: the compiled float32 production path (`--compile`, packed linears) on many random
+    prompts, lengths and tree methods: every committed token is the target's argmax for its prefix,
+    up to a float32 rounding margin, in one plain eager causal pass over the whole output."""
+    arch, method, prompt, max_new = case
+    target = _compiled_target(arch)
+    rec = api.generate(method=method, target=target, draft=None if method == "ar" else "ngram", prompt_ids=prompt,
+                       max_new_tokens=max_new, ignore_eos=True, compile=True)
+    assert rec.run.compile is True and len(rec.new_token_ids) == max_new
+    with torch.no_grad():
+        logits = target.model(torch.tensor([prompt + rec.new_token_ids[:-1]])).logits[0, len(prompt) - 1:]
+    chosen = logits.gather(1, torch.tensor(rec.new_token_ids)[:, None])[:, 0]
+    margin = 1e-4 * (1.0 + logits.abs().amax(dim=1))
+    assert bool((chosen >= logits.amax(dim=1) - margin).all()), (arch, method, prompt)
