@@ -73,40 +73,38 @@ def instruction_prompts(spec: str, holdout: int) -> tuple[list[list[str]], dict]
     return [conv for group in groups for conv in group], info
 
 
+def _questions(path: Path, holdout: int) -> list[tuple[str, list[str]]]:
+    """(task, user turns) of each question of a Spec-Bench-style .jsonl file, except the first
+    `holdout` of each task (the ones the bench measures on)."""
+    from ..prompts import task_of
+
+    seen: dict[str, int] = {}
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            task = task_of(row["category"])
+            seen[task] = seen.get(task, 0) + 1
+            if seen[task] > holdout:
+                kept.append((task, [t for t in row["turns"] if isinstance(t, str) and t.strip()]))
+    return kept
+
+
 def instruction_sources(spec: str, holdout: int) -> tuple[list[list[list[str]]], dict]:
     """The conversations of each source of `spec` (comma-separated), in order, and counts per source."""
-    from ..prompts import SPEC_BENCH, SPEC_BENCH_FILE, is_question_file, prompt_file, task_of
+    from ..prompts import SPEC_BENCH, SPEC_BENCH_FILE, is_question_file, prompt_file
 
     groups, info = [], {}
     for part in [p.strip() for p in spec.split(",") if p.strip()]:
         convs: list[list[str]] = []
         groups.append(convs)
-        if part == SPEC_BENCH_ASKS:
-            asks, seen = [], {}
-            for line in SPEC_BENCH_FILE.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    task = task_of(row["category"])
-                    seen[task] = seen.get(task, 0) + 1
-                    if seen[task] > holdout:  # the benchmark's questions give nothing
-                        asks += other_asks(task, [t for t in row["turns"] if isinstance(t, str) and t.strip()])
-            convs += asks
-            info[part] = {"conversations": len(asks), "held_out_per_task": holdout}
+        if part == SPEC_BENCH_ASKS:  # the benchmark's held-out questions give nothing
+            convs += [conv for task, turns in _questions(SPEC_BENCH_FILE, holdout) for conv in other_asks(task, turns)]
+            info[part] = {"conversations": len(convs), "held_out_per_task": holdout}
         elif part == SPEC_BENCH or (Path(part).is_file() and is_question_file(Path(part))):
-            path = SPEC_BENCH_FILE if part == SPEC_BENCH else Path(part)
-            seen: dict[str, int] = {}
-            kept = 0
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                task = task_of(row["category"])
-                seen[task] = seen.get(task, 0) + 1
-                if part == SPEC_BENCH and seen[task] <= holdout:
-                    continue
-                convs.append([t for t in row["turns"] if isinstance(t, str) and t.strip()])
-                kept += 1
-            info[part] = {"conversations": kept, "held_out_per_task": holdout if part == SPEC_BENCH else 0}
+            held = holdout if part == SPEC_BENCH else 0  # another question file is all training text
+            convs += [turns for _, turns in _questions(SPEC_BENCH_FILE if part == SPEC_BENCH else Path(part), held)]
+            info[part] = {"conversations": len(convs), "held_out_per_task": held}
         elif Path(part).is_dir():
             raise DynaTreeError(f"--prompts {part!r} is a directory; give a prompts file")
         elif Path(part).is_file():

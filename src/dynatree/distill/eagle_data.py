@@ -263,11 +263,11 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
                 save_atomic(part, path)
         starts = part.get("answer_from") or [None] * len(part["tokens"])  # older parts: unknown
         for i, tokens in enumerate(part["tokens"]):
-            key = hashlib.sha1(tokens.numpy().tobytes()).digest()
-            if key in seen:  # the same turn from two sources (or a source given twice): kept once
+            turn = hashlib.sha1(tokens.numpy().tobytes()).digest()
+            if turn in seen:  # the same turn from two sources (or a source given twice): kept once
                 duplicates += 1
                 continue
-            seen.add(key)
+            seen.add(turn)
             for name in ("tokens", "features", "labels"):
                 data[name].append(part[name][i])
             data["answer_from"].append(starts[i])

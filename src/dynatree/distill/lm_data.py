@@ -69,7 +69,8 @@ class DistillConfig:
     save_dtype: str = option("float16", "dtype of the saved draft weights")
     seed: int = option(0, "seed for data order, initialisation and batches")
     prompts: str = option("", "on-policy prompts instead of function headers: 'specbench' (all but the held-out "
-                          "questions), 'specbench-asks' (other requests over their material), a prompts file, or several joined by commas; first turns, up to --gen-prompts; "
+                          "questions), 'specbench-asks' (other requests over their material), a prompts file, or several "
+                          "joined by commas; first turns, up to --gen-prompts; "
                           "answers end at EOS (or --gen-tokens)")
     chat: bool = option(False, "ask --prompts through the target's chat template")
     holdout: int = option(10, "Spec-Bench questions per task left out of --prompts specbench (bench --n up to this "
