@@ -7,7 +7,6 @@ never a traceback. The README's list of architectures is checked against these l
 from __future__ import annotations
 
 import functools
-import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from helpers import EOS, VOCAB, hf_greedy, tokenizer
 from dynatree import api
-from dynatree.attention import use_gqa_attention
+from dynatree.attention import use_gqa_attention, use_slot_alibi
 from dynatree.errors import DynaTreeError
 from dynatree.kernels import use_packed_linears
 from dynatree.models import load_model
@@ -45,11 +44,13 @@ EXACT = {
     "stablelm": _DIMS, "olmo": _DIMS, "olmo2": _DIMS, "starcoder2": dict(_DIMS, sliding_window=8),
     "gpt_bigcode": _GPT, "persimmon": _DIMS, "cohere": _DIMS, "granite": _DIMS, "helium": dict(_DIMS, head_dim=8),
     "glm": dict(_DIMS, head_dim=8),
+    "bloom": dict(hidden_size=32, n_layer=2, n_head=4),  # ALiBi by slot, made exact (attention.use_slot_alibi)
 }
-REFUSED = {  # model type -> what the refusal says
-    "mpt": (dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=256, expansion_ratio=2), "ALiBi"),
-    "bloom": (dict(hidden_size=32, n_layer=2, n_head=4), "ALiBi"),
-    "falcon-alibi": (dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True), "ALiBi"),
+REFUSED = {  # model type -> (tiny config, what the refusal says, why: the README's words)
+    "mpt": (dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=256, expansion_ratio=2), "ALiBi",
+            "ALiBi by cache slot, and a mask turned into booleans that cannot carry a correction"),
+    "falcon-alibi": (dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True), "ALiBi",
+                     "ALiBi from a 2-D padding mask, written over the mask's values"),
 }
 METHODS = ("ar", "linear", "dynatree", "specinfer", "wetap", "dsbd", "mtad")
 
@@ -60,7 +61,8 @@ def build(kind: str, seed: int) -> LoadedModel:
                                   pad_token_id=0, initializer_range=0.3, **fields)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
-    use_gqa_attention(model)  # as load_model does
+    use_slot_alibi(model)  # as load_model does
+    use_gqa_attention(model)
     use_packed_linears(model)
     return LoadedModel(model=model, tokenizer=tokenizer(), name=f"tiny-{kind}", eos_ids=[])
 
@@ -82,19 +84,19 @@ def test_exact_architectures_pass_the_probe_and_decode_exactly(kind):
     check_tree_exact(target)
     check_tree_exact(draft)
 
-    @settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=5, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(prompt=st.lists(st.sampled_from([5, 9, 11, 30, 31, 44]), min_size=1, max_size=12),
-           n=st.integers(1, 20), method=st.sampled_from(METHODS))
-    def check(prompt, n, method):
-        drafter = {"ar": None, "dynatree": "ngram"}.get(method, draft)
+           n=st.integers(1, 20), method=st.sampled_from(METHODS), lm=st.booleans())
+    def check(prompt, n, method, lm):
+        drafter = None if method == "ar" else draft if lm or method != "dynatree" else "ngram"
         got = api.generate(method=method, target=target, draft=drafter, prompt_ids=prompt, max_new_tokens=n,
                            ignore_eos=True).new_token_ids
         assert got == reference(kind, tuple(prompt), n), (kind, method)
 
     check()
-    for method in METHODS:  # every method at least once, on a repetitive prompt the n-gram drafter copies
+    # every method at least once, on a repetitive prompt the n-gram drafter copies; dynatree with both drafters
+    for method, drafter in [(m, {"ar": None, "dynatree": "ngram"}.get(m, draft)) for m in METHODS] + [("dynatree", draft)]:
         prompt = [5, 9, 11, 5, 9, 11, 5, 30]
-        drafter = {"ar": None, "dynatree": "ngram"}.get(method, draft)
         got = api.generate(method=method, target=target, draft=drafter, prompt_ids=prompt, max_new_tokens=16,
                            ignore_eos=True).new_token_ids
         assert got == reference(kind, tuple(prompt), 16), (kind, method)
@@ -115,6 +117,26 @@ def test_load_model_runs_the_probe(tmp_path):
         load_model(str(tmp_path))
 
 
+def test_bloom_loads_exact_eagerly_and_compiled(tmp_path):
+    """BLOOM by path through load_model: switched to tree-aware ALiBi, probed, and every tree method's
+    greedy tokens equal transformers' own, eagerly and compiled (the tree's mask reaches the mask
+    builder aside from the arguments: a compiled graph must read each step's mask, not the first)."""
+    built = build("bloom", 0)
+    built.model.save_pretrained(tmp_path)
+    built.tokenizer.save_pretrained(tmp_path)
+    target = load_model(str(tmp_path), dtype="float64")
+    assert target.alibi_slopes is not None
+    prompt = [5, 9, 11, 5, 9, 11, 5, 30, 31]
+    want = hf_greedy(target, prompt, 24)
+    for method, drafter, compiled in [("dynatree", "ngram", False), ("fixed-tree", "ngram", True),
+                                      ("specinfer", target, True), ("ar", None, True)]:
+        got = api.generate(method=method, target=target, draft=drafter, prompt_ids=prompt, max_new_tokens=24,
+                           ignore_eos=True, compile=compiled)
+        assert got.new_token_ids == want, (method, compiled)
+        if method != "ar":
+            assert got.stats.accepted_tokens > 0, method  # tree steps were verified, not only the root
+
+
 def test_the_probe_catches_a_mask_that_is_ignored():
     """A model whose attention drops the 4-D mask (plain causal attention instead) must be refused."""
     target = build("llama", 0)
@@ -131,10 +153,31 @@ def test_the_probe_catches_a_mask_that_is_ignored():
         del target.model.forward
 
 
-def test_readme_lists_the_matrix():
-    text = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
-    exact = re.search(r"Exact \(tested\): (.*)", text)
-    refused = re.search(r"Refused at load: (.*)", text)
-    assert exact and refused, "README needs the 'Exact (tested):' and 'Refused at load:' lines"
-    assert [k.strip("` .") for k in exact[1].split(",")] == sorted(EXACT)
-    assert [k.strip("` .") for k in refused[1].split(",")] == sorted(REFUSED)
+ROOT = Path(__file__).resolve().parents[1]
+LISTED_IN = ("README.md", "docs/cli.md")
+BEGIN, END = "<!-- architectures: written by `python tests/test_architectures.py` from its matrix -->", \
+    "<!-- end of architectures -->"
+
+
+def matrix_text() -> str:
+    """The lists the docs show, written from EXACT and REFUSED."""
+    exact = ", ".join(f"`{k}`" for k in sorted(EXACT))
+    refused = "; ".join(f"`{k}` ({REFUSED[k][2]})" for k in sorted(REFUSED))
+    return f"{BEGIN}\nExact (tested): {exact}.\nRefused at load: {refused}.\n{END}"
+
+
+def with_matrix(text: str) -> str:
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + matrix_text() + text[end:]
+
+
+@pytest.mark.parametrize("doc", LISTED_IN)
+def test_docs_list_the_matrix(doc):
+    text = (ROOT / doc).read_text()
+    assert BEGIN in text and END in text, f"{doc} needs the generated architecture lists"
+    assert with_matrix(text) == text, f"{doc}'s architecture lists are stale: run python tests/test_architectures.py"
+
+
+if __name__ == "__main__":  # rewrite the docs' lists from the matrix
+    for doc in LISTED_IN:
+        (ROOT / doc).write_text(with_matrix((ROOT / doc).read_text()))

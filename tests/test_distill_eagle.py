@@ -302,7 +302,14 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
     empty.write_text("")
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"\xff\xfe\x00\x01" * 20)
-    for bad, message in [(["--layers", "2"], "--layers do not apply to --kind eagle"),
+    first = json.dumps({"question_id": 1, "category": "qa", "turns": ["Why is the sky blue?"]})
+    broken = tmp_path / "broken.jsonl"  # a question file whose later lines are not questions
+    broken.write_text(first + "\n{not json\n")
+    uncategorised = tmp_path / "uncategorised.jsonl"
+    uncategorised.write_text(first + "\n" + json.dumps({"question_id": 2, "turns": ["Hi?"]}) + "\n")
+    for bad, message in [(["--prompts", str(broken)], "broken.jsonl:2: expected a Spec-Bench question"),
+                         (["--prompts", str(uncategorised)], "uncategorised.jsonl:2: expected a Spec-Bench question"),
+                         (["--layers", "2"], "--layers do not apply to --kind eagle"),
                          (["--unroll", "0"], "--unroll must be at least 1"),
                          (["--prompts", str(empty)], "holds no prompts"),
                          (["--prompts", str(binary)], "UTF-8"),

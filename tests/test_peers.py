@@ -119,17 +119,25 @@ def test_draft_checks_read_padding_ids_like_the_drafter():
     assert 0 <= m["agreement"] <= 1 and m["draft_ms"] > 0
 
 
-def test_a_draft_with_a_smaller_output_layer_samples_with_every_method():
+@pytest.mark.parametrize("target_rows, draft_rows", [(160, 96), (96, 128)])
+def test_a_draft_with_fewer_or_more_output_rows_runs_every_method(target_rows, draft_rows):
     """Issue 29: a draft LM with fewer output rows than the target (as Qwen2.5-0.5B for -7B) crashed every
-    method with --sample (the residual and the hybrid's distribution had the draft's width)."""
-    padded = _lm(160, seed=0)
+    method with --sample (the residual and the hybrid's distribution had the draft's width); one with
+    more rows (padding) is cut to the target's width. Both: every method's greedy tokens are ar's, and
+    sampling runs (its distribution: tests/test_sampling.py, drafters 'narrow' and 'wide')."""
+    padded = _lm(target_rows, seed=0)
     target = LoadedModel(model=padded.model, tokenizer=padded.tokenizer, name="padded-target", eos_ids=[])
-    draft = _lm(96)
+    draft = _lm(draft_rows)
+    prompt = [5, 6, 7, 5, 6, 7]
+    ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True).new_token_ids
     for method in ("linear", "dynatree", "fixed-tree", "specinfer", "specexec", "opt-tree", "wetap", "dsbd", "mtad"):
         for d in (draft, Hybrid(draft)):
-            rec = generate(prompt_ids=[5, 6, 7, 5, 6, 7], method=method, target=target, draft=d, max_new_tokens=24,
+            rec = generate(prompt_ids=prompt, method=method, target=target, draft=d, max_new_tokens=24,
+                           ignore_eos=True)
+            assert rec.new_token_ids == ar, (method, d)
+            rec = generate(prompt_ids=prompt, method=method, target=target, draft=d, max_new_tokens=24,
                            sample=True, seed=1, ignore_eos=True)
-            assert len(rec.new_token_ids) == 24, (method, d)
+            assert len(rec.new_token_ids) == 24 and all(0 <= t < target_rows for t in rec.new_token_ids), (method, d)
 
 
 def test_a_draft_lm_reads_target_ids_beyond_its_embedding_as_proposals_only():

@@ -85,6 +85,8 @@ def empirical(method: str, drafter_kind: str | None, options: dict, runs: int = 
                    "narrow": LMDrafter(small(1, vocab=V - 1), vocab_limit=V),
                    "hybrid-narrow": HybridDrafter(NgramDrafter(max_n=3, vocab_size=V),
                                                   LMDrafter(small(1, vocab=V - 1), vocab_limit=V), min_match=3),
+                   # one with more rows than the target (padding): its extra ids are never proposed
+                   "wide": LMDrafter(small(1, vocab=V + 2), vocab_limit=V),
                    }[drafter_kind]
         policy = METHODS[method].policy_cls(make_config(method, **options))
         run = Decoder(target, policy, drafter, sampler=Sampler(CONFIG, seed)).generate(PROMPT, NEW, ignore_eos=True)
@@ -122,6 +124,8 @@ CASES = [
     ("dsbd", "feature", {"width": 3, "depth": 2}),
     ("dsbd", "hybrid", {"width": 2, "depth": 2}),
     ("dsbd", "narrow", {"width": 3, "depth": 2}),
+    ("dynatree", "wide", {"d0": 1, "d_max": 2, "tau": 0.0, "rho_stop": 0.01, "rho_deep": 0.02}),
+    ("specinfer", "wide", {"width": 2, "depth": 2}),
 ]
 
 

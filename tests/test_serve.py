@@ -16,6 +16,7 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 import uvicorn
 
 from helpers import EOS, hf_greedy, tiny, tokenizer
@@ -292,6 +293,25 @@ def test_health_says_loading_and_completions_wait_with_503():
     assert health.status_code == 503 and health.json()["status"] == "loading"
     busy = client.post("/v1/completions", json={"model": MODEL, "prompt": "w5"})
     assert busy.status_code == 503 and busy.json()["error"]["message"] == "the model is loading"
+
+
+def test_health_and_the_log_say_when_greedy_speculation_may_differ_from_ar(capsys):
+    """Dense bfloat16 weights round tree steps otherwise than one-token steps (weights.inexact_greedy):
+    the server says so once loaded, as `dynatree generate` does; a float64 model has nothing to say."""
+    from fastapi.testclient import TestClient
+
+    base = tiny("llama", seed=0, dtype=torch.bfloat16, eos_ids=[EOS])
+    target = LoadedModel(model=base.model, tokenizer=TARGET.tokenizer, name=MODEL, eos_ids=[EOS])
+    engine = Engine(ServeSettings(target=target, draft="ngram", warmup=False))
+    engine.load()
+    assert engine.state == "ready", engine.error
+    notes = TestClient(create_app(engine, load=False)).get("/health").json()["notes"]
+    assert len(notes) == 1 and "greedy output may differ from ar's" in notes[0]
+    exact = Engine(ServeSettings(target=TARGET, draft="ngram", warmup=False))
+    exact.load()
+    assert exact.notes == []
+    engine.close()
+    exact.close()
 
 
 def test_unknown_model_and_path_are_404_in_openai_format(server):

@@ -28,11 +28,26 @@ The low-bit linear kernels compute each row on its own (tested), so
 with this attention a tree step's logits are bit for bit those of one-token steps, provided the
 dense layers left in the model (the output layer) are row-wise too: `load_model` checks them
 (`weights.row_dependent_layers`), and a run says when they are not (`run.inexact_greedy`).
+
+`use_slot_alibi(model)` makes BLOOM's ALiBi follow a tree's positions. BLOOM adds to each
+attention score a per-head bias `slope * key_slot` (the key's slot in the cache; softmax ignores
+the query's own term, so this is ALiBi's `-slope * distance`). In a tree step a node's ancestors
+and siblings sit in consecutive slots, so slot and position differ for every key after the first
+tree node, and the bias would be wrong. BLOOM's attention is outside transformers' attention
+registry, but its mask is built through the mask registry by the name in
+`config._attn_implementation`, and added to the scores before the softmax. So the model gets our
+registered mask function `SLOT_ALIBI` (transformers' eager mask for every ordinary step), and
+for a tree step `LoadedModel.forward` hands it, through `tree_mask`, the step's additive mask
+with `slope * (key_position - key_slot)` added on each visible key (`alibi_correction`): bias plus
+correction is `slope * key_position`, as in sequential decoding. (MPT and Falcon's ALiBi cannot
+take this route: MPT turns the mask into booleans, Falcon overwrites the mask's values with its
+bias; the probe refuses them.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +55,9 @@ import torch.nn.functional as F
 GQA_SDPA = "dynatree_gqa_sdpa"
 EXACT_SDPA = "dynatree_exact_sdpa"
 STOCK = "sdpa"
+SLOT_ALIBI = "dynatree_slot_alibi"
+# the mask of the tree step running now on a SLOT_ALIBI model (set by `tree_mask` around one forward)
+_TREE_MASK: contextvars.ContextVar = contextvars.ContextVar("dynatree_tree_mask", default=None)
 
 
 def gqa_sdpa_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -81,6 +99,59 @@ def _register() -> None:
     for name, forward in ((GQA_SDPA, gqa_sdpa_forward), (EXACT_SDPA, exact_sdpa_forward)):
         AttentionInterface.register(name, forward)
         AttentionMaskInterface.register(name, sdpa_mask)  # masks are built exactly as for SDPA
+
+
+def slot_alibi_mask(*args, **kwargs):
+    """SLOT_ALIBI's mask function: the tree step's mask while `tree_mask` holds one, else the mask
+    transformers builds for eager attention (BLOOM's own), from the same arguments."""
+    from transformers.masking_utils import eager_mask
+
+    mask = _TREE_MASK.get()
+    return eager_mask(*args, **kwargs) if mask is None else mask
+
+
+@contextlib.contextmanager
+def tree_mask(mask: torch.Tensor | None):
+    """Hand `mask` to a SLOT_ALIBI model's mask function for the forwards run inside the block."""
+    token = _TREE_MASK.set(mask)
+    try:
+        yield
+    finally:
+        _TREE_MASK.reset(token)
+
+
+def use_slot_alibi(model: torch.nn.Module) -> bool:
+    """Switch a BLOOM model to SLOT_ALIBI (module docstring); returns whether it was switched.
+    (BLOOM does not support `set_attn_implementation`; its attention reads no implementation name,
+    only its mask builder does, so the config's name is set directly.)"""
+    from transformers import BloomForCausalLM
+
+    if not isinstance(model, BloomForCausalLM) or model.config._attn_implementation not in ("eager", SLOT_ALIBI):
+        return False
+    from transformers import AttentionMaskInterface
+
+    AttentionMaskInterface.register(SLOT_ALIBI, slot_alibi_mask)
+    model.config._attn_implementation = SLOT_ALIBI
+    return True
+
+
+def alibi_slopes(model: torch.nn.Module) -> torch.Tensor | None:
+    """The per-head ALiBi slopes [heads] (float32) of a model switched by `use_slot_alibi`, else None;
+    read from the model's own bias builder (the bias of slot 1)."""
+    if model.config._attn_implementation != SLOT_ALIBI:
+        return None
+    heads = model.config.n_head
+    bias = model.transformer.build_alibi_tensor(torch.ones(1, 2), heads, torch.float32)  # [heads, 1, 2]
+    return bias.reshape(heads, 2)[:, 1]
+
+
+def alibi_correction(slopes: torch.Tensor, key_pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[heads, keys]: what turns BLOOM's bias by key slot into the bias by key position, rounded as
+    BLOOM rounds its own (float32 products, then the model's dtype)."""
+    slots = torch.arange(len(key_pos), dtype=torch.float32)
+    by_pos = (slopes[:, None] * key_pos.float()[None]).to(dtype)
+    by_slot = (slopes[:, None] * slots[None]).to(dtype)
+    return by_pos - by_slot
 
 
 def grouped_kv(config) -> bool:

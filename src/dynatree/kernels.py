@@ -17,9 +17,9 @@ only: with gradients enabled the layer computes `F.linear` on its original weigh
 `stock_linears(...)` switches back for a block, so the hf-* baselines run the kernels
 transformers gets by default.
 
-Inside torch.compile (`--compile`) the opaque packed tensor cannot be traced, and inductor's
-own `freezing` would hand fixed-shape float32 products to MKL's packed GEMM (slower than
-eager for 4-8 token steps). So a compiled layer emits either
+Inside torch.compile (`--compile`) the opaque packed tensor cannot be traced, and products left
+to inductor went to MKL's packed GEMM (measured slower than eager for 4-8 token float32 steps;
+once blamed on inductor's `freezing`, which as then given froze nothing: issue 29). So a compiled layer emits either
 `dynatree::packed_linear` (several rows: an operator inductor calls as it is, which finds
 the layer's packed copy by number) or, for one row (every `ar` step), `(x * W).sum(-1)`,
 which inductor fuses into one loop that streams the weight near the memory bandwidth

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .attention import use_gqa_attention
+from .attention import use_gqa_attention, use_slot_alibi
 from .embedded import DEFAULT_TARGET, EMBEDDED, EMBEDDED_DRAFTS, EmbeddedModel
 from .errors import DynaTreeError, first_line
 from .kernels import check_linear_kernel, packing_problem, use_packed_linears
@@ -96,6 +96,7 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None =
         weights, weights_note = "dense", f"auto: dense, since {exc}"
         model.to(resolve_dtype(weights_dtype("dense", dtype)))
     model.to(torch_device).eval()
+    use_slot_alibi(model)  # BLOOM: ALiBi by a tree node's position, not its cache slot (attention.py)
     if weights not in LOW_BIT:  # (low-bit formats run float64 attention: weights.apply_weights)
         use_gqa_attention(model)  # grouped KV heads without repeat_kv copies on the CPU (attention.py)
     # why the linears stay on stock kernels, e.g. no bfloat16 oneDNN path on an AVX2-only CPU (GPUs: always stock)

@@ -153,17 +153,7 @@ def spec_bench(path: Path, n: int, tasks: list[str] | None, turns: str, name: st
     """`n` questions of each task (or chosen MT-Bench category) in `path`, in Spec-Bench's question
     format, taken in turn from each task; with `turns="all"` each question's turns follow it."""
     by_task: dict[str, list[dict]] = {}
-    for number, line in enumerate(_read(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            qid, category, asked = row["question_id"], row["category"], row["turns"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise DynaTreeError(f'{path}:{number}: expected a Spec-Bench question: a JSON object with '
-                                '"question_id", "category" and "turns"') from None
-        if not isinstance(asked, list) or not asked or not all(isinstance(t, str) and t.strip() for t in asked):
-            raise DynaTreeError(f"{path}:{number}: \"turns\" must be a non-empty list of non-empty strings")
+    for qid, category, asked in questions(path):
         key = category if tasks is not None and category in tasks else task_of(category)
         if tasks is None or key in tasks:
             by_task.setdefault(key, []).append({"id": str(qid), "task": key, "turns": asked})
@@ -181,6 +171,25 @@ def spec_bench(path: Path, n: int, tasks: list[str] | None, turns: str, name: st
                 prompts.append(Prompt(id=f"{name}:{q['id']}" + (f"/{k + 1}" if k else ""), text=text,
                                       category=q["task"], question=f"{name}:{q['id']}", earlier=tuple(asked[:k])))
     return prompts
+
+
+def questions(path: Path) -> list[tuple[str, str, list[str]]]:
+    """(question id, category, turns) of each line of a Spec-Bench question file, in order; a line
+    that is not such a question is a one-line error naming it."""
+    rows = []
+    for number, line in enumerate(_read(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            qid, category, asked = row["question_id"], row["category"], row["turns"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise DynaTreeError(f'{path}:{number}: expected a Spec-Bench question: a JSON object with '
+                                '"question_id", "category" and "turns"') from None
+        if not isinstance(asked, list) or not asked or not all(isinstance(t, str) and t.strip() for t in asked):
+            raise DynaTreeError(f"{path}:{number}: \"turns\" must be a non-empty list of non-empty strings")
+        rows.append((str(qid), str(category), asked))
+    return rows
 
 
 def _read(path: Path) -> str:

@@ -9,6 +9,7 @@ of step) and `warm_up` (those graphs built before any clock starts).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from . import cache as kv
+from .attention import alibi_correction, alibi_slopes, tree_mask
 from .kernels import linear_kernel
 from .tree import additive_mask
 
@@ -51,9 +53,10 @@ def module_guards(entries) -> list[bool]:
     """torch.compile's `guard_filter_fn`: which guards to keep (see `LoadedModel.compiled`).
 
     Drops, on sources inside the model's modules only, the checks that no hooks were added,
-    that no instance attribute shadows a class one, and the weights' shapes and strides (the
-    weights are frozen into the graph anyway): about two thirds of SmolLM2's guards. Kept: attribute values (PackedLinear.enabled, the config's attention
-    implementation, training), module types, and every guard on the inputs
+    that no instance attribute shadows a class one, and the weights' shapes and strides (a loaded
+    model's weights keep their shapes and layout for its whole life; their values are read on every
+    call): about two thirds of SmolLM2's guards. Kept: attribute values (PackedLinear.enabled, the
+    config's attention implementation, training), module types, and every guard on the inputs
     (ids, positions, mask, KV cache), so switching kernels or attention still recompiles.
     """
     return [not (e.guard_type in SKIPPED_MODULE_GUARDS and e.orig_guard.source.is_unspecialized_nn_module())
@@ -104,18 +107,30 @@ class LoadedModel:
         """Which layers attend through a sliding window (cache.attention_layout)."""
         return kv.attention_layout(self.model)
 
+    @functools.cached_property
+    def alibi_slopes(self) -> torch.Tensor | None:
+        """Per-head ALiBi slopes of a BLOOM model switched to tree-aware masks (attention.use_slot_alibi),
+        else None."""
+        return alibi_slopes(self.model)
+
     def masks(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor):
         """The attention mask(s) of a step: `allowed` [queries, keys] says what each query may see
         (its prefix, its tree ancestors, what a KV window keeps); `query_pos`/`key_pos` are the true
         positions of the queries and of the keys (cache slots, then this step's tokens).
 
-        Returns the [1, 1, queries, keys] additive mask; for a model with sliding-window layers
+        Returns the [1, 1, queries, keys] additive mask ([1, heads, queries, keys] for BLOOM: each
+        visible key also carries the correction of its ALiBi bias from slot to position,
+        attention.use_slot_alibi); for a model with sliding-window layers
         those layers also hide the keys at or beyond the window from each query's true position:
         one mask when every layer slides (every model takes one 4-D mask for all its layers), else
         one per layer type keyed by the layer types' names (Gemma 2/3, Qwen2, Cohere 2 take such a
         dict through their public `attention_mask` argument; the probe refuses a model that does not).
         """
         full = additive_mask(allowed, self.dtype, self.device)
+        slopes = self.alibi_slopes
+        if slopes is not None:  # (BLOOM has no sliding window)
+            correction = alibi_correction(slopes, key_pos.cpu(), self.dtype).to(self.device)
+            return full + torch.where(allowed.to(self.device)[None], correction[:, None, :], 0)[None]
         window = self.layout.window
         if window is None:
             return full
@@ -161,15 +176,18 @@ class LoadedModel:
         kv.reserve(cache, len(ids))  # room for the new entries, so a compiled forward never reallocates
         if (self.compile if compiled is None else compiled) and not last_only:
             model = self.compiled()
-        out = model(
-            input_ids=torch.tensor([ids], device=device),
-            position_ids=torch.tensor([positions], device=device),
-            attention_mask=mask,
-            **{cache_kwarg(self.model): cache},
-            use_cache=True,
-            **({"logits_to_keep": 1} if last_only else {}),
-            **({"output_hidden_states": True} if hidden else {}),
-        )
+        # BLOOM takes a tree's mask through its mask builder, not as an argument (attention.use_slot_alibi)
+        aside = self.alibi_slopes is not None and mask is not None
+        with tree_mask(mask) if aside else contextlib.nullcontext():
+            out = model(
+                input_ids=torch.tensor([ids], device=device),
+                position_ids=torch.tensor([positions], device=device),
+                attention_mask=None if aside else mask,
+                **{cache_kwarg(self.model): cache},
+                use_cache=True,
+                **({"logits_to_keep": 1} if last_only else {}),
+                **({"output_hidden_states": True} if hidden else {}),
+            )
         return (out.logits[0], out.hidden_states[-1][0]) if hidden else out.logits[0]
 
     def compiled(self):

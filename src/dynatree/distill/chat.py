@@ -4,7 +4,6 @@ prompt files, the target's chat template, and the target's greedy answers in bat
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -76,17 +75,15 @@ def instruction_prompts(spec: str, holdout: int) -> tuple[list[list[str]], dict]
 def _questions(path: Path, holdout: int) -> list[tuple[str, list[str]]]:
     """(task, user turns) of each question of a Spec-Bench-style .jsonl file, except the first
     `holdout` of each task (the ones the bench measures on)."""
-    from ..prompts import task_of
+    from ..prompts import questions, task_of
 
     seen: dict[str, int] = {}
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            task = task_of(row["category"])
-            seen[task] = seen.get(task, 0) + 1
-            if seen[task] > holdout:
-                kept.append((task, [t for t in row["turns"] if isinstance(t, str) and t.strip()]))
+    for _, category, turns in questions(path):
+        task = task_of(category)
+        seen[task] = seen.get(task, 0) + 1
+        if seen[task] > holdout:
+            kept.append((task, turns))
     return kept
 
 

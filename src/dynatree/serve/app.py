@@ -84,7 +84,7 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
     @app.get("/health")
     async def health():
         if engine.state == "ready":
-            return {"status": "ready", "model": engine.model_id}
+            return {"status": "ready", "model": engine.model_id, **({"notes": engine.notes} if engine.notes else {})}
         body = {"status": engine.state, **({"error": engine.error} if engine.error else {})}
         return JSONResponse(body, status_code=503)
 

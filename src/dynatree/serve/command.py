@@ -96,6 +96,8 @@ def cmd_serve(args) -> int:
         if engine.state == "failed":
             server.should_exit = True
         else:
+            for note in engine.notes:
+                print(f"dynatree serve: note: {note}", file=sys.stderr, flush=True)
             print(f"dynatree serve: ready at http://{args.host}:{args.port}/v1 (model {engine.model_id!r})",
                   file=sys.stderr, flush=True)
 

@@ -30,6 +30,7 @@ from ..window import KVWindow
 from .metrics import Metrics
 from .protocol import ChatRequest, CompletionRequest
 from ..textstream import TextStream
+from ..weights import inexact_greedy
 
 WARMUP_PROMPT = "Hello! Say hello back in one short sentence."
 GREEDY_BELOW = 1e-5  # temperatures below this decode greedily (as vLLM does): 1/T would overflow the logits
@@ -112,6 +113,7 @@ class Engine:
         self.window = KVWindow.parse(settings.kv_window)  # a bad window fails before any model loads
         self.state = "loading"  # 'loading' -> 'ready', or 'failed'
         self.error: str | None = None
+        self.notes: list[str] = []  # what a user should know of the loaded models (/health, the CLI's log)
         self.metrics = Metrics()
         self.target: LoadedModel | None = None
         self.draft: Draft | None = None  # what api.prepare takes as `draft` for methods that draft
@@ -134,6 +136,10 @@ class Engine:
             target = s.target if isinstance(s.target, LoadedModel) else load_model(
                 s.target, device=s.device, dtype=s.dtype, linear=s.linear, weights=s.weights)
             self.target = target
+            inexact = inexact_greedy(target.dtype, target.weights, target.row_dependent)
+            self.notes = [note for note in (
+                f"greedy requests of speculative methods: {inexact}" if inexact else None,
+                f"linear layers on stock kernels: {target.linear_note}" if target.linear_note else None) if note]
             self.tokenizer = copy.deepcopy(target.tokenizer)
             self.draft = load_draft(s.draft, target, s.linear)  # once, for every request that drafts
             chat = bool(getattr(target.tokenizer, "chat_template", None))
