@@ -109,12 +109,19 @@ def test_refused_architectures_fail_the_probe_with_a_reason(kind):
     assert "\n" not in str(err.value) and "refused" in str(err.value)
 
 
-def test_load_model_runs_the_probe(tmp_path):
-    model = build("mpt", 0)
+@pytest.mark.parametrize("kind", sorted(REFUSED))
+def test_load_model_runs_the_probe_and_the_cli_says_why_in_one_line(kind, tmp_path, capsys):
+    from dynatree.cli import main
+
+    model = build(kind, 0)
     model.model.save_pretrained(tmp_path)
     model.tokenizer.save_pretrained(tmp_path)
-    with pytest.raises(DynaTreeError, match="mpt.*ALiBi"):
+    with pytest.raises(DynaTreeError, match=f"{kind.split('-')[0]}.*ALiBi"):
         load_model(str(tmp_path))
+    capsys.readouterr()  # (saving's progress bars)
+    assert main(["generate", "w5 w6 w7", "--target", str(tmp_path), "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "ALiBi" in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
 def test_bloom_loads_exact_eagerly_and_compiled(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import VOCAB, examples, hf_greedy, tiny
+from helpers import VOCAB, examples, hf_greedy, noisy_copy, tiny
 from dynatree import api, runtime
 from dynatree import cache as kv
 from dynatree.kernels import stock_linears
@@ -183,10 +183,11 @@ def _compiled_target(arch: str) -> LoadedModel:
 @st.composite
 def _compiled_cases(draw):
     arch = draw(st.sampled_from(["llama", "gpt_neox"]))
-    method = draw(st.sampled_from(["ar", "linear", "dynatree", "specinfer", "fixed-tree"]))
+    method = draw(st.sampled_from(["ar", "linear", "dynatree", "specinfer", "fixed-tree", "wetap", "specexec"]))
+    drafter = draw(st.sampled_from(["ngram", "draft LM"]))
     motif = draw(st.lists(st.integers(3, VOCAB - 1), min_size=1, max_size=6))
     prompt = (motif * draw(st.integers(1, 4)) + draw(st.lists(st.integers(0, VOCAB - 1), max_size=8)))[:24]
-    return arch, method, prompt, draw(st.integers(1, 40))
+    return arch, method, drafter, prompt, draw(st.integers(1, 40))
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -195,9 +196,10 @@ def test_compiled_float32_commits_the_targets_argmax(case):
     """Issue 29: the compiled float32 production path (`--compile`, packed linears) on many random
     prompts, lengths and tree methods: every committed token is the target's argmax for its prefix,
     up to a float32 rounding margin, in one plain eager causal pass over the whole output."""
-    arch, method, prompt, max_new = case
+    arch, method, drafter, prompt, max_new = case
     target = _compiled_target(arch)
-    rec = api.generate(method=method, target=target, draft=None if method == "ar" else "ngram", prompt_ids=prompt,
+    draft = None if method == "ar" else "ngram" if drafter == "ngram" else noisy_copy(arch, 4, 0.08, dtype=torch.float32)
+    rec = api.generate(method=method, target=target, draft=draft, prompt_ids=prompt,
                        max_new_tokens=max_new, ignore_eos=True, compile=True)
     assert rec.run.compile is True and len(rec.new_token_ids) == max_new
     with torch.no_grad():

@@ -103,7 +103,8 @@ def test_reused_decoder_carries_no_stale_state(arch):
 @st.composite
 def float32_cases(draw):
     arch = draw(st.sampled_from(ARCHS))
-    method = draw(st.sampled_from(["linear", "fixed-tree", "dynatree", "specinfer", "opt-tree", "dsbd", "mtad"]))
+    method = draw(st.sampled_from(["linear", "fixed-tree", "dynatree", "specinfer", "opt-tree", "dsbd", "mtad",
+                                   "specexec", "wetap"]))
     drafter = draw(st.sampled_from(["ngram", "noisy", "hybrid"]))
     motif = draw(st.lists(st.integers(3, VOCAB - 1), min_size=1, max_size=6))
     prompt = (motif * draw(st.integers(1, 4)) + draw(st.lists(st.integers(0, VOCAB - 1), max_size=8)))[:24]
