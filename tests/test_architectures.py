@@ -44,7 +44,8 @@ EXACT = {
     "stablelm": _DIMS, "olmo": _DIMS, "olmo2": _DIMS, "starcoder2": dict(_DIMS, sliding_window=8),
     "gpt_bigcode": _GPT, "persimmon": _DIMS, "cohere": _DIMS, "granite": _DIMS, "helium": dict(_DIMS, head_dim=8),
     "glm": dict(_DIMS, head_dim=8),
-    "bloom": dict(hidden_size=32, n_layer=2, n_head=4),  # ALiBi by slot, made exact (attention.use_slot_alibi)
+    # ALiBi by slot, made exact (attention.use_slot_alibi); untied embeddings: tied, the tiny model repeats one token
+    "bloom": dict(hidden_size=32, n_layer=2, n_head=4, tie_word_embeddings=False),
 }
 REFUSED = {  # model type -> (tiny config, what the refusal says, why: the README's words)
     "mpt": (dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=256, expansion_ratio=2), "ALiBi",

@@ -135,6 +135,8 @@ def test_a_draft_with_fewer_or_more_output_rows_runs_every_method(target_rows, d
             rec = generate(prompt_ids=prompt, method=method, target=target, draft=d, max_new_tokens=24,
                            ignore_eos=True)
             assert rec.new_token_ids == ar, (method, d)
+            if draft_rows > target_rows and method not in ("dynatree", "specinfer"):
+                continue  # (sampling with more draft rows: those two here, the chi-square test's 'wide' cases)
             rec = generate(prompt_ids=prompt, method=method, target=target, draft=d, max_new_tokens=24,
                            sample=True, seed=1, ignore_eos=True)
             assert len(rec.new_token_ids) == 24 and all(0 <= t < target_rows for t in rec.new_token_ids), (method, d)

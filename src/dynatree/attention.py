@@ -41,7 +41,9 @@ for a tree step `LoadedModel.forward` hands it, through `tree_mask`, the step's 
 with `slope * (key_position - key_slot)` added on each visible key (`alibi_correction`): bias plus
 correction is `slope * key_position`, as in sequential decoding. (MPT and Falcon's ALiBi cannot
 take this route: MPT turns the mask into booleans, Falcon overwrites the mask's values with its
-bias; the probe refuses them.)
+bias; the probe refuses them.) Under torch.compile dynamo cannot trace the context variable, so
+a compiled BLOOM step breaks its graph at the mask builder: exact, but several graphs per kind of
+step, some built during the first timed steps (reported as `graphs_compiled_while_timed`).
 """
 
 from __future__ import annotations
@@ -198,14 +200,19 @@ def use_exact_attention(model: torch.nn.Module) -> bool:
 
 @contextlib.contextmanager
 def stock_attention(*models):
-    """Run a block with transformers' own SDPA on every model switched by `use_gqa_attention`.
-    Models in EXACT_SDPA (low-bit weights) keep it: their format's attention, without which
+    """Run a block with transformers' own SDPA on every model switched by `use_gqa_attention`, and
+    BLOOM's own eager mask on models switched by `use_slot_alibi`. Models in EXACT_SDPA (low-bit weights) keep it: their format's attention, without which
     transformers' greedy decoding of the same model would round otherwise than `ar`."""
     switched = [m for m in models if m is not None and m.config._attn_implementation == GQA_SDPA]
+    alibi = [m for m in models if m is not None and m.config._attn_implementation == SLOT_ALIBI]
     for m in switched:
         m.set_attn_implementation(STOCK)
+    for m in alibi:  # BLOOM's own mask builder (no set_attn_implementation: see use_slot_alibi)
+        m.config._attn_implementation = "eager"
     try:
         yield
     finally:
         for m in switched:
             m.set_attn_implementation(GQA_SDPA)
+        for m in alibi:
+            m.config._attn_implementation = SLOT_ALIBI
