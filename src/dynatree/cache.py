@@ -125,6 +125,8 @@ def attention_layout(model) -> AttentionLayout:
     """The model's `AttentionLayout`, from the layer types transformers itself builds caches for
     (`get_layer_types_and_kwargs`); a layer of any other kind (recurrent, chunked, shared) is refused."""
     types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    if isinstance(kwargs, dict):  # older transformers (5.17): one dict of kwargs shared by every layer
+        kwargs = [kwargs] * len(types)
     kinds = {"full_attention", "sliding_attention"}
     other = sorted(set(types) - kinds)
     if other:

@@ -107,8 +107,8 @@ class FeatureHead(torch.nn.Module):
     def save(self, directory: Path, extra: dict | None = None) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().float().contiguous() for k, v in self.state_dict().items() if k != "vocab_ids"}
-        state["vocab_ids"] = self.vocab_ids.int().contiguous()
+        state = {k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items() if k != "vocab_ids"}
+        state["vocab_ids"] = self.vocab_ids.int().cpu().contiguous()
         save_file(state, str(directory / WEIGHTS_FILE))
         (directory / CONFIG_FILE).write_text(json.dumps({**dataclasses.asdict(self.config), **(extra or {})}, indent=1))
 

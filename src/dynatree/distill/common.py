@@ -59,7 +59,7 @@ def resumed(ckpt_path: Path, cfg) -> dict:
     """The checkpoint's state to continue from, checked against `cfg`: every option must be the one
     it was trained with, except `steps` (a run cut short or extended, never below the steps already
     trained): the cosine decay then follows the new total, and the history records where it changed."""
-    state = torch.load(ckpt_path, weights_only=False)
+    state = torch.load(ckpt_path, weights_only=False, map_location="cpu")  # resumable on another device
     changed = sorted(k for k, v in dataclasses.asdict(cfg).items() if state["config"].get(k) != v and k != "steps")
     if changed:
         raise DynaTreeError(f"{ckpt_path} was trained with other options ({', '.join(changed)} differ); "

@@ -80,6 +80,8 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
     of sequences (see module doc); with `loss_rows` 'answers' the loss is taken on answer rows only."""
     from transformers import DynamicCache
 
+    device = out_rows.device  # the target's: batches are built on the CPU, trained where the target is
+    batch = {k: v.to(device) for k, v in batch.items()}
     tokens, feats, labels, valid, positions = (batch[k] for k in ("tokens", "features", "labels", "valid", "positions"))
     B, L = tokens.shape
     with torch.no_grad():  # the target's embeddings stay frozen
@@ -91,9 +93,9 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
         # pass 1 reads the target's true feature of the position before each row; pass j the
         # previous pass's prediction at row r - 1
         feature_in = feats if depth == 1 else torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
-        out = head(embeds, feature_in, positions, _pass_mask(L, depth).expand(B, 1, L, depth * L), cache)
+        out = head(embeds, feature_in, positions, _pass_mask(L, depth).to(device).expand(B, 1, L, depth * L), cache)
         logits = out @ out_rows.T
-        rows = valid & (torch.arange(L) >= depth - 1)[None]  # rows that exist at this depth
+        rows = valid & (torch.arange(L, device=device) >= depth - 1)[None]  # rows that exist at this depth
         learn = rows & batch["covered"]  # ... and whose label the sub-vocabulary holds
         if cfg.loss_rows == "answers":
             learn = learn & batch["answer"]
@@ -201,7 +203,7 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
     counts = torch.bincount(torch.cat([data["labels"][i].long() for i in train]), minlength=target.vocab_size)
     start_from = None
     if cfg.init_head:  # continue an existing head: its sub-vocabulary too
-        start_from = load_head(Path(cfg.init_head).expanduser(), name=cfg.init_head)
+        start_from = load_head(Path(cfg.init_head).expanduser(), name=cfg.init_head, device=target.device)
         check_head(start_from, target)
         head_vocab = start_from.vocab_ids.cpu()
     else:
@@ -210,7 +212,7 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
     sub_index[head_vocab] = torch.arange(len(head_vocab))
     train_coverage = float(counts[head_vocab].sum() / counts.sum())
 
-    head = new_head(target, cfg, head_vocab) if start_from is None else start_from.float().train()
+    head = (new_head(target, cfg, head_vocab) if start_from is None else start_from.float().train()).to(target.device)
     embed = target.model.get_input_embeddings()
     out_rows = target.model.get_output_embeddings().weight.detach()[head_vocab].float()
     params = [p for p in head.parameters() if p.requires_grad]
