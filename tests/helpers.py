@@ -33,6 +33,10 @@ from dynatree.tree import TreeBuilder, additive_mask
 VOCAB = 96
 EOS = 2
 ARCHS = ("gpt_neox", "llama", "gpt2")
+# Where the tests' tiny models live: the CPU (CI, `make test`), or a GPU when a run sets
+# DYNATREE_TEST_DEVICE=cuda (docs/results/gpu: the engine's CUDA path has no other test).
+DEVICE = torch.device(os.environ.get("DYNATREE_TEST_DEVICE", "cpu"))
+ON_CPU = DEVICE.type == "cpu"  # oneDNN's packed linears (kernels.py) exist on the CPU only
 
 
 @functools.cache
@@ -61,7 +65,7 @@ def config(arch: str, vocab: int = VOCAB, context: int = 512):
 @functools.cache
 def _model(arch: str, seed: int, dtype: torch.dtype, vocab: int, context: int):
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config(arch, vocab, context)).to(dtype).eval()
+    model = AutoModelForCausalLM.from_config(config(arch, vocab, context)).to(dtype).eval().to(DEVICE)
     use_gqa_attention(model)  # as load_model does: the Llama (grouped KV heads) runs attention.GQA_SDPA
     use_packed_linears(model)  # as load_model does: float32 linears run oneDNN on packed weights
     return model
@@ -81,7 +85,7 @@ def noisy_copy(arch: str, seed: int, noise: float, dtype=torch.float64) -> Loade
     gen = torch.Generator().manual_seed(1000 + seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(noise * p.std() * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+            p.add_(noise * p.std() * torch.randn(p.shape, generator=gen, dtype=p.dtype).to(p.device))
     repack_linears(model)
     return LoadedModel(model=model, tokenizer=tokenizer(), name=f"noisy-{arch}-{seed}-{noise}", eos_ids=[EOS])
 
@@ -99,7 +103,7 @@ def tiny_head(arch: str = "llama", seed: int = 0, dtype=torch.float64, draft_voc
         for p in head.parameters():
             if p.dim() == 2:
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-    return head.to(dtype).eval()
+    return head.to(dtype).eval().to(DEVICE)
 
 
 @torch.no_grad()
@@ -107,7 +111,8 @@ def hf_greedy(target: LoadedModel, prompt: list[int], max_new_tokens: int, eos: 
     """Reference: transformers' own greedy generate(), with the attention transformers ships."""
     with stock_attention(target.model), stock_linears(target.model):
         out = target.model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+            torch.tensor([prompt], device=target.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=target.device), do_sample=False,
             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0,
         )
     return out[0, len(prompt):].tolist()
@@ -162,7 +167,8 @@ def plain_cache(model, tokens: list[int]):
     """Cache of plain decoding: the tokens fed one at a time, positions 0..n-1."""
     cache = kv.new_cache(model)
     for pos, token in enumerate(tokens):
-        model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]), **{cache_kwarg(model): cache},
+        model(input_ids=torch.tensor([[token]], device=model.device), position_ids=torch.tensor([[pos]], device=model.device),
+              **{cache_kwarg(model): cache},
               use_cache=True)
     return cache
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from helpers import EOS, VOCAB, hf_greedy, tokenizer
+from helpers import DEVICE, EOS, VOCAB, hf_greedy, tokenizer
 from dynatree import api
 from dynatree.attention import use_gqa_attention, use_slot_alibi
 from dynatree.errors import DynaTreeError
@@ -61,7 +61,7 @@ def build(kind: str, seed: int) -> LoadedModel:
     config = AutoConfig.for_model(kind.split("-")[0], vocab_size=VOCAB, bos_token_id=1, eos_token_id=EOS,
                                   pad_token_id=0, initializer_range=0.3, **fields)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+    model = AutoModelForCausalLM.from_config(config).to(torch.float64).eval().to(DEVICE)
     use_slot_alibi(model)  # as load_model does
     use_gqa_attention(model)
     use_packed_linears(model)

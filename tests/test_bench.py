@@ -474,12 +474,12 @@ def test_sampling_runner_scores_ppl_per_data_set_reproducibly(tmp_path, prompt_f
 def test_perplexity_is_the_targets_teacher_forced_loss():
     target = tiny("gpt2")
     prompt, new = [5, 6, 7, 8], [9, 10, 11]
-    ids = torch.tensor([prompt + new])
+    ids = torch.tensor([prompt + new], device=target.device)
     labels = ids.clone()
     labels[0, : len(prompt)] = -100
     with torch.no_grad():
         loss = target.model(input_ids=ids, labels=labels).loss  # transformers scores in float32
-        nll = [-torch.log_softmax(target.model(torch.tensor([prompt + new[:i]])).logits[0, -1].double(), -1)[tok]
+        nll = [-torch.log_softmax(target.model(torch.tensor([prompt + new[:i]], device=target.device)).logits[0, -1].double(), -1)[tok]
                for i, tok in enumerate(new)]  # one prefix at a time, float64
     assert perplexity(target, prompt, new) == pytest.approx(math.exp(float(sum(nll)) / len(new)), rel=1e-9)
     assert perplexity(target, prompt, new) == pytest.approx(math.exp(float(loss)), rel=1e-5)
@@ -598,9 +598,9 @@ def test_draft_agreement_and_step_cost():
     assert draftcheck.agreement(target, target, prompt, new) == 1.0
     other = tiny("gpt2", seed=7, dtype=torch.float32)
     with torch.no_grad():
-        ids = torch.tensor([prompt + new[:-1]])
-        t = target.model(ids).logits[0, -6:].argmax(-1)
-        o = other.model(ids).logits[0, -6:].argmax(-1)
+        ids = torch.tensor([prompt + new[:-1]], device=target.device)
+        t = target.model(ids).logits[0, -6:].argmax(-1).cpu()
+        o = other.model(ids).logits[0, -6:].argmax(-1).cpu()
     assert draftcheck.agreement(target, other, prompt, new) == pytest.approx((t == o).float().mean().item())
     ppl, picks = teacher_forced(target, prompt, new)  # the bench's ppl pass gives the target's picks too
     assert picks == t.tolist() and ppl == perplexity(target, prompt, new)

@@ -87,7 +87,8 @@ def test_slot_cache_grows_and_otherwise_writes_in_place(monkeypatch):
     ours = plain_cache(target.model, tokens)  # 20 one-token forwards: capacity 4 -> 8 -> 16 -> 32
     theirs = DynamicCache(config=target.model.config)
     for pos, token in enumerate(tokens):
-        target.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]),
+        target.model(input_ids=torch.tensor([[token]], device=target.device),
+                     position_ids=torch.tensor([[pos]], device=target.device),
                      **{cache_kwarg(target.model): theirs}, use_cache=True)
     assert all(type(layer) is kv.SlotLayer and layer.key_buf.shape[-2] == 32 for layer in ours.layers)
     assert_same_cache(ours, theirs)

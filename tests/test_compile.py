@@ -203,7 +203,7 @@ def test_compiled_float32_commits_the_targets_argmax(case):
                        max_new_tokens=max_new, ignore_eos=True, compile=True)
     assert rec.run.compile is True and len(rec.new_token_ids) == max_new
     with torch.no_grad():
-        logits = target.model(torch.tensor([prompt + rec.new_token_ids[:-1]])).logits[0, len(prompt) - 1:]
-    chosen = logits.gather(1, torch.tensor(rec.new_token_ids)[:, None])[:, 0]
+        logits = target.model(torch.tensor([prompt + rec.new_token_ids[:-1]], device=target.device)).logits[0, len(prompt) - 1:]
+    chosen = logits.gather(1, torch.tensor(rec.new_token_ids, device=target.device)[:, None])[:, 0]
     margin = 1e-4 * (1.0 + logits.abs().amax(dim=1))
     assert bool((chosen >= logits.amax(dim=1) - margin).all()), (arch, method, prompt)

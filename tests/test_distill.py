@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from helpers import VOCAB, hf_greedy, tiny, tokenizer
+from helpers import DEVICE, VOCAB, hf_greedy, tiny, tokenizer
 from dynatree import DynaTreeError
 from dynatree.distill import lm_data, lm_train
 from dynatree.api import generate
@@ -56,7 +56,7 @@ def test_distillation_lowers_the_loss_and_writes_a_loadable_draft(tmp_path, corp
     assert on_disk["config"]["hidden"] == 16 and on_disk["data"]["corpus_tokens"] == 1184  # 37 windows of 32
     assert on_disk["env"]["versions"]["torch"] and on_disk["command"] == ["test"]
 
-    draft = load_model(str(out))  # like any HF checkpoint directory
+    draft = load_model(str(out), device=str(DEVICE))  # like any HF checkpoint directory
     assert draft.vocab_size == target.vocab_size and draft.model.config.num_hidden_layers == 2
     check_compatible(target, draft)  # same tokenizer, same ids
     prompt = [5, 6, 7, 5, 6]
@@ -228,7 +228,7 @@ def test_labels_are_the_targets_top_k():
     windows = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])
     ids, probs = lm_data.label(target, windows, top_k=3, batch=2)
     with torch.no_grad():
-        full = torch.softmax(target.model(windows).logits.float(), -1)
+        full = torch.softmax(target.model(windows.to(target.device)).logits.float(), -1).cpu()
     assert ids.shape == (3, 4, 3) and probs.dtype == torch.float16
     assert torch.equal(ids.long(), full.topk(3, -1).indices)
     assert torch.allclose(probs.float(), full.topk(3, -1).values, atol=1e-3)

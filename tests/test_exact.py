@@ -130,7 +130,7 @@ def test_float32_packed_path_commits_the_targets_argmax(case):
     run = Decoder(target, policy, drafter).generate(prompt, max_new, ignore_eos=True)
     assert len(run.new_tokens) == max_new
     with torch.no_grad():
-        logits = target.model(torch.tensor([prompt + run.new_tokens[:-1]])).logits[0, len(prompt) - 1:]
-    chosen = logits.gather(1, torch.tensor(run.new_tokens)[:, None])[:, 0]
+        logits = target.model(torch.tensor([prompt + run.new_tokens[:-1]], device=target.device)).logits[0, len(prompt) - 1:]
+    chosen = logits.gather(1, torch.tensor(run.new_tokens, device=target.device)[:, None])[:, 0]
     margin = 1e-4 * (1.0 + logits.abs().amax(dim=1))
     assert bool((chosen >= logits.amax(dim=1) - margin).all()), (method, kind, prompt)

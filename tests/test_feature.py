@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import ARCHS, VOCAB, hf_greedy, tiny, tiny_head
+from helpers import ARCHS, DEVICE, ON_CPU, VOCAB, hf_greedy, tiny, tiny_head
 from dynatree import DynaTreeError, Decoder, generate, make_config
 from dynatree import kernels
 from dynatree.drafters import FeatureDrafter, HybridDrafter, NgramDrafter
@@ -39,7 +39,7 @@ def test_greedy_equals_plain_decoding(arch, method):
 def reference_cache(head: FeatureHead, target, tokens: list[int], n_fed: int):
     """The head's cache built from scratch: positions 1..n_fed-1 fed with the target's features of a
     plain (causal, uncached) pass over `tokens`."""
-    hidden = target.model(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0]
+    hidden = target.model(torch.tensor([tokens], device=target.device), output_hidden_states=True).hidden_states[-1][0]
     drafter = FeatureDrafter(head, target)
     drafter.reset(tokens[:n_fed], hidden[: n_fed - 1])
     drafter._feed_committed()
@@ -101,7 +101,7 @@ def test_proposals_come_from_the_sub_vocabulary_with_a_full_distribution():
     target = tiny("llama")
     head = tiny_head("llama", draft_vocab=40)
     drafter = FeatureDrafter(head, target)
-    hidden = target.model(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states[-1][0]
+    hidden = target.model(torch.tensor([PROMPT], device=target.device), output_hidden_states=True).hidden_states[-1][0]
     drafter.reset(PROMPT, hidden[:-1])
     from dynatree.tree import TreeBuilder
 
@@ -118,13 +118,14 @@ def test_proposals_come_from_the_sub_vocabulary_with_a_full_distribution():
 def test_save_and_load_round_trip(tmp_path):
     head = tiny_head("llama")
     head.save(tmp_path / "h", extra={"note": "test"})
-    again = load_head(tmp_path / "h", dtype=torch.float64)
+    again = load_head(tmp_path / "h", device=DEVICE, dtype=torch.float64)
     assert torch.equal(again.vocab_ids, head.vocab_ids)
     for (name, a), (_, b) in zip(head.state_dict().items(), again.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
 
 
-@pytest.mark.skipif(kernels.packing_available(torch.nn.Linear(2, 2)) is not None, reason="no oneDNN float32 linear here")
+@pytest.mark.skipif(not ON_CPU or kernels.packing_available(torch.nn.Linear(2, 2)) is not None,
+                    reason="no oneDNN float32 linear here")
 def test_a_head_loaded_on_packed_kernels_proposes_what_the_stock_one_does(tmp_path):
     """`load_head(linear="auto")` packs the head's layers and its output rows for oneDNN (drafting
     is then 2-3x cheaper); proposals stay those of the stock kernels up to float rounding."""
@@ -132,7 +133,7 @@ def test_a_head_loaded_on_packed_kernels_proposes_what_the_stock_one_does(tmp_pa
     tiny_head("llama").save(tmp_path / "h")
     stock, packed = (load_head(tmp_path / "h", dtype=torch.float32, linear=kernel) for kernel in ("stock", "auto"))
     assert kernels.linear_kernel(stock) == "stock" and kernels.linear_kernel(packed) == "onednn"
-    hidden = target.model(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states[-1][0].detach()
+    hidden = target.model(torch.tensor([PROMPT], device=target.device), output_hidden_states=True).hidden_states[-1][0].detach()
     from dynatree.tree import TreeBuilder
 
     answers = []
@@ -221,7 +222,7 @@ def test_head_agreement_is_the_share_of_target_picks_it_predicts():
     hits = 0
     for i in range(len(new)):
         seq = prompt + new[:i]
-        hidden = target.model(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
+        hidden = target.model(torch.tensor([seq], device=target.device), output_hidden_states=True).hidden_states[-1][0]
         drafter = FeatureDrafter(head, target)
         drafter.reset(seq, hidden[:-1])
         hits += int(drafter.propose(TreeBuilder(seq[-1]), [0], k=1).ids[0, 0]) == new[i]

@@ -56,10 +56,10 @@ def _lm(vocab: int, seed: int = 1) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from helpers import config, tokenizer
+    from helpers import DEVICE, config, tokenizer
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config("llama", vocab=vocab)).to(torch.float64).eval()
+    model = AutoModelForCausalLM.from_config(config("llama", vocab=vocab)).to(torch.float64).eval().to(DEVICE)
     return LoadedModel(model=model, tokenizer=tokenizer(), name=f"draft-{vocab}-rows", eos_ids=[2])
 
 

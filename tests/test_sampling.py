@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import dynatree.verify
-from helpers import SAMPLING, chi_square_pvalue, tiny, tokenizer
+from helpers import DEVICE, SAMPLING, chi_square_pvalue, tiny, tokenizer
 from dynatree import DynaTreeError, Decoder, LoadedModel, generate, make_config
 from dynatree.drafters import FeatureDrafter, HybridDrafter, LMDrafter, NgramDrafter
 from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
@@ -34,7 +34,7 @@ def small(seed: int, noise: float = 0.0, vocab: int = V) -> LoadedModel:
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.5,
                       bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    model = AutoModelForCausalLM.from_config(cfg).double().eval()
+    model = AutoModelForCausalLM.from_config(cfg).double().eval().to(DEVICE)
     if noise:
         with torch.no_grad():
             for p in model.parameters():
@@ -53,7 +53,7 @@ def small_head() -> FeatureHead:
         for p in head.parameters():
             if p.dim() == 2:
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-    return head.double().eval()
+    return head.double().eval().to(DEVICE)
 
 
 @functools.cache
@@ -65,7 +65,7 @@ def exact_distribution() -> dict[tuple[int, ...], float]:
         for ys in itertools.product(range(V), repeat=NEW):
             prob = 1.0
             for i in range(NEW):
-                logits = model(torch.tensor([PROMPT + list(ys[:i])])).logits[0, -1:]
+                logits = model(torch.tensor([PROMPT + list(ys[:i])], device=model.device)).logits[0, -1:]
                 prob *= float(target_probs(logits, CONFIG)[0, ys[i]])
             out[ys] = prob
     return out
@@ -228,7 +228,7 @@ def deep_prompt() -> tuple[int, ...]:
     seq = list(PROMPT)
     with torch.no_grad():
         for _ in range(8):
-            seq.append(int(small(0).model(torch.tensor([seq])).logits[0, -1].argmax()))
+            seq.append(int(small(0).model(torch.tensor([seq], device=small(0).device)).logits[0, -1].argmax()))
     return tuple(seq + PROMPT[-3:])
 
 
@@ -242,7 +242,7 @@ def deep_distribution() -> dict[tuple[int, ...], float]:
             out[prefix] = prob
             return
         with torch.no_grad():
-            logits = model(torch.tensor([list(deep_prompt()) + list(prefix)])).logits[0, -1:]
+            logits = model(torch.tensor([list(deep_prompt()) + list(prefix)], device=model.device)).logits[0, -1:]
         p = target_probs(logits, DEEP_CONFIG)[0]
         for y in range(V):
             if float(p[y]) > 0:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from helpers import (EOS, SAMPLING as CONFIG, VOCAB, assert_same_cache, chi_square_pvalue, examples, hf_greedy,
+from helpers import (DEVICE, EOS, SAMPLING as CONFIG, VOCAB, assert_same_cache, chi_square_pvalue, examples, hf_greedy,
                      plain_cache, tokenizer)
 from dynatree import Decoder, api, make_config
 from dynatree import cache as kv
@@ -56,7 +56,7 @@ def model(kind: str, window: int, seed: int = 0) -> LoadedModel:
     config = AutoConfig.for_model(kind, vocab_size=VOCAB, bos_token_id=1, eos_token_id=EOS, pad_token_id=0,
                                   sliding_window=window, **SLIDING[kind])
     torch.manual_seed(seed)
-    m = AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+    m = AutoModelForCausalLM.from_config(config).to(torch.float64).eval().to(DEVICE)
     use_gqa_attention(m)  # as load_model does
     use_packed_linears(m)
     return LoadedModel(model=m, tokenizer=tokenizer(), name=f"tiny-{kind}-w{window}-{seed}", eos_ids=[])
@@ -73,7 +73,7 @@ def head(kind: str, window: int) -> FeatureHead:
         for p in h.parameters():
             if p.dim() == 2:
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-    return h.to(torch.float64).eval()
+    return h.to(torch.float64).eval().to(DEVICE)
 
 
 @functools.cache
@@ -163,7 +163,7 @@ def test_the_probe_refuses_masks_that_ignore_the_window(monkeypatch):
     """A tree step that lets nodes see keys beyond the window (the full mask) is caught at load."""
     target = model("gemma2", 8)
     check_tree_exact(target)
-    monkeypatch.setattr(LoadedModel, "masks", lambda self, allowed, q, k: additive_mask(allowed, self.dtype))
+    monkeypatch.setattr(LoadedModel, "masks", lambda self, allowed, q, k: additive_mask(allowed, self.dtype, self.device))
     with pytest.raises(DynaTreeError, match="does not follow the tree mask"):
         check_tree_exact(target)
 
@@ -187,13 +187,13 @@ def windowed_sliding_reference(kind: str, window: int, prompt: tuple[int, ...], 
     seq = list(prompt)
     with torch.no_grad():
         for _ in range(n):
-            pos = torch.arange(len(seq))
+            pos = torch.arange(len(seq), device=m.device)
             kv_window = (pos[None, :] <= pos[:, None]) & ((pos[None, :] < sink) | (pos[None, :] >= pos[:, None] - recent))
-            sliding = additive_mask(kv_window & (pos[:, None] - pos[None, :] < window), torch.float64)
+            sliding = additive_mask(kv_window & (pos[:, None] - pos[None, :] < window), torch.float64, m.device)
             types = set(getattr(m.model.config, "layer_types", None) or ["sliding_attention"])
             mask = sliding if types == {"sliding_attention"} else {
-                "full_attention": additive_mask(kv_window, torch.float64), "sliding_attention": sliding}
-            logits = m.model(torch.tensor([seq]), attention_mask=mask, position_ids=pos[None]).logits[0, -1]
+                "full_attention": additive_mask(kv_window, torch.float64, m.device), "sliding_attention": sliding}
+            logits = m.model(torch.tensor([seq], device=m.device), attention_mask=mask, position_ids=pos[None]).logits[0, -1]
             seq.append(int(logits.argmax()))
     return seq[len(prompt):]
 
@@ -245,7 +245,7 @@ def small(seed: int, noise: float = 0.0, kind: str = "mistral") -> LoadedModel:
     config = AutoConfig.for_model(kind, vocab_size=V, hidden_size=16, intermediate_size=32, num_attention_heads=2,
                                   num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.5,
                                   sliding_window=3, bos_token_id=0, eos_token_id=0, pad_token_id=0, **layers)
-    m = AutoModelForCausalLM.from_config(config).double().eval()
+    m = AutoModelForCausalLM.from_config(config).double().eval().to(DEVICE)
     if noise:
         with torch.no_grad():
             for p in m.parameters():
@@ -268,7 +268,7 @@ def test_sampling_keeps_the_sliding_target_distribution(kind, method, options):
         for ys in itertools.product(range(V), repeat=3):
             prob = 1.0
             for i in range(3):
-                logits = target.model(torch.tensor([PROMPT + list(ys[:i])])).logits[0, -1:]
+                logits = target.model(torch.tensor([PROMPT + list(ys[:i])], device=target.device)).logits[0, -1:]
                 prob *= float(target_probs(logits, CONFIG)[0, ys[i]])
             expected[ys] = prob
     counts: dict[tuple, int] = {}
@@ -286,7 +286,7 @@ def test_a_model_whose_layers_all_slide_but_name_their_types_gets_one_mask_and_e
     config = AutoConfig.for_model("gemma3_text", vocab_size=VOCAB, bos_token_id=1, eos_token_id=EOS, pad_token_id=0,
                                   sliding_window=4, **dict(_DIMS, head_dim=8, layer_types=["sliding_attention"] * 4))
     torch.manual_seed(0)
-    m = AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+    m = AutoModelForCausalLM.from_config(config).to(torch.float64).eval().to(DEVICE)
     target = LoadedModel(model=m, tokenizer=tokenizer(), name="tiny-gemma3-all-sliding", eos_ids=[])
     assert target.layout.window == 4 and target.layout.layer_types is None
     assert sliding_eviction(target) == KVWindow(0, 3)

@@ -26,9 +26,9 @@ def windowed_reference(arch: str, prompt: tuple[int, ...], max_new: int, sink: i
     seq = list(prompt)
     with torch.no_grad():
         for _ in range(max_new):
-            pos = torch.arange(len(seq))
+            pos = torch.arange(len(seq), device=model.device)
             allowed = (pos[None, :] <= pos[:, None]) & ((pos[None, :] < sink) | (pos[None, :] >= pos[:, None] - recent))
-            logits = model(torch.tensor([seq]), attention_mask=additive_mask(allowed, torch.float64),
+            logits = model(torch.tensor([seq], device=model.device), attention_mask=additive_mask(allowed, torch.float64, model.device),
                            position_ids=pos[None]).logits[0, -1]
             seq.append(int(logits.argmax()))
     return seq[len(prompt):]
