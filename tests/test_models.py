@@ -8,7 +8,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 from helpers import tiny, tokenizer
 from dynatree import DynaTreeError, LoadedModel, load_model
-from dynatree.models import check_causal, check_compatible, resolve_device
+from dynatree.models import check_causal, check_compatible, resolve_device, same_device
 
 
 def test_causality_probe_rejects_bidirectional_attention():
@@ -43,3 +43,21 @@ def test_directory_without_config(tmp_path):
 def test_cuda_requested_without_cuda():
     with pytest.raises(DynaTreeError, match="CUDA is not available"):
         resolve_device("cuda")
+
+
+def test_other_accelerators_are_refused_in_one_line():
+    """Timings and memory figures synchronise and read CUDA only: another device type is refused."""
+    for name in ("mps", "xpu"):
+        with pytest.raises(DynaTreeError, match=f"device '{name}' is not supported; choose cpu, cuda"):
+            resolve_device(name)
+
+
+def test_a_model_on_cuda_0_is_where_cuda_says():
+    """A parameter's device carries its index (cuda:0) while a user writes 'cuda' or 'auto': the API
+    must not refuse a loaded target for that (found by a read of the CUDA path)."""
+    cuda0, cuda1, cpu = torch.device("cuda:0"), torch.device("cuda:1"), torch.device("cpu")
+    assert same_device(cpu, cpu) and not same_device(cpu, cuda0) and not same_device(cuda0, cpu)
+    assert same_device(cuda0, cuda0) and not same_device(cuda1, cuda0)
+    if torch.cuda.is_available():  # 'cuda' alone is the current device
+        here = torch.device("cuda", torch.cuda.current_device())
+        assert same_device(torch.device("cuda"), here)

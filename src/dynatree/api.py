@@ -20,7 +20,7 @@ from .llamacpp import LlamaCppArConfig, LlamaCppLookupConfig, gguf_format, llama
 from .weights import inexact_greedy
 from .llamacpp import check_target as check_llamacpp
 from .methods import get_method, is_lossy
-from .models import DEFAULT_TARGET, load_model, resolve_device
+from .models import DEFAULT_TARGET, load_model, resolve_device, same_device
 from .runtime import LoadedModel
 from .peers import hf_generate, universal_assisted
 from .prompts import encode_prompt
@@ -146,7 +146,7 @@ def prepare(request: Request | Checked) -> Prepared:
     r, spec = checked.request, checked.method
     if isinstance(r.target, LoadedModel):
         tgt = r.target
-        if r.device is not None and resolve_device(r.device) != tgt.device:
+        if r.device is not None and not same_device(resolve_device(r.device), tgt.device):
             raise DynaTreeError(f"device {r.device!r} given, but the target is already loaded on {tgt.device}; "
                                 "load it there (load_model(..., device=...)) or leave device out")
     else:

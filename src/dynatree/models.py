@@ -55,15 +55,33 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def resolve_device(name: str) -> torch.device:
+    """A device name as a torch.device: 'cpu', 'cuda', 'cuda:N' or 'auto' (CUDA where there is one).
+    Other accelerators are refused: the engine's timings and memory figures synchronise and read CUDA
+    only (stats.Clock, stats.PeakMemory)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError as exc:
         raise DynaTreeError(f"unknown device {name!r}: {exc}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise DynaTreeError(f"device {name!r} is not supported; choose cpu, cuda, cuda:N or auto")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise DynaTreeError(f"device {name!r} requested but CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise DynaTreeError(f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA "
+                            f"device(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})")
     return device
+
+
+def same_device(asked: torch.device, actual: torch.device) -> bool:
+    """Whether a model on `actual` is where `asked` says: 'cuda' (no index) means the current CUDA
+    device, as torch places it, while a parameter's device always carries its index ('cuda:0')."""
+    if asked.type != actual.type:
+        return False
+    if asked.type == "cuda" and asked.index is None:
+        return actual.index == torch.cuda.current_device()
+    return asked.index is None or actual.index is None or asked.index == actual.index
 
 
 def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None = None, compile: bool = False,

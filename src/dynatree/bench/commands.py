@@ -190,7 +190,8 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     for t_new, l_max in settings(results):  # every data set and setting, each labelled
         for dataset in sets:
             print(f"-- {dataset}, T = {t_new}, L_max = {l_max}")
-            print(report.main_tables(at(results, t_new, l_max, dataset), marked).split("\n\n**Latency**")[0])
+            print(report.main_tables(at(results, t_new, l_max, dataset), marked, report.on_gpu(results))
+                  .split("\n\n**Latency**")[0])
     print(report.declared_line(results).removeprefix("- "))
     print(f"\nwrote {', '.join(str(p) for p in [out / 'results.json', *paths])}")
     return 0

@@ -145,8 +145,9 @@ def _speedup(a: dict) -> str:
             f"of means {a['speedup']:.2f}×, of totals {totals})")
 
 
-def main_tables(aggs: list[dict], lossy_variants=frozenset()) -> str:
-    """Throughput, latency, efficiency and memory tables; `lossy_variants` labelled "(lossy)"."""
+def main_tables(aggs: list[dict], lossy_variants=frozenset(), on_gpu: bool = False) -> str:
+    """Throughput, latency, efficiency and memory tables; `lossy_variants` labelled "(lossy)"; `on_gpu`:
+    the memory figures are the device's (stats.PeakMemory), and the table says so."""
     aggs = [{**a, "variant": a["variant"] + (" (lossy)" if a["variant"] in lossy_variants else "")
              + (f" ({a['weights']})" if a.get("weights") and a["method"].startswith("llamacpp") else "")}
             for a in aggs]  # llama.cpp rows name the quantized format they read
@@ -174,8 +175,11 @@ def main_tables(aggs: list[dict], lossy_variants=frozenset()) -> str:
           f"{a['mean']['drafted_tokens'] / max(a['mean']['iterations'] - 1, 1):.1f}",
           *(_pm(a["mean"].get(f"{phase}_ms"), a["std"].get(f"{phase}_ms"), digits=2) for phase in ("draft", "verify", "commit"))]
          for a in aggs])]
-    out += ["", "**Peak memory** (the process's peak resident memory during each run: every variant runs in the "
-                "one process, so every model loaded for the run counts in each figure)", "", _table(
+    memory = ("peak GPU memory allocated to tensors during each run (`torch.cuda.max_memory_allocated`: "
+              "without the CUDA context and the allocator's cache; not comparable with a CPU run's resident memory)"
+              if on_gpu else "the process's peak resident memory during each run: every variant runs in the "
+              "one process, so every model loaded for the run counts in each figure")
+    out += ["", f"**Peak memory** ({memory})", "", _table(
         ["Method", "Peak memory (MB)", "vs AR"],
         [[a["variant"], _pm(a["mean"]["peak_mem_mb"], a["std"]["peak_mem_mb"], digits=0),
           f"{100 * (a['mean']['peak_mem_mb'] / ar_mem - 1):+.1f}%" if ar_mem else "-"] for a in aggs])]
@@ -354,6 +358,11 @@ def _task_cell(c: dict) -> str:
             f"means {c['speedup_of_means']:.2f}×] M {c['mean_generated_len'] or 0:.2f}")
 
 
+def on_gpu(results: dict) -> bool:
+    """Whether the run's models were on a CUDA device (its env record)."""
+    return str(results.get("env", {}).get("device", "cpu")).startswith("cuda")
+
+
 def render(results: dict) -> str:
     parts = [header(results), ""]
     s = settings(results)
@@ -381,7 +390,7 @@ def render(results: dict) -> str:
         for d in sets:
             if len(sets) > 1:
                 parts += [f"### {d}", ""]
-            parts += [main_tables(at(results, t_new, l_max, d), marked_lossy(results)), ""]
+            parts += [main_tables(at(results, t_new, l_max, d), marked_lossy(results), on_gpu(results)), ""]
     parts += [exactness(results), ""]
     return "\n".join(parts)
 

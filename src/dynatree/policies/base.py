@@ -78,7 +78,7 @@ def tempered(dist: torch.Tensor, sampler: Sampler) -> torch.Tensor:
     k = sampler.config.top_k
     if k and k < dist.shape[-1]:  # only the k most probable tokens can survive: warp those alone
         top = dist.topk(k, dim=-1)
-        q = torch.zeros(dist.shape, dtype=torch.float64).scatter_(-1, top.indices, _warp(top.values, sampler))
+        q = torch.zeros(dist.shape, dtype=torch.float64, device=dist.device).scatter_(-1, top.indices, _warp(top.values, sampler))
     else:
         q = _warp(dist, sampler)
     return q

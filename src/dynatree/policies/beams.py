@@ -64,7 +64,8 @@ def _sampled_pairs(tree: TreeBuilder, layer: list[int], q: torch.Tensor, width: 
     """Beam sampling: `width` (parent, token) pairs drawn one after another without replacement
     from f(parent) * q(token | parent), in the order drawn (the order verification tries a
     parent's children in); q(. | parent) is recorded as the proposal of each parent drawn."""
-    weights = torch.tensor([tree.prob(u) for u in layer], dtype=torch.float64)[:, None] * q  # [m, V]
+    # [m, V], on the CPU where the sampler's generator draws (drafters hand over CPU distributions)
+    weights = torch.tensor([tree.prob(u) for u in layer], dtype=torch.float64)[:, None] * q.cpu()
     pairs = []
     for pick in draw_without_replacement(weights.flatten(), width, sampler.generator):
         row, token = divmod(pick, q.shape[-1])
