@@ -2,6 +2,7 @@
 
   python docs/results/q4-step-profile/step.py guards    time steps with and without skip_guard_eval_unsafe
   python docs/results/q4-step-profile/step.py profile   torch.profiler table of 50 steps (guards skipped)
+  python docs/results/q4-step-profile/step.py fusion    q, k, v (and gate, up) as one int4 product: same bits? time?
 """
 import statistics
 import sys
@@ -64,6 +65,50 @@ def profile(step):
     print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
 
 
+def fusion():
+    """SmolLM2-135M's int4 products of one layer (q 576, k 192, v 192, gate 1536, up 1536, down 576 and
+    o 576 outputs; random codes) as seven calls, or with q/k/v and gate/up concatenated (four calls),
+    eager, bfloat16 activations: are the outputs the same bits, and what does a 30-layer step save?"""
+    from dynatree.weights import Int4Linear
+
+    torch.manual_seed(0)
+    hidden, ffn = 576, 1536
+
+    def parts(*outs, inp=hidden):
+        return [(torch.randint(0, 16, (o, inp)), torch.rand(o, inp // 32) * 0.01, torch.randn(o, inp // 32) * 0.01)
+                for o in outs]
+
+    def layer(ps):
+        return Int4Linear(*ps, None)
+
+    def joined(ps):
+        return Int4Linear(*(torch.cat([p[i] for p in ps]) for i in range(3)), None)
+
+    qkv, gate_up = parts(576, 192, 192), parts(ffn, ffn)
+    rest = [layer(parts(576, inp=ffn)[0]), layer(parts(576)[0])]  # down, o: one call each either way
+    separate = [layer(p) for p in qkv] + [layer(p) for p in gate_up]
+    fused = [joined(qkv), joined(gate_up)]
+    for rows in (1, 2, 3, 5, 8, 16):
+        x = torch.randn(rows, hidden).bfloat16()
+        same = torch.equal(torch.cat([m(x) for m in separate[:3]], -1), fused[0](x)) and \
+            torch.equal(torch.cat([m(x) for m in separate[3:]], -1), fused[1](x))
+        print(f"{rows} rows: fused outputs {'equal' if same else 'DIFFER from'} the separate ones bit for bit")
+    for rows in (1, 4):
+        x, xd = torch.randn(rows, hidden).bfloat16(), torch.randn(rows, ffn).bfloat16()
+        times = {"7 calls": [], "4 calls": []}
+        for _ in range(7):  # interleaved blocks of one 30-layer step each
+            for name, mods in (("7 calls", separate), ("4 calls", fused)):
+                start = time.perf_counter()
+                for _ in range(30):
+                    for m in mods:
+                        m(x)
+                    rest[0](xd)
+                    rest[1](x)
+                times[name].append((time.perf_counter() - start) * 1e3)
+        print(f"{rows} rows, 30 layers: " + ", ".join(f"{k} {statistics.median(v):.2f} ms" for k, v in times.items()))
+
+
 if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "guards"
     with torch.no_grad():
-        {"guards": guards, "profile": profile}[sys.argv[1] if len(sys.argv) > 1 else "guards"](setup())
+        fusion() if mode == "fusion" else {"guards": guards, "profile": profile}[mode](setup())
