@@ -19,6 +19,7 @@ from helpers import DEVICE, EOS, VOCAB, hf_greedy, tokenizer
 from dynatree import api
 from dynatree.attention import use_gqa_attention, use_slot_alibi
 from dynatree.errors import DynaTreeError
+from dynatree.featurehead import FeatureHead, HeadConfig, target_features, tokenizer_fingerprint
 from dynatree.kernels import use_packed_linears
 from dynatree.models import load_model
 from dynatree.runtime import LoadedModel
@@ -75,6 +76,22 @@ def pair(kind: str) -> tuple[LoadedModel, LoadedModel]:
 
 
 @functools.cache
+def head_for(kind: str) -> FeatureHead:
+    """A random feature head reading the tiny target's last hidden state (an EAGLE-style drafter)."""
+    target = pair(kind)[0]
+    hidden, rows = target_features(target.model)
+    gen = torch.Generator().manual_seed(7)
+    cfg = HeadConfig(target=target.name, hidden_size=hidden, vocab_size=rows, draft_vocab=80, heads=4, kv_heads=2,
+                     tokenizer_sha1=tokenizer_fingerprint(target.tokenizer), ffn=64, context=256)
+    head = FeatureHead(cfg, torch.randperm(rows, generator=gen)[:80], name=f"head-{kind}")
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    return head.to(torch.float64).eval().to(DEVICE)
+
+
+@functools.cache
 def reference(kind: str, prompt: tuple[int, ...], n: int) -> list[int]:
     return hf_greedy(pair(kind)[0], list(prompt), n)
 
@@ -95,8 +112,10 @@ def test_exact_architectures_pass_the_probe_and_decode_exactly(kind):
         assert got == reference(kind, tuple(prompt), n), (kind, method)
 
     check()
-    # every method at least once, on a repetitive prompt the n-gram drafter copies; dynatree with both drafters
-    for method, drafter in [(m, {"ar": None, "dynatree": "ngram"}.get(m, draft)) for m in METHODS] + [("dynatree", draft)]:
+    # every method at least once, on a repetitive prompt the n-gram drafter copies; dynatree with both drafters,
+    # and two tree methods with a feature head fed the target's hidden states (BLOOM's among them)
+    for method, drafter in [(m, {"ar": None, "dynatree": "ngram"}.get(m, draft)) for m in METHODS] + [
+            ("dynatree", draft), ("dynatree", head_for(kind)), ("specinfer", head_for(kind))]:
         prompt = [5, 9, 11, 5, 9, 11, 5, 30]
         got = api.generate(method=method, target=target, draft=drafter, prompt_ids=prompt, max_new_tokens=16,
                            ignore_eos=True).new_token_ids
