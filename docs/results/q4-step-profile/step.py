@@ -106,6 +106,53 @@ def fusion():
                     rest[1](x)
                 times[name].append((time.perf_counter() - start) * 1e3)
         print(f"{rows} rows, 30 layers: " + ", ".join(f"{k} {statistics.median(v):.2f} ms" for k, v in times.items()))
+    # compiled: the same products inside one torch.compile graph of 30 layers (each layer's outputs summed
+    # into the next layer's input so nothing is dead code), one row
+    layers = [([layer(p) for p in parts(576, 192, 192) + parts(ffn, ffn)], layer(parts(576, inp=ffn)[0]))
+              for _ in range(30)]
+    def chain(fused_groups: bool):
+        def run(x):
+            for i, (sep, down) in enumerate(layers):
+                if fused_groups:
+                    q, k, v = joined_layers[i][0](x).split([576, 192, 192], -1)
+                    g, u = joined_layers[i][1](x).split([ffn, ffn], -1)
+                else:
+                    q, k, v, g, u = (m(x) for m in sep)
+                x = x + down(torch.nn.functional.silu(g) * u) + q + torch.cat([k, v], -1).sum(-1, keepdim=True)
+            return x
+        return torch.compile(run)
+
+    joined_layers = [(_rejoin(sep[:3]), _rejoin(sep[3:])) for sep, _ in layers]
+    runs = {"7 calls": chain(False), "4 calls": chain(True)}
+    x = torch.randn(1, hidden).bfloat16() * 0.01
+    for f in runs.values():
+        for _ in range(3):
+            f(x)
+    times = {k: [] for k in runs}
+    for _ in range(9):
+        for name, f in runs.items():
+            start = time.perf_counter()
+            for _ in range(20):
+                f(x)
+            times[name].append((time.perf_counter() - start) / 20 * 1e3)
+    print("1 row, 30 layers, compiled: " + ", ".join(f"{k} {statistics.median(v):.2f} ms" for k, v in times.items()))
+
+
+def _rejoin(layers):
+    """One Int4Linear computing `layers` side by side (their codes, scales and zeros concatenated), from
+    each layer's own packed weights: codes recovered from the dequantized weight (exact: integers 0..15)."""
+    from dynatree.weights import GROUP, Int4Linear
+
+    codes, scales, zeros = [], [], []
+    for m in layers:
+        pairs = m.scales_and_zeros.float()  # (in / 32, out, 2)
+        scale, zero = pairs[..., 0].t(), pairs[..., 1].t()  # (out, in / 32)
+        w = m.dequantized()  # (out, in) = (q - 8) * scale + zero, per group of GROUP
+        s, z = scale.repeat_interleave(GROUP, 1), zero.repeat_interleave(GROUP, 1)
+        codes.append(((w - z) / s + 8).round().clamp(0, 15).to(torch.int32))
+        scales.append(scale)
+        zeros.append(zero)
+    return Int4Linear(torch.cat(codes), torch.cat(scales), torch.cat(zeros), None)
 
 
 if __name__ == "__main__":
