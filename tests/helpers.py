@@ -94,11 +94,17 @@ def noisy_copy(arch: str, seed: int, noise: float, dtype=torch.float64) -> Loade
 def tiny_head(arch: str = "llama", seed: int = 0, dtype=torch.float64, draft_vocab: int = 80) -> FeatureHead:
     """A random feature head for tiny(arch): proposes from `draft_vocab` ids of the 96 (shuffled, so
     the sub-vocabulary's row order differs from the target's), sharp enough to prefer some tokens."""
-    target = tiny(arch)
-    gen = torch.Generator().manual_seed(500 + seed)
-    cfg = HeadConfig(target=target.name, hidden_size=32, vocab_size=VOCAB, tokenizer_sha1=tokenizer_fingerprint(tokenizer()),
-                     draft_vocab=draft_vocab, heads=4, kv_heads=2, ffn=64, context=512)
-    head = FeatureHead(cfg, torch.randperm(VOCAB, generator=gen)[:draft_vocab], name=f"head-{arch}-{seed}")
+    return random_head(tiny(arch).name, f"head-{arch}-{seed}", 500 + seed, draft_vocab=draft_vocab, dtype=dtype)
+
+
+def random_head(target: str, name: str, seed: int, hidden: int = 32, rows: int = VOCAB, draft_vocab: int = 80,
+                dtype=torch.float64, context: int = 512) -> FeatureHead:
+    """A random feature head (4 heads, 2 KV heads, FFN 64) for a tiny target named `target` of `hidden`
+    width and `rows` output rows on the shared tokenizer, proposing `draft_vocab` shuffled ids, on DEVICE."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = HeadConfig(target=target, hidden_size=hidden, vocab_size=rows, tokenizer_sha1=tokenizer_fingerprint(tokenizer()),
+                     draft_vocab=draft_vocab, heads=4, kv_heads=2, ffn=64, context=context)
+    head = FeatureHead(cfg, torch.randperm(rows, generator=gen)[:draft_vocab], name=name)
     with torch.no_grad():
         for p in head.parameters():
             if p.dim() == 2:

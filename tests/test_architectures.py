@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from helpers import DEVICE, EOS, VOCAB, hf_greedy, tokenizer
+from helpers import DEVICE, EOS, VOCAB, hf_greedy, random_head, tokenizer
 from dynatree import api
 from dynatree.attention import use_gqa_attention, use_slot_alibi
 from dynatree.errors import DynaTreeError
-from dynatree.featurehead import FeatureHead, HeadConfig, target_features, tokenizer_fingerprint
+from dynatree.featurehead import FeatureHead, target_features
 from dynatree.kernels import use_packed_linears
 from dynatree.models import load_model
 from dynatree.runtime import LoadedModel
@@ -80,15 +80,7 @@ def head_for(kind: str) -> FeatureHead:
     """A random feature head reading the tiny target's last hidden state (an EAGLE-style drafter)."""
     target = pair(kind)[0]
     hidden, rows = target_features(target.model)
-    gen = torch.Generator().manual_seed(7)
-    cfg = HeadConfig(target=target.name, hidden_size=hidden, vocab_size=rows, draft_vocab=80, heads=4, kv_heads=2,
-                     tokenizer_sha1=tokenizer_fingerprint(target.tokenizer), ffn=64, context=256)
-    head = FeatureHead(cfg, torch.randperm(rows, generator=gen)[:80], name=f"head-{kind}")
-    with torch.no_grad():
-        for p in head.parameters():
-            if p.dim() == 2:
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-    return head.to(torch.float64).eval().to(DEVICE)
+    return random_head(target.name, f"head-{kind}", 7, hidden=hidden, rows=rows, context=256)
 
 
 @functools.cache

@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from helpers import (DEVICE, EOS, SAMPLING as CONFIG, VOCAB, assert_same_cache, chi_square_pvalue, examples, hf_greedy,
-                     plain_cache, tokenizer)
+                     plain_cache, random_head, tokenizer)
 from dynatree import Decoder, api, make_config
 from dynatree import cache as kv
 from dynatree.attention import use_gqa_attention
 from dynatree.drafters import LMDrafter
 from dynatree.errors import DynaTreeError
-from dynatree.featurehead import FeatureHead, HeadConfig, tokenizer_fingerprint
+from dynatree.featurehead import FeatureHead
 from dynatree.kernels import use_packed_linears
 from dynatree.methods import METHODS
 from dynatree.probe import check_tree_exact
@@ -65,15 +65,7 @@ def model(kind: str, window: int, seed: int = 0) -> LoadedModel:
 @functools.cache
 def head(kind: str, window: int) -> FeatureHead:
     """A random feature head for model(kind, window): an EAGLE-style drafter over its hidden states."""
-    gen = torch.Generator().manual_seed(7)
-    cfg = HeadConfig(target=f"tiny-{kind}", hidden_size=32, vocab_size=VOCAB, tokenizer_sha1=tokenizer_fingerprint(tokenizer()),
-                     draft_vocab=80, heads=4, kv_heads=2, ffn=64, context=512)
-    h = FeatureHead(cfg, torch.randperm(VOCAB, generator=gen)[:80], name=f"head-{kind}")
-    with torch.no_grad():
-        for p in h.parameters():
-            if p.dim() == 2:
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-    return h.to(torch.float64).eval().to(DEVICE)
+    return random_head(f"tiny-{kind}", f"head-{kind}", 7)
 
 
 @functools.cache
