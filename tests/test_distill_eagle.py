@@ -285,6 +285,22 @@ def test_training_fits_the_data_and_the_head_drafts_exactly(tmp_path, prompts):
         EagleConfig(init_head=str(tmp_path)).validate()
 
 
+def test_bfloat16_autocast_training_fits_and_keeps_float32_weights(tmp_path, prompts):
+    target = chat_target()
+    out = tmp_path / "head"
+    summary = distill_eagle(target, out, EagleConfig(**{**SMALL, "prompts": str(prompts), "train_dtype": "bfloat16"}),
+                            progress=False)
+    first, last = summary["history"][0]["train_agreement_moving_avg"][0], summary["history"][-1]["train_agreement_moving_avg"][0]
+    assert last > first + 0.08
+    assert summary["config"]["train_dtype"] == "bfloat16"
+    head = load_head(out, dtype=torch.float32)
+    state = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    assert all(v.dtype == torch.float32 for v in state.values() if v.is_floating_point())
+    prompt = target.tokenizer("w9 w10 w11 w4", add_special_tokens=False).input_ids
+    record = generate(prompt_ids=prompt, method="dynatree", target=target, draft=head, max_new_tokens=20, ignore_eos=True)
+    assert record.new_token_ids == hf_greedy(target, prompt, 20)
+
+
 @pytest.fixture()
 def saved_chat(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-chat")
@@ -314,6 +330,7 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
                          (["--prompts", str(uncategorised)], "uncategorised.jsonl:2: expected a Spec-Bench question"),
                          (["--layers", "2"], "--layers do not apply to --kind eagle"),
                          (["--unroll", "0"], "--unroll must be at least 1"),
+                         (["--train-dtype", "float16"], "--train-dtype must be float32 or bfloat16"),
                          (["--prompts", str(empty)], "holds no prompts"),
                          (["--prompts", str(binary)], "UTF-8"),
                          (["--prompts", str(tmp_path)], "is a directory"),
@@ -357,3 +374,10 @@ def test_a_resumed_run_may_change_its_steps_and_records_where(tmp_path, prompts)
         distill_eagle(target, out, dataclasses.replace(cfg, steps=3), resume=True, progress=False)
     with pytest.raises(DynaTreeError, match=r"\(lr differ\); resume with the same options \(only --steps may change\)"):
         distill_eagle(target, out, dataclasses.replace(cfg, steps=6, lr=0.5), resume=True, progress=False)
+    # a checkpoint written before an option existed resumes with that option at its default only
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    del state["config"]["train_dtype"]
+    torch.save(state, out / "checkpoint.pt")
+    with pytest.raises(DynaTreeError, match=r"\(train_dtype differ\)"):
+        distill_eagle(target, out, dataclasses.replace(cfg, steps=8, train_dtype="bfloat16"), resume=True, progress=False)
+    assert distill_eagle(target, out, dataclasses.replace(cfg, steps=8), resume=True, progress=False)["history"][-1]["step"] == 8

@@ -60,7 +60,9 @@ def resumed(ckpt_path: Path, cfg) -> dict:
     it was trained with, except `steps` (a run cut short or extended, never below the steps already
     trained): the cosine decay then follows the new total, and the history records where it changed."""
     state = torch.load(ckpt_path, weights_only=False, map_location="cpu")  # resumable on another device
-    changed = sorted(k for k, v in dataclasses.asdict(cfg).items() if state["config"].get(k) != v and k != "steps")
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}  # an option added since: its default was the behaviour
+    changed = sorted(k for k, v in dataclasses.asdict(cfg).items()
+                     if state["config"].get(k, defaults[k]) != v and k != "steps")
     if changed:
         raise DynaTreeError(f"{ckpt_path} was trained with other options ({', '.join(changed)} differ); "
                             "resume with the same options (only --steps may change)")

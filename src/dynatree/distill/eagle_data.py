@@ -69,6 +69,10 @@ class EagleConfig:
     weight_decay: float = option(0.0, "AdamW weight decay")
     eval_fraction: float = option(0.05, "share of conversations held out to measure agreement")
     checkpoint_every: int = option(50, "steps between resumable checkpoints")
+    train_dtype: str = option("float32", "dtype of the head's products while training: 'bfloat16' runs them under "
+                              "autocast (weights, optimizer and held-out evaluation stay float32); about twice as "
+                              "fast where the hardware has native bfloat16 (AVX-512 bf16 or AMX CPUs, GPUs), slower "
+                              "on an AVX2-only CPU")
     seed: int = option(0, "seed of the self-written prompts, the split and the order")
     init_head: str = option("", "continue training this head directory (its sizes and sub-vocabulary are kept; "
                             "--ffn/--heads/--kv-heads/--draft-vocab are then ignored)")
@@ -76,6 +80,8 @@ class EagleConfig:
     def validate(self) -> None:
         positive(self, "max_new_tokens", "l_max", "gen_batch", "chunk", "label_batch", "draft_vocab", "unroll", "seq_len",
                  "steps", "batch_size", "checkpoint_every")
+        require(self.train_dtype in ("float32", "bfloat16"),
+                f"--train-dtype must be float32 or bfloat16, got {self.train_dtype!r}")
         require(self.holdout >= 0 and self.self_prompts >= 0, "--holdout and --self-prompts must be at least 0")
         require(min(self.ffn, self.heads, self.kv_heads) >= 0, "--ffn, --heads and --kv-heads must be at least 0")
         require(0.0 < self.eval_fraction < 1.0, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}")

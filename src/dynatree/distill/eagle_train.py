@@ -233,7 +233,8 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
         batch = make_batch(data, next(feed), cfg.seq_len, sub_index, head_vocab)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg, floor=0.05)
-        loss, stats = unrolled_loss(head, embed, out_rows, batch, cfg)
+        with torch.autocast(out_rows.device.type, dtype=torch.bfloat16, enabled=cfg.train_dtype == "bfloat16"):
+            loss, stats = unrolled_loss(head, embed, out_rows, batch, cfg)
         opt.zero_grad(set_to_none=True)
         if torch.is_tensor(loss):  # else no row of the batch had a label to learn (e.g. no answer row): no update
             loss.backward()
