@@ -3,6 +3,7 @@
   python docs/results/q4-step-profile/step.py guards    time steps with and without skip_guard_eval_unsafe
   python docs/results/q4-step-profile/step.py profile   torch.profiler table of 50 steps (guards skipped)
   python docs/results/q4-step-profile/step.py fusion    q, k, v (and gate, up) as one int4 product: same bits? time?
+  python docs/results/q4-step-profile/step.py output    a Q8_0 output layer as two int4 products vs bfloat16, by rows
 """
 import statistics
 import sys
@@ -155,7 +156,37 @@ def _rejoin(layers):
     return Int4Linear(torch.cat(codes), torch.cat(scales), torch.cat(zeros), None)
 
 
+def output():
+    """SmolLM2's output layer (49152 x 576, Q8_0 in the file: int8 values q, a float16 scale d per 32)
+    as two int4 products, q = 16 hi + lo: codes hi + 8 with scale 16d, codes lo with scale d and
+    zero 8d; against the same values dense in bfloat16 (as `--weights q4` keeps it). Random values."""
+    torch.manual_seed(0)
+    n, k = 49152, 576
+    q = torch.randint(-128, 128, (n, k), dtype=torch.int32)
+    d = torch.rand(n, k // 32) * 0.01 + 0.001
+    dense_w = (q.float().view(n, k // 32, 32) * d[..., None]).view(n, k).to(torch.bfloat16)
+    hi = torch.div(q, 16, rounding_mode="floor")
+    packed = [torch._convert_weight_to_int4pack_for_cpu(c.contiguous(), 1) for c in (hi + 8, q - 16 * hi)]
+    pairs = [torch.stack([s.t(), z.t()], -1).to(torch.bfloat16).contiguous()
+             for s, z in ((16 * d, torch.zeros_like(d)), (d, 8 * d))]
+    for rows in (1, 4, 16, 64):
+        x = torch.randn(rows, k, dtype=torch.bfloat16)
+        runs = {"bfloat16": lambda: torch.nn.functional.linear(x, dense_w),
+                "two int4": lambda: sum(torch._weight_int4pack_mm_for_cpu(x, p, 32, sz) for p, sz in zip(packed, pairs))}
+        times = {name: [] for name in runs}
+        for _ in range(3):
+            [f() for f in runs.values()]
+        for _ in range(30):
+            for name, f in runs.items():
+                t = time.perf_counter()
+                for _ in range(10):
+                    f()
+                times[name].append((time.perf_counter() - t) / 10 * 1e3)
+        print(f"{rows:3d} rows: " + "  ".join(f"{name} {statistics.median(v):.2f} ms" for name, v in times.items()))
+
+
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "guards"
     with torch.no_grad():
-        fusion() if mode == "fusion" else {"guards": guards, "profile": profile}[mode](setup())
+        {"fusion": fusion, "output": output}[mode]() if mode in ("fusion", "output") else \
+            {"guards": guards, "profile": profile}[mode](setup())
