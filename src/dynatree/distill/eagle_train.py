@@ -240,7 +240,7 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-        loss = float(loss)
+        loss = float(loss.detach() if torch.is_tensor(loss) else loss)  # (a tensor that needs grad warns)
         step += 1
         agree = [h / max(t, 1) for h, t, _, _ in stats]
         avg = agree if avg is None else [0.95 * a + 0.05 * b for a, b in zip(avg, agree)]
