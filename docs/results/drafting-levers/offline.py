@@ -43,20 +43,21 @@ def build_store(orders):
     return store, tokens
 
 
+def lookup(index, ctx, orders):
+    """(most frequent next token, order) of the longest of `orders` whose suffix of ctx is in index."""
+    for n in orders:
+        c = index[n].get(tuple(ctx[-n:])) if len(ctx) >= n else None
+        if c:
+            return c.most_common(1)[0][0], n
+    return None, 0
+
+
 def replay(s, a, max_n, store=None):
     """M for one answer: the live n-gram drafter (longest suffix of the text so far, orders max_n..1,
     most frequent next token), falling back to the store where the live match is shorter than 3
     tokens and the store's is longer."""
     live = {n: collections.defaultdict(collections.Counter) for n in range(1, max_n + 1)}
     indexed, t, passes = 0, a, 0
-
-    def lookup(index, ctx, orders):
-        for n in orders:
-            c = index[n].get(tuple(ctx[-n:])) if len(ctx) >= n else None
-            if c:
-                return c.most_common(1)[0][0], n
-        return None, 0
-
     while t < len(s):
         for i in range(indexed, t):
             for n in range(1, max_n + 1):

@@ -32,6 +32,18 @@ def setup():
     return step
 
 
+def interleaved(runs: dict, blocks: int, calls: int) -> dict:
+    """Median ms per call of each function in `runs`, timed in `blocks` interleaved blocks of `calls` calls."""
+    times = {name: [] for name in runs}
+    for _ in range(blocks):
+        for name, f in runs.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                f()
+            times[name].append((time.perf_counter() - start) / calls * 1e3)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def guards(step):
     def block(n, unsafe):
         times = []
@@ -96,17 +108,15 @@ def fusion():
         print(f"{rows} rows: fused outputs {'equal' if same else 'DIFFER from'} the separate ones bit for bit")
     for rows in (1, 4):
         x, xd = torch.randn(rows, hidden).bfloat16(), torch.randn(rows, ffn).bfloat16()
-        times = {"7 calls": [], "4 calls": []}
-        for _ in range(7):  # interleaved blocks of one 30-layer step each
-            for name, mods in (("7 calls", separate), ("4 calls", fused)):
-                start = time.perf_counter()
-                for _ in range(30):
-                    for m in mods:
-                        m(x)
-                    rest[0](xd)
-                    rest[1](x)
-                times[name].append((time.perf_counter() - start) * 1e3)
-        print(f"{rows} rows, 30 layers: " + ", ".join(f"{k} {statistics.median(v):.2f} ms" for k, v in times.items()))
+
+        def step30(mods):
+            for _ in range(30):
+                for m in mods:
+                    m(x)
+                rest[0](xd)
+                rest[1](x)
+        times = interleaved({"7 calls": lambda: step30(separate), "4 calls": lambda: step30(fused)}, blocks=7, calls=1)
+        print(f"{rows} rows, 30 layers: " + ", ".join(f"{k} {v:.2f} ms" for k, v in times.items()))
     # compiled: the same products inside one torch.compile graph of 30 layers (each layer's outputs summed
     # into the next layer's input so nothing is dead code), one row
     layers = [([layer(p) for p in parts(576, 192, 192) + parts(ffn, ffn)], layer(parts(576, inp=ffn)[0]))
@@ -129,14 +139,8 @@ def fusion():
     for f in runs.values():
         for _ in range(3):
             f(x)
-    times = {k: [] for k in runs}
-    for _ in range(9):
-        for name, f in runs.items():
-            start = time.perf_counter()
-            for _ in range(20):
-                f(x)
-            times[name].append((time.perf_counter() - start) / 20 * 1e3)
-    print("1 row, 30 layers, compiled: " + ", ".join(f"{k} {statistics.median(v):.2f} ms" for k, v in times.items()))
+    times = interleaved({k: (lambda f=f: f(x)) for k, f in runs.items()}, blocks=9, calls=20)
+    print("1 row, 30 layers, compiled: " + ", ".join(f"{k} {v:.2f} ms" for k, v in times.items()))
 
 
 def _rejoin(layers):
@@ -173,16 +177,10 @@ def output():
         x = torch.randn(rows, k, dtype=torch.bfloat16)
         runs = {"bfloat16": lambda: torch.nn.functional.linear(x, dense_w),
                 "two int4": lambda: sum(torch._weight_int4pack_mm_for_cpu(x, p, 32, sz) for p, sz in zip(packed, pairs))}
-        times = {name: [] for name in runs}
         for _ in range(3):
             [f() for f in runs.values()]
-        for _ in range(30):
-            for name, f in runs.items():
-                t = time.perf_counter()
-                for _ in range(10):
-                    f()
-                times[name].append((time.perf_counter() - t) / 10 * 1e3)
-        print(f"{rows:3d} rows: " + "  ".join(f"{name} {statistics.median(v):.2f} ms" for name, v in times.items()))
+        times = interleaved(runs, blocks=30, calls=10)
+        print(f"{rows:3d} rows: " + "  ".join(f"{name} {v:.2f} ms" for name, v in times.items()))
 
 
 if __name__ == "__main__":
