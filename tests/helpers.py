@@ -224,10 +224,26 @@ def chi_square_pvalue(counts: dict, expected: dict[tuple, float], n: int) -> flo
     return float(chi2.sf(stat, df=len(observed) - 1))
 
 
+@functools.cache
+def tiny_store(arch: str):
+    """A datastore of the tiny target's own greedy text (continuations of short motifs), as
+    `dynatree distill --kind store` would build from its answers: often right, sometimes not."""
+    from dynatree.datastore import from_answers
+
+    target = tiny(arch)
+    prompts = [[5 + i, 6 + 2 * i, 5 + i] for i in range(12)] + [[40, 41, 40, 41], [9, 9, 9]]
+    return from_answers(target, [(p + hf_greedy(target, p, 20), len(p)) for p in prompts], name=f"tiny-store-{arch}")
+
+
 def make_drafter(kind: str, arch: str):
     target = tiny(arch)
     if kind == "ngram":
         return NgramDrafter(max_n=3)
+    if kind == "store":  # the n-gram drafter backed by a datastore of the target's own text
+        return NgramDrafter(max_n=3, vocab_size=target.vocab_size, store=tiny_store(arch))
+    if kind == "hybrid-store":
+        return HybridDrafter(NgramDrafter(max_n=3, store=tiny_store(arch)),
+                             LMDrafter(noisy_copy(arch, 0, 0.08), target.vocab_size))
     if kind == "feature":  # a random feature head fed the target's hidden states (sub-vocabulary of 80 ids)
         return FeatureDrafter(tiny_head(arch), target)
     if kind == "hybrid":  # n-gram where the context repeats (order >= 2), the noisy copy elsewhere

@@ -21,7 +21,7 @@ from dynatree.methods import METHODS
 
 TREE_METHODS = ["linear", "fixed-tree", "dynatree", "wetap", "specinfer", "specexec", "opt-tree", "dsbd", "mtad"]
 PERFECT = ["linear", "fixed-tree", "dynatree", "specinfer"]  # trees that always contain the draft's greedy chain
-DRAFTERS = ["self", "noisy", "other", "ngram", "hybrid", "feature"]
+DRAFTERS = ["self", "noisy", "other", "ngram", "hybrid", "feature", "store", "hybrid-store"]
 
 
 @functools.cache

@@ -219,7 +219,7 @@ LOSSLESS = {"linear": {"k": 3}, "fixed-tree": {"depth": 3, "branch": 2, "tau": 0
             "opt-tree": {"budget": 12, "depth": 3}, "wetap": {"depth": 3, "budget": 6, "w_min": 2, "w_max": 3,
                                                             "verify": "exact"},
             "dsbd": {"width": 2, "depth": 3}}
-DEEP_DRAFTERS = ("lm", "ngram", "feature", "hybrid")
+DEEP_DRAFTERS = ("lm", "ngram", "feature", "hybrid", "store")
 
 
 @functools.cache
@@ -230,6 +230,15 @@ def deep_prompt() -> tuple[int, ...]:
         for _ in range(8):
             seq.append(int(small(0).model(torch.tensor([seq], device=small(0).device)).logits[0, -1].argmax()))
     return tuple(seq + PROMPT[-3:])
+
+
+@functools.cache
+def deep_store():
+    """A datastore holding the deep prompt's greedy continuation: the store proposes it where the
+    text so far has no 3-token match."""
+    from dynatree.datastore import from_answers
+
+    return from_answers(small(0), [(list(deep_prompt()), 0)], name="deep-store")
 
 
 @functools.cache
@@ -258,7 +267,8 @@ def deep_runs(method: str, drafter_kind: str) -> tuple[dict, int]:
     for seed in range(DEEP_RUNS):
         lm = LMDrafter(small(0, 0.3), vocab_limit=V)
         drafter = {"lm": lm, "ngram": NgramDrafter(max_n=3, vocab_size=V), "feature": FeatureDrafter(small_head(), target),
-                   "hybrid": HybridDrafter(NgramDrafter(max_n=3, vocab_size=V), lm, min_match=3)}[drafter_kind]
+                   "hybrid": HybridDrafter(NgramDrafter(max_n=3, vocab_size=V), lm, min_match=3),
+                   "store": NgramDrafter(max_n=3, vocab_size=V, store=deep_store())}[drafter_kind]
         policy = METHODS[method].policy_cls(make_config(method, **LOSSLESS[method]))
         run = Decoder(target, policy, drafter, sampler=Sampler(DEEP_CONFIG, seed)).generate(
             list(deep_prompt()), DEEP_NEW, ignore_eos=True)

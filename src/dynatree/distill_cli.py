@@ -1,7 +1,8 @@
 """`dynatree distill --target T --out DIR [--kind lm|eagle] [options]`: one flag per config field.
 
 `--kind lm` (distill.lm_data.DistillConfig) trains a small draft LM; `--kind eagle`
-(distill.eagle_data.EagleConfig) a feature head. Options both kinds have share a flag; an option
+(distill.eagle_data.EagleConfig) a feature head; `--kind store` (distill.store_build.StoreConfig)
+builds a datastore of the target's own answers for the n-gram drafter (no training). Options both kinds have share a flag; an option
 of the other kind only is a one-line error, never silently ignored.
 """
 
@@ -14,19 +15,22 @@ from pathlib import Path
 from .config import cli_flag, field_type
 from .distill.lm_data import DistillConfig
 from .distill.eagle_data import EagleConfig
+from .distill.store_build import StoreConfig
 from .errors import DynaTreeError, check_out_dir
 
-KINDS = {"lm": DistillConfig, "eagle": EagleConfig}
+KINDS = {"lm": DistillConfig, "eagle": EagleConfig, "store": StoreConfig}
 
 
 def add_distill_command(sub) -> None:
     p = sub.add_parser(
         "distill",
-        help="train a draft for a target: a small LM (--kind lm) or a feature head (--kind eagle)",
+        help="train a draft for a target: a small LM (--kind lm), a feature head (--kind eagle), or build a "
+        "datastore of its own answers (--kind store)",
         description="--kind lm: a draft LM sharing the target's tokenizer, from the target's top-k next-token "
         "probabilities on a corpus and on its own greedy generations. --kind eagle: a feature head (one decoder "
-        "layer over the target's hidden states, EAGLE-style) from the target's own chat answers. Resumable "
-        "(--resume); the output directory loads with --draft DIR.",
+        "layer over the target's hidden states, EAGLE-style) from the target's own chat answers. --kind store: those "
+        "answers indexed for the n-gram drafter (--draft ngram+DIR). Resumable (--resume; a stopped data build "
+        "resumes from its saved parts); the output directory loads with --draft DIR.",
     )
     p.add_argument("--kind", choices=list(KINDS), default="lm", help="what to train [lm]")
     p.add_argument("--target", default=None, help="target model: hub id, local directory, .gguf file or embedded alias")
@@ -75,6 +79,13 @@ def cmd_distill(args) -> int:
     check_out_dir(args.out)
     target = load_model(args.target or DEFAULT_TARGET, device=args.device, dtype="float32")
     command = ["dynatree", *args.argv]
+    if args.kind == "store":
+        from .distill.store_build import distill_store
+
+        summary = distill_store(target, Path(args.out), cfg, progress=not args.quiet, command=command)
+        print(f"datastore written to {args.out} ({summary['data']['answer_tokens']} answer tokens of "
+              f"{summary['data']['sequences']} turns; use --draft ngram+{args.out})")
+        return 0
     if args.kind == "eagle":
         from .distill.eagle_train import distill_eagle
 

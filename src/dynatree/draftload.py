@@ -5,14 +5,16 @@ turns a `Draft` into the drafter of one run).
 A draft model is a draft LM (alias, directory, .gguf file or hub id; it must share the target's
 tokenizer) or a feature head (a directory with feature_head.json, or a shipped alias; it must be
 built for the target). It is loaded once, in the target's dtype on the target's device, and
-checked against the target; a `Draft` can then be handed to any number of requests.
+checked against the target; a `Draft` can then be handed to any number of requests. A datastore
+(`ngram+STORE...`) is loaded and checked against the target's tokenizer the same way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .draftspec import AUTO, HYBRID, NGRAM, Hybrid, head_dir, parse
+from .datastore import Datastore, check_store, load_datastore
+from .draftspec import AUTO, NGRAM, Hybrid, head_dir, parse
 from .errors import DynaTreeError
 from .featurehead import FeatureHead, check_head, load_head
 from .models import check_compatible, load_model
@@ -26,17 +28,19 @@ class Draft:
     ngram: bool  # the n-gram drafter takes part (alone when `model` is None)
     model: LoadedModel | FeatureHead | None  # the draft LM or feature head, checked against `target`; None: none
     target: LoadedModel  # the target it was checked against
+    store: Datastore | None = None  # the datastore the n-gram drafter also reads, checked against `target`
 
     def __post_init__(self):
         if not self.ngram and self.model is None:
             raise ValueError("a Draft drafts with the n-gram drafter, a model, or both")
+        if self.store is not None and not self.ngram:
+            raise ValueError("a datastore is read by the n-gram drafter: a Draft with a store has ngram=True")
 
     @property
     def name(self) -> str:
-        """As a --draft value: 'ngram', the model's name, or 'ngram+NAME'."""
-        if self.model is None:
-            return NGRAM
-        return (HYBRID if self.ngram else "") + self.model.name
+        """As a --draft value: 'ngram', the model's name, 'ngram+NAME', 'ngram+STORE' or 'ngram+STORE+NAME'."""
+        parts = ([NGRAM] if self.ngram else []) + ([self.store.name] if self.store is not None else [])
+        return "+".join(parts + ([self.model.name] if self.model is not None else []))
 
     @property
     def model_alone(self) -> bool:
@@ -45,32 +49,37 @@ class Draft:
 
 
 def load_draft(draft, target: LoadedModel, linear: str = "auto") -> Draft:
-    """`draft` resolved against `target`: None/'auto'/'ngram', a spec ('MODEL', 'ngram+MODEL'), a
-    loaded draft LM or feature head, `Hybrid(model or spec)`, or a `Draft` (returned as it is when it
-    was checked against this target). A model named by a spec is loaded in the target's dtype on its
-    device with `linear` kernels. Any mismatch with the target is a one-line DynaTreeError."""
+    """`draft` resolved against `target`: None/'auto'/'ngram', a spec ('MODEL', 'ngram+MODEL',
+    'ngram+STORE', 'ngram+STORE+MODEL'), a loaded draft LM or feature head, `Hybrid(model or spec,
+    store=None)`, or a `Draft` (returned as it is when it was checked against this target). A model
+    named by a spec is loaded in the target's dtype on its device with `linear` kernels. Any mismatch
+    with the target is a one-line DynaTreeError."""
+    store = None
     if isinstance(draft, Draft):
         if draft.target is target:
             return draft
-        if draft.model is None:
-            draft = NGRAM
-        else:
-            draft = Hybrid(draft.model) if draft.ngram else draft.model
-    if isinstance(draft, Hybrid):
-        ngram, draft = True, draft.lm
+        ngram, store, draft = draft.ngram, draft.store, draft.model
+    elif isinstance(draft, Hybrid):
+        ngram, store, draft = True, draft.store, draft.lm
     elif isinstance(draft, (LoadedModel, FeatureHead)):
         ngram = False
     else:
         parsed = parse(draft)
-        ngram, draft = parsed.ngram, parsed.model
+        ngram, store, draft = parsed.ngram, parsed.store, parsed.model
+    if isinstance(store, str):
+        store = load_datastore(store)
+    elif store is not None and not isinstance(store, Datastore):
+        raise DynaTreeError(f"a datastore is a spec (alias or directory) or a loaded Datastore, got {type(store).__name__}")
+    if store is not None:
+        check_store(store, target)
     if draft is None:
-        return Draft(ngram=True, model=None, target=target)
+        return Draft(ngram=True, model=None, target=target, store=store)
     model = draft if isinstance(draft, (LoadedModel, FeatureHead)) else load_draft_model(draft, target, linear)
     if isinstance(model, FeatureHead):
         check_head(model, target)
     else:
         check_compatible(target, model)
-    return Draft(ngram=ngram, model=model, target=target)
+    return Draft(ngram=ngram, model=model, target=target, store=store)
 
 
 def load_draft_model(spec: str, target: LoadedModel, linear: str = "auto") -> LoadedModel | FeatureHead:

@@ -2,6 +2,9 @@
 
   ngram        the model-free n-gram drafter (also what None and "auto" mean)
   ngram+SPEC   the n-gram drafter where the text repeats itself, SPEC elsewhere (`HybridDrafter`)
+  ngram+STORE[+SPEC]  the same, the n-gram drafter also looking up a datastore of the target's own
+               text where the text so far has no long match (datastore.py; an alias such as
+               smollm2-135m-store or a directory with datastore.json)
   SPEC         a draft model: a draft LM (alias, directory, .gguf file or hub id) or a feature head
                (a directory with feature_head.json, or a shipped alias such as smollm2-135m-eagle)
 
@@ -20,6 +23,7 @@ NGRAM = "ngram"
 HYBRID = "ngram+"  # --draft ngram+MODEL
 AUTO = (None, "auto")  # the method's default drafter
 HEAD_CONFIG_FILE = "feature_head.json"  # what makes a directory a feature head (featurehead.py)
+STORE_CONFIG_FILE = "datastore.json"  # what makes a directory a datastore (datastore.py)
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class DraftSpec:
     text: str  # as given ("ngram" for None/"auto")
     ngram: bool  # the n-gram drafter takes part
     model: str | None  # the draft model's spec (draft LM or feature head), if any
+    store: str | None = None  # the datastore the n-gram drafter also reads, if any
 
     @property
     def model_alone(self) -> bool:
@@ -38,9 +43,11 @@ class DraftSpec:
 
 @dataclass(frozen=True)
 class Hybrid:
-    """A draft model (loaded, or a spec) used together with the n-gram drafter: `ngram+SPEC` once loaded."""
+    """A draft model (loaded, or a spec) used together with the n-gram drafter: `ngram+SPEC` once loaded
+    (`ngram+STORE+SPEC` with a datastore)."""
 
     lm: object  # LoadedModel | FeatureHead | str
+    store: object = None  # a datastore (loaded, or a spec) the n-gram drafter also reads; None: none
 
 
 def parse(spec: str | None) -> DraftSpec:
@@ -54,19 +61,40 @@ def parse(spec: str | None) -> DraftSpec:
                             f"feature head, or Hybrid(...), got {type(spec).__name__}")
     if not spec.strip():
         raise DynaTreeError("the draft spec is empty: pass 'ngram', a draft model, or 'ngram+MODEL'")
+    if is_store_spec(spec):
+        raise DynaTreeError(f"{spec!r} is a datastore, which the n-gram drafter reads: pass {HYBRID}{spec} "
+                            f"(or {HYBRID}{spec}+MODEL)")
     if spec.startswith(HYBRID):
         model = spec[len(HYBRID):].strip()
+        first, plus, rest = model.partition("+")
+        store = None
+        if is_store_spec(first.strip()):
+            store, model = first.strip(), rest.strip()
+            if not model:
+                if plus:
+                    raise DynaTreeError(f"{HYBRID}STORE+MODEL needs a draft model after the datastore, got {spec!r}")
+                return DraftSpec(HYBRID + store, True, None, store)
+            if model == NGRAM or is_store_spec(model.partition("+")[0].strip()):
+                raise DynaTreeError(f"{HYBRID}STORE+MODEL takes one datastore and one draft model, got {spec!r}")
         if model in ("", NGRAM):
             raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}, got {spec!r}")
         if model.startswith(HYBRID):
             raise DynaTreeError(f"{HYBRID}MODEL takes one draft model, got {spec!r}")
-        return DraftSpec(HYBRID + model, True, model)
+        return DraftSpec(HYBRID + (store + "+" if store else "") + model, True, model, store)
     return DraftSpec(spec, False, spec)
 
 
 def is_head_dir(path) -> bool:
     """Whether `path` is a directory holding a feature head."""
     return (Path(path) / HEAD_CONFIG_FILE).is_file()
+
+
+def is_store_spec(spec) -> bool:
+    """Whether a spec names a datastore (a shipped alias or a directory with datastore.json)."""
+    if not isinstance(spec, str) or not spec:
+        return False
+    path = EMBEDDED_DRAFTS.get(spec, Path(spec).expanduser())
+    return (Path(path) / STORE_CONFIG_FILE).is_file()
 
 
 def head_dir(spec) -> Path | None:

@@ -24,7 +24,8 @@ EMBEDDED = {
 }
 DEFAULT_TARGET = "smollm2-135m"
 
-# Draft models and feature heads shipped inside this package (trained with `dynatree distill`, see README),
-# by alias, and the draft each embedded target uses by default in `--preset draft`.
-EMBEDDED_DRAFTS = {name: Path(__file__).parent / "drafts" / name for name in ("smollm2-135m-draft", "smollm2-135m-eagle")}
+# Draft models, feature heads and datastores shipped inside this package (built with `dynatree distill`, see
+# README), by alias, and the draft each embedded target uses by default in `--preset draft`.
+EMBEDDED_DRAFTS = {name: Path(__file__).parent / "drafts" / name
+                   for name in ("smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-store")}
 DEFAULT_DRAFTS = {"smollm2-135m": "smollm2-135m-draft"}

@@ -15,7 +15,7 @@ import numbers
 from dataclasses import dataclass, field
 
 from .draftload import Draft
-from .draftspec import AUTO, HYBRID, Hybrid, parse
+from .draftspec import AUTO, HYBRID, Hybrid, is_store_spec, parse
 from .embedded import DEFAULT_TARGET
 from .errors import DynaTreeError
 from .featurehead import FeatureHead
@@ -112,6 +112,9 @@ class Request:
         if isinstance(draft, Hybrid):
             if spec.draft == "lm":
                 raise DynaTreeError(f"method {self.method!r} takes a draft language model alone, not {HYBRID}MODEL")
+            if isinstance(draft.store, str) and not is_store_spec(draft.store):
+                raise DynaTreeError(f"Hybrid(store=...) names no datastore: {draft.store!r} (an alias or a directory "
+                                    "with datastore.json)")
             if isinstance(draft.lm, str):
                 parse(HYBRID + draft.lm)  # the same rules as --draft ngram+MODEL
             elif not isinstance(draft.lm, (LoadedModel, FeatureHead)):

@@ -39,7 +39,10 @@ from .common import save_atomic, write_atomic
 
 
 @dataclass
-class EagleConfig:
+class ChatDataConfig:
+    """What the on-policy chat data is (the target's answers to which prompts): shared by the kinds
+    built from it (`--kind eagle`, `--kind store`), whose parts each other's runs reuse."""
+
     prompts: str = option("specbench", "instruction prompts: 'specbench' (all but the held-out questions), "
                           "'specbench-asks' (other requests over their material), a file, or several joined by commas")
     holdout: int = option(10, "Spec-Bench questions per task left out of training (bench --n up to this stays unseen)")
@@ -51,6 +54,20 @@ class EagleConfig:
                         "resumes from its parts, a larger one reuses them")
     data_dir: str = option("", "directory of the data parts (default OUT/data); give one directory to several "
                            "runs to reuse what each built (parts are named by what determines them)")
+    seed: int = option(0, "seed of the self-written prompts, the split and the order")
+
+    def validate(self) -> None:
+        positive(self, "max_new_tokens", "l_max", "gen_batch", "chunk")
+        require(self.holdout >= 0 and self.self_prompts >= 0, "--holdout and --self-prompts must be at least 0")
+        require(not self.data_dir or not Path(self.data_dir).expanduser().exists()
+                or Path(self.data_dir).expanduser().is_dir(), f"--data-dir {self.data_dir!r} is not a directory")
+
+    def data_key(self) -> dict:
+        return {k: getattr(self, k) for k in ("prompts", "holdout", "self_prompts", "max_new_tokens", "l_max", "seed")}
+
+
+@dataclass
+class EagleConfig(ChatDataConfig):
     label_batch: int = option(4, "conversations per teacher-forced target pass")
     loss_rows: str = option("all", "rows the loss is taken on: 'all' (prompt and answer tokens) or 'answers' (the "
                             "target's answers only: what drafting meets)")
@@ -73,31 +90,24 @@ class EagleConfig:
                               "autocast (weights, optimizer and held-out evaluation stay float32); about twice as "
                               "fast where the hardware has native bfloat16 (AVX-512 bf16 or AMX CPUs, GPUs), slower "
                               "on an AVX2-only CPU")
-    seed: int = option(0, "seed of the self-written prompts, the split and the order")
     init_head: str = option("", "continue training this head directory (its sizes and sub-vocabulary are kept; "
                             "--ffn/--heads/--kv-heads/--draft-vocab are then ignored)")
 
     def validate(self) -> None:
-        positive(self, "max_new_tokens", "l_max", "gen_batch", "chunk", "label_batch", "draft_vocab", "unroll", "seq_len",
-                 "steps", "batch_size", "checkpoint_every")
+        super().validate()
+        positive(self, "label_batch", "draft_vocab", "unroll", "seq_len", "steps", "batch_size", "checkpoint_every")
         require(self.train_dtype in ("float32", "bfloat16"),
                 f"--train-dtype must be float32 or bfloat16, got {self.train_dtype!r}")
-        require(self.holdout >= 0 and self.self_prompts >= 0, "--holdout and --self-prompts must be at least 0")
         require(min(self.ffn, self.heads, self.kv_heads) >= 0, "--ffn, --heads and --kv-heads must be at least 0")
         require(0.0 < self.eval_fraction < 1.0, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}")
         require(self.loss_rows in ("all", "answers"), f"--loss-rows must be all or answers, got {self.loss_rows!r}")
         require(self.lr > 0 and 0 < self.decay <= 1 and self.feature_loss >= 0,
                 "--lr must be positive, --decay in (0, 1], --feature-loss at least 0")
-        require(not self.data_dir or not Path(self.data_dir).expanduser().exists()
-                or Path(self.data_dir).expanduser().is_dir(), f"--data-dir {self.data_dir!r} is not a directory")
         require(not self.init_head or is_head_dir(Path(self.init_head).expanduser()),
                 f"--init-head {self.init_head!r} is not a feature-head directory (no feature_head.json)")
 
-    def data_key(self) -> dict:
-        return {k: getattr(self, k) for k in ("prompts", "holdout", "self_prompts", "max_new_tokens", "l_max", "seed")}
 
-
-def self_written(target: LoadedModel, n: int, cfg: EagleConfig, bar=None, parts: Path | None = None) -> list[list[str]]:
+def self_written(target: LoadedModel, n: int, cfg: ChatDataConfig, bar=None, parts: Path | None = None) -> list[list[str]]:
     """`n` questions the target writes from (topic, kind of request) seeds, sampled, in blocks of
     `gen_batch` seeds each sampled with its own seed: the first blocks of a larger `n` are those of a
     smaller one, so with `parts` (a directory of saved blocks) a build asked for more questions
@@ -172,7 +182,7 @@ def read_answers(path: Path, target_name: str) -> tuple[list[list[int]], list[in
     return sequences, starts
 
 
-def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: EagleConfig,
+def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: ChatDataConfig,
                          bar=None) -> tuple[list[list[int]], list[int]]:
     """Token ids of every turn of every conversation asked in turn, with the target's own greedy
     answers in the history: one sequence per turn (its prompt with history, then its answer), and
@@ -213,19 +223,21 @@ def label(target: LoadedModel, sequences: list[list[int]], batch: int, bar=None)
     return feats, labels
 
 
-def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, parts: Path | None = None) -> dict:
-    """Conversations, the target's answers, features and labels. Conversations are answered and
-    labelled `chunk` at a time; with `parts` (a directory) each chunk is saved as it completes and
-    found again by a hash of its conversations and options, so a stopped build resumes where it
-    stopped and a larger build (more --self-prompts, another prompts file) reuses what was built.
-    Each chunk is two files: `answers-*.json.gz`, the token ids (what generation costs, small: commit
-    it to share a build), and `part-*.pt`, their features and labels (large, recomputed from the
-    answers in one teacher-forced pass when missing)."""
+def _bar(progress: bool):
     from tqdm.auto import tqdm
 
     def bar(total, desc, unit):
         return tqdm(total=total, desc=desc, unit=unit, disable=not progress, file=sys.stderr, dynamic_ncols=True)
 
+    return bar
+
+
+def chat_chunks(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True,
+                parts: Path | None = None) -> tuple[list[list[list[str]]], dict]:
+    """The conversations of the data (instruction sources, then the self-written questions), cut
+    into chunks of `cfg.chunk` per source (adding, dropping or reordering sources keeps the others'
+    parts), and what they came from."""
+    bar = _bar(progress)
     if parts is not None:
         parts.mkdir(parents=True, exist_ok=True)
     groups, info = instruction_sources(cfg.prompts, cfg.holdout)
@@ -237,14 +249,71 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
         groups.append(written)
     if not any(groups):
         raise DynaTreeError("no instruction prompts: give --prompts or --self-prompts")
+    return [group[start: start + cfg.chunk] for group in groups for start in range(0, len(group), cfg.chunk)], info
+
+
+def _chunk_key(target: LoadedModel, chunk, cfg: ChatDataConfig) -> list:
+    return [target.name, chunk, cfg.max_new_tokens, cfg.l_max]
+
+
+def chunk_answers(target: LoadedModel, chunk, cfg: ChatDataConfig, parts: Path | None,
+                  bar=None) -> tuple[list[list[int]], list[int], bool]:
+    """A chunk's (sequences, answer starts, whether they were read from a saved answers file): read
+    when saved, else generated (and saved when `parts` is given)."""
+    answers_path = _part_path(parts, "answers", _chunk_key(target, chunk, cfg), ".json.gz")
+    if answers_path is not None and answers_path.exists():
+        sequences, starts = read_answers(answers_path, target.name)
+        if bar is not None:
+            bar.update(sum(len(c) for c in chunk))
+        return sequences, starts, True
+    sequences, starts = answer_conversations(target, chunk, cfg, bar)
+    if answers_path is not None:
+        write_answers(answers_path, target, sequences, starts)
+    return sequences, starts, False
+
+
+def answers_only(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True,
+                 parts: Path | None = None) -> tuple[list[tuple[list[int], int]], dict]:
+    """The target's answers alone ((sequence, answer start) per turn, each distinct turn once), no
+    features: what a datastore is built from. Reuses (and writes) the same answers files as
+    `build_data`, so one data directory serves both kinds."""
+    chunks, info = chat_chunks(target, cfg, progress, parts)
+    b = _bar(progress)(sum(len(c) for chunk in chunks for c in chunk), "target answers", "turn")
+    out, seen, reused, duplicates = [], set(), 0, 0
+    for chunk in chunks:
+        sequences, starts, was_saved = chunk_answers(target, chunk, cfg, parts, b)
+        reused += was_saved
+        for seq, start in zip(sequences, starts):
+            turn = hashlib.sha1(json.dumps(seq).encode()).digest()
+            if turn in seen:  # the same turn from two sources: kept once
+                duplicates += 1
+                continue
+            seen.add(turn)
+            out.append((seq, start))
+    b.close()
+    info["sequences"] = len(out)
+    info["duplicates_dropped"] = duplicates
+    info["tokens"] = sum(len(s) for s, _ in out)
+    info["answer_tokens"] = sum(len(s) - a for s, a in out)
+    info["chunks"] = {"total": len(chunks), "answers_reused": reused}
+    return out, info
+
+
+def build_data(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True, parts: Path | None = None) -> dict:
+    """Conversations, the target's answers, features and labels. Conversations are answered and
+    labelled `chunk` at a time; with `parts` (a directory) each chunk is saved as it completes and
+    found again by a hash of its conversations and options, so a stopped build resumes where it
+    stopped and a larger build (more --self-prompts, another prompts file) reuses what was built.
+    Each chunk is two files: `answers-*.json.gz`, the token ids (what generation costs, small: commit
+    it to share a build), and `part-*.pt`, their features and labels (large, recomputed from the
+    answers in one teacher-forced pass when missing)."""
+    chunks, info = chat_chunks(target, cfg, progress, parts)
     data = {"key": cfg.data_key(), "info": info, "tokens": [], "features": [], "labels": [], "answer_from": []}
-    b = bar(sum(len(c) for group in groups for c in group), "target answers and labels", "turn")
+    b = _bar(progress)(sum(len(c) for chunk in chunks for c in chunk), "target answers and labels", "turn")
     reused = answers_reused = duplicates = 0
     seen: set[bytes] = set()
-    # each source is cut into chunks of its own: adding, dropping or reordering sources keeps the others' parts
-    chunks = [group[start: start + cfg.chunk] for group in groups for start in range(0, len(group), cfg.chunk)]
     for chunk in chunks:
-        key = [target.name, chunk, cfg.max_new_tokens, cfg.l_max]
+        key = _chunk_key(target, chunk, cfg)
         path = _part_path(parts, "part", key, ".pt")
         answers_path = _part_path(parts, "answers", key, ".json.gz")
         if path is not None and path.exists():
@@ -254,14 +323,8 @@ def build_data(target: LoadedModel, cfg: EagleConfig, progress: bool = True, par
             if not answers_path.exists() and part.get("answer_from"):  # built before answers were kept apart
                 write_answers(answers_path, target, [t.tolist() for t in part["tokens"]], part["answer_from"])
         else:
-            if answers_path is not None and answers_path.exists():
-                sequences, starts = read_answers(answers_path, target.name)
-                b.update(sum(len(c) for c in chunk))
-                answers_reused += 1
-            else:
-                sequences, starts = answer_conversations(target, chunk, cfg, b)
-                if answers_path is not None:
-                    write_answers(answers_path, target, sequences, starts)
+            sequences, starts, was_saved = chunk_answers(target, chunk, cfg, parts, b)
+            answers_reused += was_saved
             feats, labels = label(target, sequences, cfg.label_batch)
             part = {"tokens": [torch.tensor(s, dtype=torch.int32) for s in sequences], "features": feats,
                     "labels": labels, "answer_from": starts}

@@ -17,7 +17,8 @@ def make_drafter(draft: Draft, target: LoadedModel, ngram_max: int, window: KVWi
     """A fresh drafter for one run: the n-gram drafter, a draft LM's or a feature head's drafter, or
     both (`HybridDrafter`: n-gram copying where the text repeats, the model elsewhere)."""
     model, ngram = draft.model, draft.ngram
-    ngrams = NgramDrafter(max_n=ngram_max, vocab_size=target.vocab_size) if ngram or model is None else None
+    ngrams = (NgramDrafter(max_n=ngram_max, vocab_size=target.vocab_size, store=draft.store)
+              if ngram or model is None else None)
     if model is None:
         return ngrams
     if isinstance(model, FeatureHead):

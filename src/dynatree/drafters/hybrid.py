@@ -25,7 +25,7 @@ class HybridDrafter:
         if not 1 <= min_match <= ngram.max_n:
             raise ValueError(f"min_match must be in 1..{ngram.max_n}, got {min_match}")
         self.ngram, self.lm, self.min_match = ngram, lm, min_match
-        self.name = f"ngram+{lm.name}"
+        self.name = f"{ngram.name}+{lm.name}"  # ngram+MODEL, or ngram+STORE+MODEL with a datastore
         self.uses_target_hidden = lm.uses_target_hidden
 
     def reset(self, tokens: list[int], hidden=None) -> None:

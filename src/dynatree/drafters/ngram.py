@@ -7,6 +7,12 @@ that context seen before, backing off to shorter suffixes PPM-style: order n giv
 probability escape * count(t) / (total + 1) and passes escape / (total + 1) on to order
 n - 1, so longer matches dominate and the probabilities of one node sum to at most 1.
 Updating the index costs O(max_n) per committed token; a lookup O(max_n) per node.
+
+With a datastore (datastore.py: text the target wrote itself, e.g. its answers to many chat
+prompts), a context whose longest match in the text so far is shorter than `store_below` tokens
+and that the datastore matches longer takes the datastore's continuations first (the same
+escape-weighted counts), the text's own back-off after them: REST-style retrieval where the text
+cannot be copied. `match_order` stays the text's own (what the hybrid routes by).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import heapq
 
 import torch
 
+from ..datastore import Datastore
 from ..tree import TreeBuilder
 from .base import Proposal
 
@@ -24,14 +31,21 @@ class NgramDrafter:
 
     name = "ngram"
 
-    def __init__(self, max_n: int = 4, vocab_size: int | None = None):
-        if max_n < 1:
-            raise ValueError("max_n must be at least 1")
+    def __init__(self, max_n: int = 4, vocab_size: int | None = None, store: Datastore | None = None,
+                 store_below: int = 3):
+        if max_n < 1 or store_below < 1:
+            raise ValueError("max_n and store_below must be at least 1")
         self.max_n = max_n
         self.vocab_size = vocab_size  # needed only for whole distributions (full=True)
+        self.store = store  # consulted where the text's own match is shorter than store_below tokens
+        self.store_below = store_below
+        self.span = max(max_n, store.order if store is not None else 0)  # context tokens a lookup reads
+        if store is not None:
+            self.name = f"ngram+{store.name}"
 
     def reset(self, tokens: list[int], hidden=None) -> None:
         self.tokens: list[int] = []
+        self.found: dict[tuple[int, ...], tuple[int, list[tuple[int, int]]]] = {}  # datastore answers of this run
         self.index: list[dict[tuple[int, ...], dict[int, int]]] = [{} for _ in range(self.max_n + 1)]
         self._extend(tokens)
 
@@ -57,8 +71,9 @@ class NgramDrafter:
         return Proposal(ids=ids, probs=probs, dist=dist)
 
     def context(self, tree: TreeBuilder, node: int) -> list[int]:
-        """The last max_n tokens of a node's context: committed tokens + its path in the tree."""
-        return (self.tokens[-self.max_n :] + tree.path_tokens(node))[-self.max_n :]
+        """The last tokens (max_n, or the datastore's order if longer) of a node's context: committed
+        tokens + its path in the tree."""
+        return (self.tokens[-self.span :] + tree.path_tokens(node))[-self.span :]
 
     def match_order(self, context: list[int]) -> int:
         """Length of the longest suffix of `context` (at most max_n) the text has continued before; 0 if none."""
@@ -71,8 +86,14 @@ class NgramDrafter:
         """Up to k (all when None) (token, probability) pairs after `context`, most probable first."""
         probs: dict[int, float] = {}
         escape = 1.0
-        for n in range(min(self.max_n, len(context)), 0, -1):
-            counts = self.index[n].get(tuple(context[-n:]))
+        tables = [self.index[n].get(tuple(context[-n:])) for n in range(min(self.max_n, len(context)), 0, -1)]
+        if self.store is not None:
+            own = self.match_order(context)
+            if own < self.store_below:
+                n, found = self._stored(context)
+                if n > own:
+                    tables.insert(0, dict(found))
+        for counts in tables:
             if not counts:
                 continue
             total = sum(counts.values())
@@ -84,6 +105,13 @@ class NgramDrafter:
                 break
         ranked = lambda item: (item[1], -item[0])  # noqa: E731 - most probable first, then smaller id
         return heapq.nlargest(k, probs.items(), key=ranked) if k is not None else sorted(probs.items(), key=ranked, reverse=True)
+
+    def _stored(self, context: list[int]) -> tuple[int, list[tuple[int, int]]]:
+        """The datastore's longest match for `context` (order, counts), remembered for this run."""
+        key = tuple(context[-self.store.order:])
+        if key not in self.found:
+            self.found[key] = self.store.continuations(list(key), min_order=2)
+        return self.found[key]
 
     def _extend(self, new_tokens: list[int]) -> None:
         for token in new_tokens:
