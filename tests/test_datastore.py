@@ -178,3 +178,27 @@ def test_cli_kind_store_builds_from_the_targets_answers_and_bad_input(tmp_path, 
         assert main([*argv[:6], str(tmp_path / "x"), *argv[7:], *bad]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, (bad, err)
+
+
+def test_bench_loads_the_store_once_and_reports_it_in_the_draft_name(tmp_path, saved_tiny, prompt_file):
+    from dynatree.models import load_model
+
+    target = load_model(str(saved_tiny), dtype="float32")
+    store_dir = tmp_path / "st"
+    save_datastore(from_answers(target, [([5, 6, 7] + hf_greedy(target, [5, 6, 7], 20), 3)]), store_dir)
+    out = tmp_path / "bench"
+    assert main(["bench", "--target", str(saved_tiny), "--methods", "ar,dynatree", "--draft",
+                 f"ngram,ngram+{store_dir}", "--dataset", str(prompt_file), "--n", "2", "--warmup", "0",
+                 "--max-new-tokens", "8", "--no-ppl", "--no-progress", "--out", str(out)]) == 0
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert {r["draft"] for r in records if r["method"] == "dynatree"} == {"ngram", f"ngram+{store_dir}"}
+    assert all(r["matches_ar"] for r in records)
+    target = tiny("llama", eos_ids=[])
+    store = from_answers(target, [([5, 6, 7], 0)], name="st")
+    from dynatree.bench import presets, runner
+
+    variants = presets.method_variants(["ar", "linear"], ["ngram"])
+    proto = runner.Protocol(dataset=str(prompt_file), n=1, warmup=0, max_new_tokens=[4])
+    with pytest.raises(DynaTreeError, match="not as that spec says"):  # a store under plain 'ngram': refused
+        runner.run("custom", variants, proto, target, {"ngram": Draft(ngram=True, model=None, target=target,
+                                                                      store=store)}, progress=False)

@@ -69,7 +69,7 @@ class Result:
 
     method: str
     target: str  # the target's name
-    draft: str | None  # None (no drafter), "ngram", a model name, or "ngram+NAME"
+    draft: str | None  # None (no drafter), "ngram", a model name, "ngram+NAME", "ngram+STORE" or "ngram+STORE+NAME"
     prompt_tokens: int
     new_token_ids: list[int]
     text: str  # the new tokens decoded, special tokens skipped

@@ -164,14 +164,18 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     out = args.out or Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_out_dir(out)
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
-    loaded, models = {}, {}
+    loaded, models, stores = {}, {}, {}
     for spec in drafts:
-        model = None
+        model = store = None
         if spec.model is not None:
             if spec.model not in models:  # one copy of a draft LM (or feature head) used alone and in ngram+
                 models[spec.model] = load_draft(spec.model, target, args.linear).model
             model = models[spec.model]
-        loaded[spec.text] = Draft(ngram=spec.ngram, model=model, target=target)
+        if spec.store is not None:
+            if spec.store not in stores:  # one copy of a datastore used alone and beside a model
+                stores[spec.store] = load_draft(f"ngram+{spec.store}", target).store
+            store = stores[spec.store]
+        loaded[spec.text] = Draft(ngram=spec.ngram, model=model, target=target, store=store)
     runner.run(experiment, variant_list, protocol, target, loaded, out_dir=out, progress=not args.no_progress,
                command=["dynatree", *args.argv], texts=texts, declared=headline)
     paths = report.write(out)
