@@ -44,8 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", default="dynatree", help="decoding method [dynatree]")
     add_model_args(gen, "draft: 'ngram', the shipped feature head 'smollm2-135m-eagle' or draft LM "
                         "'smollm2-135m-draft' (for the default target), a draft model spec sharing the target's "
-                        "tokenizer, a feature-head directory (dynatree distill --kind eagle), or 'ngram+DRAFT' "
-                        "(n-gram copying where the text repeats itself, the draft elsewhere) [ngram]")
+                        "tokenizer, a feature-head directory (dynatree distill --kind eagle), 'ngram+DRAFT' "
+                        "(n-gram copying where the text repeats itself, the draft elsewhere), or 'ngram+STORE' / "
+                        "'ngram+STORE+DRAFT' (the n-gram drafter also reading a datastore of the target's own answers, "
+                        "'smollm2-135m-store' or a directory from distill --kind store) [ngram]")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most [128]")
     gen.add_argument("--ignore-eos", action="store_true", help="treat EOS as an ordinary token and generate exactly N tokens")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")

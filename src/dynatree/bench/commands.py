@@ -18,7 +18,8 @@ from .plan import Protocol, Variant, check_variants
 
 DRAFT_HELP = ("comma-separated drafters: 'ngram', draft model specs sharing the target's tokenizer, feature heads "
               "(smollm2-135m-eagle, or a directory from distill --kind eagle), and/or 'ngram+DRAFT' (n-gram copying "
-              "backed by the draft) [ngram]")
+              "backed by the draft), 'ngram+STORE[+DRAFT]' (with a datastore: smollm2-135m-store, or a directory "
+              "from distill --kind store) [ngram]")
 
 
 def _ints(text: str) -> list[int]:

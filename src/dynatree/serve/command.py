@@ -11,7 +11,8 @@ from ..errors import DynaTreeError
 from ..methods import get_method, make_config
 from ..weights import weights_dtype
 
-DRAFT_HELP = ("draft of every request whose method drafts: 'ngram', 'ngram+MODEL', a draft LM or feature head "
+DRAFT_HELP = ("draft of every request whose method drafts: 'ngram', 'ngram+MODEL', 'ngram+STORE[+MODEL]', a draft LM or "
+              "feature head "
               "(as `dynatree generate --draft`) [ngram]")
 
 
