@@ -128,6 +128,12 @@ def test_specs_name_a_store_and_loading_checks_it(tmp_path):
     run = api.generate(prompt_ids=[5, 6, 7], method="dynatree", target=target, draft=f"ngram+{store_dir}",
                        max_new_tokens=10, ignore_eos=True)
     assert run.new_token_ids == hf_greedy(target, [5, 6, 7], 10)
+    model = noisy_copy("llama", 0, 0.08)
+    run = api.generate(prompt_ids=[5, 6, 7], method="dynatree", target=target, max_new_tokens=10, ignore_eos=True,
+                       draft=api.Hybrid(model, store=str(store_dir)))
+    assert run.new_token_ids == hf_greedy(target, [5, 6, 7], 10) and run.draft == f"ngram+{store_dir}+{model.name}"
+    with pytest.raises(DynaTreeError, match="Hybrid\\(store=...\\) names no datastore: 'nope'"):
+        api.generate(prompt_ids=[5], method="dynatree", target=target, draft=api.Hybrid(model, store="nope"))
     for bad, message in [(str(store_dir), "is a datastore, which the n-gram drafter reads: pass ngram+"),
                          (f"ngram+{store_dir}+", "needs a draft model after the datastore"),
                          (f"ngram+{store_dir}+{store_dir}", "takes one datastore and one draft model"),

@@ -59,13 +59,14 @@ class Datastore:
         self.order = info.order
         if not 1 <= self.order <= min(MAX_ORDER, 64 // self.bits):
             raise DynaTreeError(f"datastore {name!r}: order {self.order} is not in 1..{min(MAX_ORDER, 64 // self.bits)}")
-        toks = np.concatenate([np.asarray(tokens, dtype=np.uint64), np.full(self.order, self.sep, dtype=np.uint64)])
         n = len(tokens)
+        toks = np.concatenate([np.asarray(tokens), np.full(self.order, self.sep)]).astype(
+            np.uint16 if self.sep < 1 << 16 else np.uint32)  # 2 bytes a token for vocabularies up to 65535
         keys = np.zeros(n, dtype=np.uint64)
         for j in range(self.order):
-            keys = (keys << np.uint64(self.bits)) | toks[j: j + n]
-        self.positions = np.argsort(keys, kind="stable").astype(np.int64)
-        self.keys = keys[self.positions]
+            keys = (keys << np.uint64(self.bits)) | toks[j: j + n].astype(np.uint64)
+        self.positions = np.argsort(keys, kind="stable").astype(np.int32 if n < 1 << 31 else np.int64)
+        self.keys = keys[self.positions]  # 8 bytes a token: with positions and tokens ~14 bytes a token in memory
         self.tokens = toks
 
     def __len__(self) -> int:
@@ -158,8 +159,7 @@ def save_datastore(store: Datastore, out: Path, record: dict | None = None) -> N
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f"{TOKENS_FILE}.tmp{os.getpid()}.npy"
-    np.save(tmp, store.tokens[: store.info.tokens].astype(np.uint16 if store.sep < 1 << 16 else np.uint32),
-            allow_pickle=False)
+    np.save(tmp, store.tokens[: store.info.tokens], allow_pickle=False)
     tmp.replace(out / TOKENS_FILE)
     tmp = out / f"{CONFIG_FILE}.tmp{os.getpid()}"
     tmp.write_text(json.dumps({**asdict(store.info), "built": record or {}}, indent=1))
