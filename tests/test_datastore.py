@@ -1,8 +1,8 @@
 """The datastore (`--draft ngram+STORE`): look-ups equal a brute-force count, the n-gram drafter
 takes its continuations only where the text offers no long match, decoding with it stays exact,
-`dynatree distill --kind store` builds one from the target's own answers, and every bad input
-(a store for another tokenizer, a broken directory, a store without the n-gram drafter) is a
-one-line error."""
+`dynatree distill --kind store` builds one from the target's own answers, the bench loads it, and
+every bad input (a store for another tokenizer, a broken or tampered directory, a store named
+without the n-gram drafter, in the model's place or as a target) is a one-line error."""
 
 from __future__ import annotations
 
@@ -39,14 +39,15 @@ def brute(segments: list[list[int]], context: list[int], order: int, min_order: 
 @pytest.mark.parametrize("seed", range(6))
 def test_lookups_equal_a_brute_force_count(seed):
     rng = random.Random(seed)
-    vocab = rng.choice([7, 96, 300, 70000])  # 3, 7, 9 and 17 bits per token: orders 4, 4, 4 and 3
-    segments = [[rng.randrange(min(vocab, 6)) for _ in range(rng.randrange(0, 30))] for _ in range(8)]
+    vocab = [7, 96, 300, 49152, 65535, 70000][seed]  # 3, 7, 9, 16, 16 and 17 bits per token: orders 4, 4, 4, 4, 4, 3
+    alphabet = sorted({0, vocab - 1, vocab // 2, vocab // 3, vocab - 2, 1})  # high bits of the keys set too
+    segments = [[rng.choice(alphabet) for _ in range(rng.randrange(0, 30))] for _ in range(8)]
     flat = [t for s in segments for t in s + [(1 << vocab.bit_length()) - 1]]
     order = min(4, 64 // vocab.bit_length())
     info = StoreInfo(target="t", vocab_size=vocab, tokenizer_sha1="x", order=order, tokens=len(flat), segments=8)
     store = Datastore(np.array(flat), info, "s")
     for _ in range(200):
-        context = [rng.randrange(min(vocab, 6)) for _ in range(rng.randrange(0, 7))]
+        context = [rng.choice(alphabet) for _ in range(rng.randrange(0, 7))]
         n, counts = brute(segments, context, order, 2)
         got_n, got = store.continuations(context, min_order=2)
         assert got_n == n and dict(got) == dict(counts), context
@@ -77,8 +78,12 @@ def test_the_store_answers_only_where_the_text_has_no_long_match():
     top = d.propose(TreeBuilder(22), [0], k=3).candidates(0)
     assert [t for t, _ in top[:2]] == [23, 30] and top[0][1] == pytest.approx(1 / 3)  # PPM weights: count / (2 + 1)
     assert d.match_order(d.context(TreeBuilder(22), 0)) == 0  # routing (the hybrid's) stays the text's own
-    d.reset([20, 21, 22, 40, 20, 21, 22])  # the text itself continued "20 21 22" (with 40): a 3-token match
+    d.reset([20, 21, 22, 40, 20, 21, 22])  # the text continued "20 21 22" (with 40): 3 tokens, the store's 3 are not longer
     assert d.propose(TreeBuilder(22), [0], k=1).candidates(0)[0][0] == 40
+    d.reset([21, 22, 23, 50, 20, 21, 22, 23])  # the text matches "21 22 23" (3 tokens = store_below), the store 4
+    assert d.propose(TreeBuilder(23), [0], k=1).candidates(0)[0][0] == 50 and d.store_answers == 0
+    d.reset([22, 23, 50, 20, 21, 22, 23])  # the text matches 2 tokens only: the store's 4 lead
+    assert d.propose(TreeBuilder(23), [0], k=1).candidates(0)[0][0] == 24 and d.store_answers == 1
     plain = NgramDrafter(max_n=3, vocab_size=VOCAB)
     plain.reset([9, 20, 21, 22])
     assert d.name == "ngram+datastore" and plain.name == "ngram"
@@ -134,12 +139,24 @@ def test_specs_name_a_store_and_loading_checks_it(tmp_path):
     assert run.new_token_ids == hf_greedy(target, [5, 6, 7], 10) and run.draft == f"ngram+{store_dir}+{model.name}"
     with pytest.raises(DynaTreeError, match="Hybrid\\(store=...\\) names no datastore: 'nope'"):
         api.generate(prompt_ids=[5], method="dynatree", target=target, draft=api.Hybrid(model, store="nope"))
+    plus_dir = tmp_path / "my+store"  # a directory name may hold '+'
+    save_datastore(from_answers(target, [([5, 6, 7, 8], 0)]), plus_dir)
+    assert draftspec.parse(f"ngram+{plus_dir}").store == str(plus_dir)
+    assert (draftspec.parse(f"ngram+{plus_dir}+a+b").store, draftspec.parse(f"ngram+{plus_dir}+a+b").model) == (
+        str(plus_dir), "a+b")
     for bad, message in [(str(store_dir), "is a datastore, which the n-gram drafter reads: pass ngram+"),
-                         (f"ngram+{store_dir}+", "needs a draft model after the datastore"),
-                         (f"ngram+{store_dir}+{store_dir}", "takes one datastore and one draft model"),
-                         (f"ngram+{store_dir}+ngram", "takes one datastore and one draft model")]:
+                         (f"ngram+{store_dir}+", "needs a draft model after"),
+                         (f"ngram+{store_dir}+ngram", "needs a draft model after"),
+                         (f"ngram+{store_dir}+{store_dir}", "a datastore comes right after 'ngram\\+', before the model"),
+                         (f"ngram+some/model+{store_dir}", "a datastore comes right after 'ngram\\+', before the model")]:
         with pytest.raises(DynaTreeError, match=message):
             draftspec.parse(bad)
+    with pytest.raises(DynaTreeError, match="Hybrid\\(lm\\) takes a draft model, got .*Hybrid\\(lm, store=STORE\\)"):
+        api.generate(prompt_ids=[5], method="dynatree", target=target, draft=api.Hybrid(str(store_dir)))
+    from dynatree.models import load_model
+    for spec in (str(store_dir), "smollm2-135m-store"):
+        with pytest.raises(DynaTreeError, match="is a datastore: the n-gram drafter reads it"):
+            load_model(spec)
 
     foreign = tmp_path / "foreign"
     save_datastore(from_answers(tiny("llama", vocab=120), [([5, 6, 7], 0)]), foreign)
@@ -149,8 +166,13 @@ def test_specs_name_a_store_and_loading_checks_it(tmp_path):
     (store_dir / "datastore.json").write_text(json.dumps({**config, "tokenizer_sha1": "0" * 40}))
     with pytest.raises(DynaTreeError, match="was built with another tokenizer"):
         load_draft(f"ngram+{store_dir}", target)
-    (store_dir / "datastore.json").write_text(json.dumps({**config, "tokens": 3}))
-    with pytest.raises(DynaTreeError, match="tokens.npy does not match datastore.json"):
+    for bad in ({"tokens": 3}, {"segments": 2}, {"vocab_size": 8}, {"order": 1}):
+        (store_dir / "datastore.json").write_text(json.dumps({**config, **bad}))
+        with pytest.raises(DynaTreeError, match="does not match datastore.json|is not in 2..4"):
+            load_datastore(str(store_dir))
+    (store_dir / "datastore.json").write_text(json.dumps(config))
+    np.save(store_dir / "tokens.npy", np.array([5, -6, 7, 8, 127], dtype=np.int16))  # signed ids: refused
+    with pytest.raises(DynaTreeError, match="does not match datastore.json"):
         load_datastore(str(store_dir))
     (store_dir / "tokens.npy").write_bytes(b"not numpy")
     with pytest.raises(DynaTreeError, match="is not a readable datastore"):
@@ -168,7 +190,7 @@ def test_cli_kind_store_builds_from_the_targets_answers_and_bad_input(tmp_path, 
     rows = [" ".join(f"w{5 + (i * 7 + j * 3) % 80}" for j in range(4 + i % 5)) for i in range(6)]
     prompts.write_text("\n".join(json.dumps({"prompt": r}) for r in rows))
     argv = ["distill", "--kind", "store", "--target", str(saved), "--out", str(tmp_path / "s"), "--quiet",
-            "--prompts", str(prompts), "--self-prompts", "0", "--max-new-tokens", "8"]
+            "--prompts", str(prompts), "--self-prompts", "0", "--max-new-tokens", "8", "--data-dir", str(tmp_path / "d")]
     assert main(argv) == 0
     assert "datastore written to" in capsys.readouterr().out
     record = json.loads((tmp_path / "s" / "distill.json").read_text())
@@ -178,8 +200,12 @@ def test_cli_kind_store_builds_from_the_targets_answers_and_bad_input(tmp_path, 
     asked = chat_ids(target.tokenizer, [json.loads(first)["prompt"]], [])
     answer = hf_greedy(target, asked, 8, eos=2)
     assert store.continuations(asked[-2:] + answer[:1], 2)[1][0][0] == answer[1]  # its own answer, looked up
-    assert main([*argv[:6], str(tmp_path / "again"), *argv[7:]]) == 0  # a second build reuses the answers
-    for bad, message in [(["--order", "5"], "--order must be in 1..4"),
+    assert main([*argv[:6], str(tmp_path / "again"), *argv[7:]]) == 0  # a second build reuses the saved answers
+    chunks = json.loads((tmp_path / "again" / "distill.json").read_text())["data"]["chunks"]
+    assert chunks["answers_reused"] == chunks["total"] == 1
+    for bad, message in [(["--order", "5"], "--order must be in 2..4"),
+                         (["--order", "1"], "--order must be in 2..4"),
+                         (["--resume"], "--resume does not apply to --kind store"),
                          (["--steps", "3"], "--steps do not apply to --kind store")]:
         assert main([*argv[:6], str(tmp_path / "x"), *argv[7:], *bad]) == 2
         err = capsys.readouterr().err
@@ -208,3 +234,8 @@ def test_bench_loads_the_store_once_and_reports_it_in_the_draft_name(tmp_path, s
     with pytest.raises(DynaTreeError, match="not as that spec says"):  # a store under plain 'ngram': refused
         runner.run("custom", variants, proto, target, {"ngram": Draft(ngram=True, model=None, target=target,
                                                                       store=store)}, progress=False)
+    variants = presets.method_variants(["ar", "linear"], [f"ngram+{store_dir}"])
+    with pytest.raises(DynaTreeError, match="not as that spec says"):  # another store under this one's name: refused
+        runner.run("custom", variants, proto, target, {f"ngram+{store_dir}": Draft(ngram=True, model=None,
+                                                                                  target=target, store=store)},
+                   progress=False)

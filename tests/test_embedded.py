@@ -106,3 +106,20 @@ def test_shipped_feature_head_is_small_loads_offline_and_drafts_exactly(smol):
         assert_greedy(smol, ids, rec.new_token_ids)
     with pytest.raises(DynaTreeError, match="is a feature head"):
         load_model("smollm2-135m-eagle")
+
+
+def test_shipped_datastore_is_small_loads_offline_and_drafts_exactly(smol):
+    """The datastore for the embedded target: a few MB, loaded by alias without the network, built with
+    this target's tokenizer, leading some proposals on a chat prompt, every committed token the argmax."""
+    from dynatree.draftload import load_draft
+    from dynatree.models import EMBEDDED_DRAFTS
+
+    files = [p for p in EMBEDDED_DRAFTS["smollm2-135m-store"].iterdir() if p.is_file()]
+    assert {"datastore.json", "tokens.npy", "distill.json"} <= {p.name for p in files}
+    assert sum(p.stat().st_size for p in files) <= 5 * 2**20
+    draft = load_draft("ngram+smollm2-135m-store", smol)  # checks the tokenizer it was built with
+    assert draft.store.info.segments > 9000 and draft.name == "ngram+smollm2-135m-store"
+    ids = encode_prompt(smol.tokenizer, "Explain why the sky is blue in three sentences.", chat=True)
+    rec = generate(method="dynatree", target=smol, draft=draft, prompt_ids=ids, max_new_tokens=48, ignore_eos=True)
+    assert rec.stats.new_tokens == 48 and rec.stats.accepted_tokens > 0
+    assert_greedy(smol, ids, rec.new_token_ids)

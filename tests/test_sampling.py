@@ -234,11 +234,21 @@ def deep_prompt() -> tuple[int, ...]:
 
 @functools.cache
 def deep_store():
-    """A datastore holding the deep prompt's greedy continuation: the store proposes it where the
-    text so far has no 3-token match."""
+    """A datastore of 40 continuations of the deep prompt sampled from the target (its own text, as
+    `distill --kind store` holds): n-grams the prompt lacks, so the store leads wherever a sampled
+    token has left the prompt's greedy path and the text has no 3-token match."""
     from dynatree.datastore import from_answers
 
-    return from_answers(small(0), [(list(deep_prompt()), 0)], name="deep-store")
+    target, answers = small(0), []
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        seq = list(deep_prompt())
+        with torch.no_grad():
+            for _ in range(DEEP_NEW):
+                logits = target.model(torch.tensor([seq], device=target.device)).logits[0, -1:]
+                seq.append(int(torch.multinomial(target_probs(logits, DEEP_CONFIG)[0].cpu(), 1, generator=generator)))
+        answers.append((seq, len(deep_prompt())))
+    return from_answers(target, answers, name="deep-store")
 
 
 @functools.cache
@@ -262,7 +272,8 @@ def deep_distribution() -> dict[tuple[int, ...], float]:
 
 
 def deep_runs(method: str, drafter_kind: str) -> tuple[dict, int]:
-    """(counts of the 5-token continuations, runs in which one verification accepted 3+ drafted tokens)."""
+    """(counts of the 5-token continuations, runs in which one verification accepted 3+ drafted tokens
+    and, for the "store" drafter, in which the datastore led some node's candidates)."""
     target, counts, deep = small(0), {}, 0
     for seed in range(DEEP_RUNS):
         lm = LMDrafter(small(0, 0.3), vocab_limit=V)
@@ -273,7 +284,7 @@ def deep_runs(method: str, drafter_kind: str) -> tuple[dict, int]:
         run = Decoder(target, policy, drafter, sampler=Sampler(DEEP_CONFIG, seed)).generate(
             list(deep_prompt()), DEEP_NEW, ignore_eos=True)
         counts[tuple(run.new_tokens)] = counts.get(tuple(run.new_tokens), 0) + 1
-        deep += max(run.stats.accepted_lens, default=0) >= 3
+        deep += max(run.stats.accepted_lens, default=0) >= 3 and (drafter_kind != "store" or drafter.store_answers > 0)
     return counts, deep
 
 

@@ -25,11 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from .draftspec import STORE_CONFIG_FILE as CONFIG_FILE  # what makes a directory a datastore
-from .embedded import EMBEDDED_DRAFTS
+from .draftspec import spec_path
 from .errors import DynaTreeError
 
 TOKENS_FILE = "tokens.npy"
 MAX_ORDER = 4  # longest n-gram looked up (measured: orders 5-6 add nothing on chat, docs/results/drafting-levers)
+MIN_ORDER = 2  # shortest: what follows one token anywhere in the store is no better than the text's own counts
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class StoreInfo:
     target: str  # the target whose text it holds (name as loaded)
     vocab_size: int  # the target's vocabulary size (token ids are below it)
     tokenizer_sha1: str  # featurehead.tokenizer_fingerprint of the target's tokenizer
-    order: int  # longest n-gram looked up (at most MAX_ORDER and 64 // bits)
+    order: int  # longest n-gram looked up (MIN_ORDER..MAX_ORDER, at most 64 // bits)
     tokens: int  # tokens held (answers with `order` tokens of their prompts before them)
     segments: int  # answers held (separated so no n-gram spans two)
 
@@ -47,6 +48,15 @@ class StoreInfo:
 def bits_for(vocab_size: int) -> int:
     """Bits per packed token: every id below vocab_size and the separator (all ones) fit."""
     return max(1, int(vocab_size).bit_length())
+
+
+def order_for(vocab_size: int, order: int = MAX_ORDER) -> int:
+    """`order` clamped to what one 64-bit key packs for this vocabulary; a one-line error below MIN_ORDER."""
+    fits = min(order, 64 // bits_for(vocab_size))
+    if fits < MIN_ORDER:
+        raise DynaTreeError(f"a datastore looks up {MIN_ORDER}..{MAX_ORDER} tokens; {order} (of which {fits} fit "
+                            f"64-bit keys for a {vocab_size}-token vocabulary) is too few")
+    return fits
 
 
 class Datastore:
@@ -57,8 +67,9 @@ class Datastore:
         self.bits = bits_for(info.vocab_size)
         self.sep = (1 << self.bits) - 1
         self.order = info.order
-        if not 1 <= self.order <= min(MAX_ORDER, 64 // self.bits):
-            raise DynaTreeError(f"datastore {name!r}: order {self.order} is not in 1..{min(MAX_ORDER, 64 // self.bits)}")
+        if not MIN_ORDER <= self.order <= order_for(info.vocab_size):
+            raise DynaTreeError(f"datastore {name!r}: order {self.order} is not in {MIN_ORDER}.."
+                                f"{order_for(info.vocab_size)} for a {info.vocab_size}-token vocabulary")
         n = len(tokens)
         toks = np.concatenate([np.asarray(tokens), np.full(self.order, self.sep)]).astype(
             np.uint16 if self.sep < 1 << 16 else np.uint32)  # 2 bytes a token for vocabularies up to 65535
@@ -76,13 +87,13 @@ class Datastore:
         """[lo, hi) of the sorted keys whose first len(gram) tokens are `gram`."""
         packed = 0
         for t in gram:
-            packed = (packed << self.bits) | t
+            packed = (packed << self.bits) | int(t)  # Python ints: numpy's small integers would overflow
         shift = self.bits * (self.order - len(gram))
         lo = int(np.searchsorted(self.keys, np.uint64(packed << shift), side="left"))
         hi = int(np.searchsorted(self.keys, np.uint64((packed + 1) << shift), side="left"))
         return lo, hi
 
-    def continuations(self, context: list[int], min_order: int = 1) -> tuple[int, list[tuple[int, int]]]:
+    def continuations(self, context: list[int], min_order: int = MIN_ORDER) -> tuple[int, list[tuple[int, int]]]:
         """(n, [(token, count), ...] most frequent first, then smaller id) for the longest suffix of
         `context` of n tokens (min_order <= n <= order) that the datastore holds followed by a token;
         (0, []) when none."""
@@ -111,15 +122,19 @@ class Datastore:
 def load_datastore(spec: str) -> Datastore:
     """The datastore a spec names (a shipped alias or a directory), or a one-line error naming what is
     wrong with it."""
-    directory = Path(EMBEDDED_DRAFTS.get(spec, Path(spec).expanduser()))
+    directory = spec_path(spec)
     try:
         raw = json.loads((directory / CONFIG_FILE).read_text())
         info = StoreInfo(**{k: raw[k] for k in StoreInfo.__dataclass_fields__})
         tokens = np.load(directory / TOKENS_FILE, allow_pickle=False)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DynaTreeError(f"{directory} is not a readable datastore ({type(e).__name__}: {e})") from e
-    if tokens.ndim != 1 or len(tokens) != info.tokens or (len(tokens) and int(tokens.max()) > (1 << bits_for(info.vocab_size)) - 1):
-        raise DynaTreeError(f"{directory}: {TOKENS_FILE} does not match {CONFIG_FILE} (length or token ids)")
+    sep = (1 << bits_for(info.vocab_size)) - 1
+    if (tokens.ndim != 1 or tokens.dtype.kind != "u" or len(tokens) != info.tokens
+            or int((tokens == sep).sum()) != info.segments
+            or (len(tokens) and int(tokens[tokens != sep].max(initial=0)) >= info.vocab_size)):
+        raise DynaTreeError(f"{directory}: {TOKENS_FILE} does not match {CONFIG_FILE} (length, answers or token "
+                            f"ids: unsigned ids below {info.vocab_size}, {info.segments} separators)")
     return Datastore(tokens, info, spec)
 
 
@@ -142,9 +157,8 @@ def from_answers(target, answers, order: int = MAX_ORDER, name: str = "datastore
     by the separator."""
     from .featurehead import tokenizer_fingerprint
 
-    bits = bits_for(target.vocab_size)
-    order = min(order, 64 // bits)
-    sep = (1 << bits) - 1
+    order = order_for(target.vocab_size, order)
+    sep = (1 << bits_for(target.vocab_size)) - 1
     pieces = [list(ids[max(0, start - order):]) + [sep] for ids, start in answers]
     flat = np.array([t for p in pieces for t in p], dtype=np.uint16 if sep < 1 << 16 else np.uint32)
     info = StoreInfo(target=target.name, vocab_size=int(target.vocab_size),

@@ -29,8 +29,8 @@ def add_distill_command(sub) -> None:
         description="--kind lm: a draft LM sharing the target's tokenizer, from the target's top-k next-token "
         "probabilities on a corpus and on its own greedy generations. --kind eagle: a feature head (one decoder "
         "layer over the target's hidden states, EAGLE-style) from the target's own chat answers. --kind store: those "
-        "answers indexed for the n-gram drafter (--draft ngram+DIR). Resumable (--resume; a stopped data build "
-        "resumes from its saved parts); the output directory loads with --draft DIR.",
+        "answers indexed for the n-gram drafter (--draft ngram+DIR). Training resumes with --resume; a stopped "
+        "data build resumes from its saved parts by itself. A draft LM or head loads with --draft DIR.",
     )
     p.add_argument("--kind", choices=list(KINDS), default="lm", help="what to train [lm]")
     p.add_argument("--target", default=None, help="target model: hub id, local directory, .gguf file or embedded alias")
@@ -76,6 +76,9 @@ def cmd_distill(args) -> int:
 
     cfg = config_of(args)
     cfg.validate()  # before the target is loaded: bad options fail at once
+    if args.kind == "store" and args.resume:
+        raise DynaTreeError("--resume does not apply to --kind store: nothing is trained, and a stopped build "
+                            "resumes from its saved answers (--data-dir) by itself")
     check_out_dir(args.out)
     target = load_model(args.target or DEFAULT_TARGET, device=args.device, dtype="float32")
     command = ["dynatree", *args.argv]

@@ -65,23 +65,37 @@ def parse(spec: str | None) -> DraftSpec:
         raise DynaTreeError(f"{spec!r} is a datastore, which the n-gram drafter reads: pass {HYBRID}{spec} "
                             f"(or {HYBRID}{spec}+MODEL)")
     if spec.startswith(HYBRID):
-        model = spec[len(HYBRID):].strip()
-        first, plus, rest = model.partition("+")
-        store = None
-        if is_store_spec(first.strip()):
-            store, model = first.strip(), rest.strip()
-            if not model:
-                if plus:
-                    raise DynaTreeError(f"{HYBRID}STORE+MODEL needs a draft model after the datastore, got {spec!r}")
-                return DraftSpec(HYBRID + store, True, None, store)
-            if model == NGRAM or is_store_spec(model.partition("+")[0].strip()):
-                raise DynaTreeError(f"{HYBRID}STORE+MODEL takes one datastore and one draft model, got {spec!r}")
+        model, store = _split_store(spec[len(HYBRID):].strip())
+        if store is not None and model is None:
+            return DraftSpec(HYBRID + store, True, None, store)
         if model in ("", NGRAM):
-            raise DynaTreeError(f"{HYBRID}MODEL needs a draft model after {HYBRID!r}, got {spec!r}")
+            raise DynaTreeError(f"{HYBRID}{'STORE+' if store else ''}MODEL needs a draft model after "
+                                f"{HYBRID + store + '+' if store else HYBRID!r}, got {spec!r}")
         if model.startswith(HYBRID):
             raise DynaTreeError(f"{HYBRID}MODEL takes one draft model, got {spec!r}")
+        if is_store_spec(model) or any(is_store_spec(model[:i].strip()) or is_store_spec(model[i + 1:].strip())
+                                       for i, c in enumerate(model) if c == "+"):
+            raise DynaTreeError(f"{spec!r}: a datastore comes right after {HYBRID!r}, before the model "
+                                f"({HYBRID}STORE+MODEL), and there is one")
         return DraftSpec(HYBRID + (store + "+" if store else "") + model, True, model, store)
     return DraftSpec(spec, False, spec)
+
+
+def _split_store(rest: str) -> tuple[str | None, str | None]:
+    """(model or None, store or None) of what follows 'ngram+': the longest prefix that names a
+    datastore (a directory name may hold '+') is the store, what follows its '+' the model."""
+    if is_store_spec(rest):
+        return None, rest
+    cuts = [i for i, c in enumerate(rest) if c == "+"]
+    for i in reversed(cuts):
+        if is_store_spec(rest[:i].strip()):
+            return rest[i + 1:].strip(), rest[:i].strip()
+    return rest, None
+
+
+def spec_path(spec: str) -> Path:
+    """Where a shipped alias lives, else the spec as a path."""
+    return Path(EMBEDDED_DRAFTS.get(spec, Path(spec).expanduser()))
 
 
 def is_head_dir(path) -> bool:
@@ -93,13 +107,12 @@ def is_store_spec(spec) -> bool:
     """Whether a spec names a datastore (a shipped alias or a directory with datastore.json)."""
     if not isinstance(spec, str) or not spec:
         return False
-    path = EMBEDDED_DRAFTS.get(spec, Path(spec).expanduser())
-    return (Path(path) / STORE_CONFIG_FILE).is_file()
+    return (spec_path(spec) / STORE_CONFIG_FILE).is_file()
 
 
 def head_dir(spec) -> Path | None:
     """The directory of the feature head a draft model spec names (a shipped alias or a path), else None."""
     if not isinstance(spec, str):
         return None
-    path = EMBEDDED_DRAFTS.get(spec, Path(spec).expanduser())
+    path = spec_path(spec)
     return path if is_head_dir(path) else None

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from .attention import use_gqa_attention, use_slot_alibi
+from .draftspec import STORE_CONFIG_FILE
 from .embedded import DEFAULT_TARGET, EMBEDDED, EMBEDDED_DRAFTS, EmbeddedModel
 from .errors import DynaTreeError, first_line
 from .kernels import check_linear_kernel, packing_problem, use_packed_linears
@@ -148,6 +149,9 @@ def _locate(spec: str) -> tuple[str, str | None, bool, Path | None]:
     if spec in EMBEDDED_DRAFTS:
         if (EMBEDDED_DRAFTS[spec] / "feature_head.json").exists():
             raise DynaTreeError(f"{spec!r} is a feature head: it drafts for its target (--draft {spec}), it is not a model")
+        if (EMBEDDED_DRAFTS[spec] / STORE_CONFIG_FILE).exists():
+            raise DynaTreeError(f"{spec!r} is a datastore: the n-gram drafter reads it (--draft ngram+{spec}), it is "
+                                "not a model")
         if not (EMBEDDED_DRAFTS[spec] / "config.json").exists():
             raise DynaTreeError(f"the shipped draft {spec!r} is missing from {EMBEDDED_DRAFTS[spec]}; reinstall dynatree")
         return str(EMBEDDED_DRAFTS[spec]), None, True, None
@@ -155,6 +159,9 @@ def _locate(spec: str) -> tuple[str, str | None, bool, Path | None]:
     if path.is_file() and path.suffix == ".gguf":
         return str(_converted_gguf_dir(path, spec)), None, True, path
     if path.is_dir():
+        if (path / STORE_CONFIG_FILE).exists():
+            raise DynaTreeError(f"{spec!r} is a datastore: the n-gram drafter reads it (--draft ngram+{spec}), it is "
+                                "not a model")
         if not (path / "config.json").exists():
             raise DynaTreeError(f"model directory {spec!r} has no config.json")
         return str(path), None, True, None

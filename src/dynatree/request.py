@@ -116,7 +116,10 @@ class Request:
                 raise DynaTreeError(f"Hybrid(store=...) names no datastore: {draft.store!r} (an alias or a directory "
                                     "with datastore.json)")
             if isinstance(draft.lm, str):
-                parse(HYBRID + draft.lm)  # the same rules as --draft ngram+MODEL
+                parsed = parse(HYBRID + draft.lm)  # the same rules as --draft ngram+MODEL
+                if parsed.store is not None or parsed.model is None:
+                    raise DynaTreeError(f"Hybrid(lm) takes a draft model, got {draft.lm!r}; give a datastore as "
+                                        "Hybrid(lm, store=STORE)")
             elif not isinstance(draft.lm, (LoadedModel, FeatureHead)):
                 raise DynaTreeError(f"Hybrid(...) takes a draft model spec or a loaded model, got {type(draft.lm).__name__}")
             return

@@ -6,8 +6,9 @@ prefix equal to the target's next tokens is accepted, plus the target's own toke
 both). No model runs; this measures what a drafter could propose, not time.
 
   python docs/results/drafting-levers/offline.py orders   the n-gram drafter's longest order, 2..12
-  python docs/results/drafting-levers/offline.py store    plus a datastore of the target's own
-                                                          training answers (data/distill/smollm2-135m)
+  python docs/results/drafting-levers/offline.py store [MAX]  plus a datastore of the target's own
+                                                          training answers (data/distill/smollm2-135m), store
+                                                          orders 2..MAX (default 6)
 """
 import collections
 import glob
@@ -90,8 +91,8 @@ if __name__ == "__main__":
             m = [replay(s, a, max_n) for s, a in HELD]
             print(f"live n-gram, orders {max_n}..1: mean M {statistics.mean(m):.3f}")
     else:
-        store, tokens = build_store(range(2, 7))
-        print(f"store: {tokens} answer tokens, {sum(len(v) for v in store.values())} n-grams of 2..6 tokens")
+        store, tokens = build_store(range(2, int(sys.argv[2]) + 1 if len(sys.argv) > 2 else 7))
+        print(f"store: {tokens} answer tokens, {sum(len(v) for v in store.values())} n-grams of 2..{max(store)} tokens")
         for name, st in (("live n-gram (orders 4..1)", None), ("live n-gram + store", store)):
             m = [replay(s, a, 4, st) for s, a in HELD]
             print(f"{name}: mean M {statistics.mean(m):.3f}, median {statistics.median(m):.3f}")

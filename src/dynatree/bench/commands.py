@@ -155,6 +155,7 @@ def _given_options(args) -> dict:
 
 def _execute(args, experiment: str, variant_list: list[Variant], protocol: Protocol,
              headline: str | None = None) -> int:
+    from ..datastore import check_store, load_datastore
     from ..draftload import Draft, load_draft
     from ..models import load_model
     from . import report, runner
@@ -174,7 +175,8 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
             model = models[spec.model]
         if spec.store is not None:
             if spec.store not in stores:  # one copy of a datastore used alone and beside a model
-                stores[spec.store] = load_draft(f"ngram+{spec.store}", target).store
+                stores[spec.store] = load_datastore(spec.store)
+                check_store(stores[spec.store], target)
             store = stores[spec.store]
         loaded[spec.text] = Draft(ngram=spec.ngram, model=model, target=target, store=store)
     runner.run(experiment, variant_list, protocol, target, loaded, out_dir=out, progress=not args.no_progress,

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 from .. import cpu
+from ..draftspec import parse
 from ..methods import get_method
 from ..wording import counted
 from .results import (at, by_category, datasets, limit_gaps, load, lossy, marked_lossy, ratios_to, settings,
@@ -116,7 +117,7 @@ def draft_section(results: dict, t_new: int, l_max: int) -> str:
         assisted = next((a["variant"] for a in aggs if a["method"] == "hf-assisted" and spec[a["variant"]] == draft), None)
         table = []
         for a in aggs:
-            if spec[a["variant"]] not in (draft, "ngram+" + draft) or a["method"].startswith("hf-"):
+            if parse(spec[a["variant"]] or "ngram").model != draft or a["method"].startswith("hf-"):
                 continue
             ngram = _ngram_twin(a, aggs, spec)
             table.append([a["variant"], _speedup(a),

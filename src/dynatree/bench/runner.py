@@ -241,8 +241,8 @@ def _draft_for(spec: str, value, target: LoadedModel) -> Draft:
         raise DynaTreeError(f"drafts[{spec!r}] must be a Draft or the draft model that spec names, "
                             f"got {type(value).__name__}")
     draft = load_draft(value, target)
-    if (draft.ngram, draft.model is None, draft.store is None) != (parsed.ngram, parsed.model is None,
-                                                                   parsed.store is None):
+    if ((draft.ngram, draft.model is None, None if draft.store is None else draft.store.name)
+            != (parsed.ngram, parsed.model is None, parsed.store)):
         raise DynaTreeError(f"drafts[{spec!r}] drafts as {draft.name!r}, not as that spec says")
     return draft
 

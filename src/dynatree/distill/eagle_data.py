@@ -223,6 +223,11 @@ def label(target: LoadedModel, sequences: list[list[int]], batch: int, bar=None)
     return feats, labels
 
 
+def turn_digest(tokens) -> bytes:
+    """Identity of one turn (its token ids), to keep a turn asked by two sources once."""
+    return hashlib.sha1(torch.as_tensor(tokens, dtype=torch.int32).numpy().tobytes()).digest()
+
+
 def _bar(progress: bool):
     from tqdm.auto import tqdm
 
@@ -261,6 +266,11 @@ def chunk_answers(target: LoadedModel, chunk, cfg: ChatDataConfig, parts: Path |
     """A chunk's (sequences, answer starts, whether they were read from a saved answers file): read
     when saved, else generated (and saved when `parts` is given)."""
     answers_path = _part_path(parts, "answers", _chunk_key(target, chunk, cfg), ".json.gz")
+    part_path = _part_path(parts, "part", _chunk_key(target, chunk, cfg), ".pt")
+    if answers_path is not None and not answers_path.exists() and part_path.exists():  # built before answers were kept apart
+        part = torch.load(part_path, weights_only=True)
+        if part.get("answer_from"):
+            write_answers(answers_path, target, [t.tolist() for t in part["tokens"]], part["answer_from"])
     if answers_path is not None and answers_path.exists():
         sequences, starts = read_answers(answers_path, target.name)
         if bar is not None:
@@ -284,7 +294,7 @@ def answers_only(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True
         sequences, starts, was_saved = chunk_answers(target, chunk, cfg, parts, b)
         reused += was_saved
         for seq, start in zip(sequences, starts):
-            turn = hashlib.sha1(json.dumps(seq).encode()).digest()
+            turn = turn_digest(seq)
             if turn in seen:  # the same turn from two sources: kept once
                 duplicates += 1
                 continue
@@ -332,7 +342,7 @@ def build_data(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True, 
                 save_atomic(part, path)
         starts = part.get("answer_from") or [None] * len(part["tokens"])  # older parts: unknown
         for i, tokens in enumerate(part["tokens"]):
-            turn = hashlib.sha1(tokens.numpy().tobytes()).digest()
+            turn = turn_digest(tokens)
             if turn in seen:  # the same turn from two sources (or a source given twice): kept once
                 duplicates += 1
                 continue

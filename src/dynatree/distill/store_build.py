@@ -17,19 +17,19 @@ from pathlib import Path
 
 from .. import env
 from ..config import option, require
-from ..datastore import MAX_ORDER, from_answers, save_datastore
+from ..datastore import MAX_ORDER, MIN_ORDER, from_answers, save_datastore
 from ..runtime import LoadedModel
 from .eagle_data import ChatDataConfig, answers_only
 
 
 @dataclass
 class StoreConfig(ChatDataConfig):
-    order: int = option(MAX_ORDER, f"longest n-gram the drafter looks up in the datastore (1..{MAX_ORDER}; fewer "
+    order: int = option(MAX_ORDER, f"longest n-gram the drafter looks up in the datastore ({MIN_ORDER}..{MAX_ORDER}; fewer "
                         "for vocabularies over 65535 tokens, whose ids take more bits of the packed key)")
 
     def validate(self) -> None:
         super().validate()
-        require(1 <= self.order <= MAX_ORDER, f"--order must be in 1..{MAX_ORDER}, got {self.order}")
+        require(MIN_ORDER <= self.order <= MAX_ORDER, f"--order must be in {MIN_ORDER}..{MAX_ORDER}, got {self.order}")
 
 
 def distill_store(target: LoadedModel, out: Path, cfg: StoreConfig, progress: bool = True,

@@ -46,6 +46,7 @@ class NgramDrafter:
     def reset(self, tokens: list[int], hidden=None) -> None:
         self.tokens: list[int] = []
         self.found: dict[tuple[int, ...], tuple[int, list[tuple[int, int]]]] = {}  # datastore answers of this run
+        self.store_answers = 0  # node proposals whose candidates the datastore led (for stats and tests)
         self.index: list[dict[tuple[int, ...], dict[int, int]]] = [{} for _ in range(self.max_n + 1)]
         self._extend(tokens)
 
@@ -93,6 +94,7 @@ class NgramDrafter:
                 n, found = self._stored(context)
                 if n > own:
                     tables.insert(0, dict(found))
+                    self.store_answers += 1
         for counts in tables:
             if not counts:
                 continue
@@ -110,7 +112,7 @@ class NgramDrafter:
         """The datastore's longest match for `context` (order, counts), remembered for this run."""
         key = tuple(context[-self.store.order:])
         if key not in self.found:
-            self.found[key] = self.store.continuations(list(key), min_order=2)
+            self.found[key] = self.store.continuations(list(key))
         return self.found[key]
 
     def _extend(self, new_tokens: list[int]) -> None:
