@@ -1,5 +1,5 @@
-"""What both kinds of distillation share: the learning-rate schedule, batches, atomic writes, and
-resuming from a checkpoint."""
+"""What the kinds of distillation share: the learning-rate schedule, batches, atomic writes, resuming
+from a checkpoint, and the head of the distill.json record."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import dataclasses
 import math
 import os
 import random
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -71,3 +73,13 @@ def resumed(ckpt_path: Path, cfg) -> dict:
     if state["config"]["steps"] != cfg.steps:
         state["history"].append({"step": state["step"], "steps_changed": {"from": state["config"]["steps"], "to": cfg.steps}})
     return state
+
+
+def record(kind: str, target, cfg, command: list[str] | None, **fields) -> dict:
+    """A distill.json record: how it was made (command, kind, time, target, config), then `fields`,
+    then the machine (env.describe)."""
+    from .. import env
+
+    return {"command": command if command is not None else sys.argv, "kind": kind,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "target": target.name,
+            "config": dataclasses.asdict(cfg), **fields, "env": env.describe(target.device)}

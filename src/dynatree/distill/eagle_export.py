@@ -3,31 +3,17 @@ config, data, held-out figures, history, timings, machine) and a README."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import sys
-import time
 from pathlib import Path
 
-from .. import env
+from .common import record
 
 
 def write_head(head, target, out: Path, cfg, info: dict, final: dict, history: list, timings: dict,
                command: list[str] | None) -> dict:
     """Save the head and its record; return the summary written to out/distill.json."""
-    summary = {
-        "command": command if command is not None else sys.argv,
-        "kind": "eagle",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "target": target.name,
-        "config": dataclasses.asdict(cfg),
-        "parameters": sum(p.numel() for p in head.parameters()),
-        "data": info,
-        "held_out": final,
-        "history": history,
-        "timings": timings,
-        "env": env.describe(target.device),
-    }
+    summary = record("eagle", target, cfg, command, parameters=sum(p.numel() for p in head.parameters()), data=info,
+                     held_out=final, history=history, timings=timings)
     head.eval().save(out, extra={"trained": {"held_out": final, "steps": cfg.steps}})
     (out / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
     depth = " / ".join(f"{a:.1%}" for a in final["agreement_by_depth"])

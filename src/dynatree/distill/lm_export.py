@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import sys
-import time
 from pathlib import Path
 
-from .. import env
 from ..models import resolve_dtype
+from .common import record
 
 
 def write_draft(model, target, out: Path, cfg, info, final, history, timings, command) -> dict:
@@ -18,18 +15,8 @@ def write_draft(model, target, out: Path, cfg, info, final, history, timings, co
     model.to(resolve_dtype(cfg.save_dtype)).save_pretrained(out)
     target.tokenizer.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
-    summary = {
-        "command": command if command is not None else sys.argv,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "target": target.name,
-        "config": dataclasses.asdict(cfg),
-        "parameters": params,
-        "data": info,
-        "held_out": final,
-        "history": history,
-        "timings": timings,
-        "env": env.describe(target.device),
-    }
+    summary = record("lm", target, cfg, command, parameters=params, data=info, held_out=final, history=history,
+                     timings=timings)
     (out / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
     agreement = ", ".join(f"{k} {v['agreement']:.1%}" for k, v in final.items()) or "n/a"
     (out / "README.md").write_text(

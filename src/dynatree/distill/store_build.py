@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import env
 from ..config import option, require
 from ..datastore import MAX_ORDER, MIN_ORDER, from_answers, save_datastore
 from ..runtime import LoadedModel
+from .common import record
 from .eagle_data import ChatDataConfig, answers_only
 
 
@@ -40,16 +39,7 @@ def distill_store(target: LoadedModel, out: Path, cfg: StoreConfig, progress: bo
     parts = Path(cfg.data_dir).expanduser() if cfg.data_dir else out / "data"
     answers, info = answers_only(target, cfg, progress, parts)
     build_s = time.perf_counter() - t0
-    summary = {
-        "command": command if command is not None else sys.argv,
-        "kind": "store",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "target": target.name,
-        "config": dataclasses.asdict(cfg),
-        "data": info,
-        "timings": {"build_s": build_s},
-        "env": env.describe(target.device),
-    }
+    summary = record("store", target, cfg, command, data=info, timings={"build_s": build_s})
     store = from_answers(target, answers, cfg.order, name=str(out))
     save_datastore(store, out, record={"command": summary["command"], "data": info})
     summary["store"] = dataclasses.asdict(store.info)
