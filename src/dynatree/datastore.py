@@ -50,6 +50,11 @@ def bits_for(vocab_size: int) -> int:
     return max(1, int(vocab_size).bit_length())
 
 
+def sep_for(vocab_size: int) -> int:
+    """The separator between answers: the largest packed value, never a token id."""
+    return (1 << bits_for(vocab_size)) - 1
+
+
 def order_for(vocab_size: int, order: int = MAX_ORDER) -> int:
     """`order` clamped to what one 64-bit key packs for this vocabulary; a one-line error below MIN_ORDER."""
     fits = min(order, 64 // bits_for(vocab_size))
@@ -65,7 +70,7 @@ class Datastore:
     def __init__(self, tokens: np.ndarray, info: StoreInfo, name: str):
         self.info, self.name = info, name
         self.bits = bits_for(info.vocab_size)
-        self.sep = (1 << self.bits) - 1
+        self.sep = sep_for(info.vocab_size)
         self.order = info.order
         if not MIN_ORDER <= self.order <= order_for(info.vocab_size):
             raise DynaTreeError(f"datastore {name!r}: order {self.order} is not in {MIN_ORDER}.."
@@ -129,7 +134,7 @@ def load_datastore(spec: str) -> Datastore:
         tokens = np.load(directory / TOKENS_FILE, allow_pickle=False)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DynaTreeError(f"{directory} is not a readable datastore ({type(e).__name__}: {e})") from e
-    sep = (1 << bits_for(info.vocab_size)) - 1
+    sep = sep_for(info.vocab_size)
     if (tokens.ndim != 1 or tokens.dtype.kind != "u" or len(tokens) != info.tokens
             or int((tokens == sep).sum()) != info.segments
             or (len(tokens) and int(tokens[tokens != sep].max(initial=0)) >= info.vocab_size)):
@@ -158,9 +163,8 @@ def from_answers(target, answers, order: int = MAX_ORDER, name: str = "datastore
     from .featurehead import tokenizer_fingerprint
 
     order = order_for(target.vocab_size, order)
-    sep = (1 << bits_for(target.vocab_size)) - 1
-    pieces = [list(ids[max(0, start - order):]) + [sep] for ids, start in answers]
-    flat = np.array([t for p in pieces for t in p], dtype=np.uint16 if sep < 1 << 16 else np.uint32)
+    pieces = [list(ids[max(0, start - order):]) + [sep_for(target.vocab_size)] for ids, start in answers]
+    flat = np.array([t for p in pieces for t in p], dtype=np.int64)  # Datastore keeps them in 2 or 4 bytes
     info = StoreInfo(target=target.name, vocab_size=int(target.vocab_size),
                      tokenizer_sha1=tokenizer_fingerprint(target.tokenizer), order=order, tokens=len(flat),
                      segments=len(pieces))

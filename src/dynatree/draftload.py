@@ -66,12 +66,7 @@ def load_draft(draft, target: LoadedModel, linear: str = "auto") -> Draft:
     else:
         parsed = parse(draft)
         ngram, store, draft = parsed.ngram, parsed.store, parsed.model
-    if isinstance(store, str):
-        store = load_datastore(store)
-    elif store is not None and not isinstance(store, Datastore):
-        raise DynaTreeError(f"a datastore is a spec (alias or directory) or a loaded Datastore, got {type(store).__name__}")
-    if store is not None:
-        check_store(store, target)
+    store = load_store(store, target)
     if draft is None:
         return Draft(ngram=True, model=None, target=target, store=store)
     model = draft if isinstance(draft, (LoadedModel, FeatureHead)) else load_draft_model(draft, target, linear)
@@ -80,6 +75,18 @@ def load_draft(draft, target: LoadedModel, linear: str = "auto") -> Draft:
     else:
         check_compatible(target, model)
     return Draft(ngram=ngram, model=model, target=target, store=store)
+
+
+def load_store(store, target: LoadedModel) -> Datastore | None:
+    """The datastore `store` names (a spec, or a loaded Datastore), checked against `target`; None for None."""
+    if store is None:
+        return None
+    if isinstance(store, str):
+        store = load_datastore(store)
+    elif not isinstance(store, Datastore):
+        raise DynaTreeError(f"a datastore is a spec (alias or directory) or a loaded Datastore, got {type(store).__name__}")
+    check_store(store, target)
+    return store
 
 
 def load_draft_model(spec: str, target: LoadedModel, linear: str = "auto") -> LoadedModel | FeatureHead:

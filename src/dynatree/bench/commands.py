@@ -155,8 +155,7 @@ def _given_options(args) -> dict:
 
 def _execute(args, experiment: str, variant_list: list[Variant], protocol: Protocol,
              headline: str | None = None) -> int:
-    from ..datastore import check_store, load_datastore
-    from ..draftload import Draft, load_draft
+    from ..draftload import Draft, load_draft, load_store
     from ..models import load_model
     from . import report, runner
     drafts = [parse(d) for d in _drafts(args)]  # a bad spec fails before any model loads
@@ -175,8 +174,7 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
             model = models[spec.model]
         if spec.store is not None:
             if spec.store not in stores:  # one copy of a datastore used alone and beside a model
-                stores[spec.store] = load_datastore(spec.store)
-                check_store(stores[spec.store], target)
+                stores[spec.store] = load_store(spec.store, target)
             store = stores[spec.store]
         loaded[spec.text] = Draft(ngram=spec.ngram, model=model, target=target, store=store)
     runner.run(experiment, variant_list, protocol, target, loaded, out_dir=out, progress=not args.no_progress,

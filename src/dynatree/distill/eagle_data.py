@@ -261,16 +261,21 @@ def _chunk_key(target: LoadedModel, chunk, cfg: ChatDataConfig) -> list:
     return [target.name, chunk, cfg.max_new_tokens, cfg.l_max]
 
 
+def _answers_from_part(answers_path: Path, target: LoadedModel, part: dict) -> None:
+    """Write the answers file of a part built before answers were kept apart (when it knows where
+    its answers start)."""
+    if part.get("answer_from"):
+        write_answers(answers_path, target, [t.tolist() for t in part["tokens"]], part["answer_from"])
+
+
 def chunk_answers(target: LoadedModel, chunk, cfg: ChatDataConfig, parts: Path | None,
                   bar=None) -> tuple[list[list[int]], list[int], bool]:
     """A chunk's (sequences, answer starts, whether they were read from a saved answers file): read
     when saved, else generated (and saved when `parts` is given)."""
     answers_path = _part_path(parts, "answers", _chunk_key(target, chunk, cfg), ".json.gz")
     part_path = _part_path(parts, "part", _chunk_key(target, chunk, cfg), ".pt")
-    if answers_path is not None and not answers_path.exists() and part_path.exists():  # built before answers were kept apart
-        part = torch.load(part_path, weights_only=True)
-        if part.get("answer_from"):
-            write_answers(answers_path, target, [t.tolist() for t in part["tokens"]], part["answer_from"])
+    if answers_path is not None and not answers_path.exists() and part_path.exists():
+        _answers_from_part(answers_path, target, torch.load(part_path, weights_only=True))
     if answers_path is not None and answers_path.exists():
         sequences, starts = read_answers(answers_path, target.name)
         if bar is not None:
@@ -330,8 +335,8 @@ def build_data(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True, 
             part = torch.load(path, weights_only=True)
             b.update(sum(len(c) for c in chunk))
             reused += 1
-            if not answers_path.exists() and part.get("answer_from"):  # built before answers were kept apart
-                write_answers(answers_path, target, [t.tolist() for t in part["tokens"]], part["answer_from"])
+            if not answers_path.exists():
+                _answers_from_part(answers_path, target, part)
         else:
             sequences, starts, was_saved = chunk_answers(target, chunk, cfg, parts, b)
             answers_reused += was_saved

@@ -87,9 +87,11 @@ class NgramDrafter:
         """Up to k (all when None) (token, probability) pairs after `context`, most probable first."""
         probs: dict[int, float] = {}
         escape = 1.0
-        tables = [self.index[n].get(tuple(context[-n:])) for n in range(min(self.max_n, len(context)), 0, -1)]
+        orders = range(min(self.max_n, len(context)), 0, -1)
+        tables = (self.index[n].get(tuple(context[-n:])) for n in orders)  # looked up as the loop needs them
         if self.store is not None:
-            own = self.match_order(context)
+            tables = list(tables)
+            own = next((n for n, counts in zip(orders, tables) if counts), 0)  # match_order, from the same look-ups
             if own < self.store_below:
                 n, found = self._stored(context)
                 if n > own:
