@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 
 import pytest
 import torch
+from torch._dynamo.variables import builder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +17,10 @@ from dynatree import api, runtime
 from dynatree import cache as kv
 from dynatree.kernels import stock_linears
 from dynatree.runtime import LoadedModel, RECOMPILE_LIMIT
+
+# Whether this torch reads dynamic sources per dimension (runtime.DYNAMIC_SOURCES' ":N" entries; torch
+# 2.13 does, 2.11 does not): without it, each kind of step compiles twice, still before the clock.
+PER_DIM_SOURCES = "dim" in inspect.signature(getattr(builder, "is_dynamic_source", lambda name: None)).parameters
 
 pytestmark = pytest.mark.slow  # torch.compile: seconds per graph
 
@@ -149,11 +155,13 @@ def test_compiled_graphs_are_bounded_and_built_before_the_clock(method, options,
                                prompt_ids=prompt, max_new_tokens=30, ignore_eos=True, compile=True,
                                kv_window=kv_window, **options)
     first = run()
-    assert runtime.compiled_graphs() - before == graphs
+    built = runtime.compiled_graphs() - before
+    # torch without per-dimension dynamic sources builds each kind static first, then symbolic: twice
+    assert built == graphs if PER_DIM_SOURCES else graphs <= built <= 2 * graphs
     assert first.stats.compile_s > 0 and first.stats.graphs_compiled_while_timed == 0
     assert first.stats.ttft_s < first.stats.compile_s  # compiling is not in the time to first token
     second = run()
-    assert runtime.compiled_graphs() - before == graphs
+    assert runtime.compiled_graphs() - before == built
     assert second.stats.compile_s == 0.0 and second.stats.graphs_compiled_while_timed == 0
     assert second.new_token_ids == first.new_token_ids
     if kv_window is None:
@@ -161,6 +169,29 @@ def test_compiled_graphs_are_bounded_and_built_before_the_clock(method, options,
     uncompiled = api.generate(method=method, target=target, draft=None if method == "ar" else "ngram",
                               prompt_ids=prompt, max_new_tokens=30, ignore_eos=True, kv_window=kv_window, **options)
     assert uncompiled.stats.compile_s is None and uncompiled.new_token_ids == first.new_token_ids
+
+
+@pytest.mark.parametrize("method,options,kv_window", [
+    ("dynatree", {}, None), ("dynatree", {"cost_aware": True}, None), ("fixed-tree", {}, "4,24"),
+])
+def test_torch_without_per_dimension_sources_still_compiles_before_the_clock(monkeypatch, method, options, kv_window):
+    """torch 2.11 (an H200's) ignores DYNAMIC_SOURCES' ":N" entries, so dynamo compiled each kind
+    of step static first and symbolic at the next size: one graph inside the timed steps. Imitated
+    here by leaving those entries out: the warm-up's second round of sizes builds them all."""
+    monkeypatch.setattr(runtime, "DYNAMIC_SOURCES", tuple(s for s in runtime.DYNAMIC_SOURCES if s[-2] != ":"))
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-old-torch", eos_ids=[])
+    torch._dynamo.reset()
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]
+    before = runtime.compiled_graphs()
+    with torch.compiler.config.patch(dynamic_sources=""):  # restored afterwards, as the test found it
+        first = api.generate(method=method, target=target, draft="ngram", prompt_ids=prompt, max_new_tokens=30,
+                             ignore_eos=True, compile=True, kv_window=kv_window, **options)
+    assert runtime.compiled_graphs() - before > 2  # static and symbolic graphs, as that torch builds them
+    assert first.stats.graphs_compiled_while_timed == 0
+    if kv_window is None:
+        assert first.new_token_ids == hf_greedy(target, prompt, 30)
+    torch._dynamo.reset()  # no graph built with this imitation's settings outlives the test
 
 
 def test_stats_line_reports_compiling_apart():

@@ -228,15 +228,22 @@ class LoadedModel:
         or invalidate graphs (a reset, a kernel switch) without telling. `hidden`: the steps
         return hidden states too (a run with a feature drafter), which is another graph."""
         start, graphs = time.perf_counter(), compiled_graphs()
-        cache, context = kv.new_cache(self.model), 4
-        self.forward(cache, [0] * context, list(range(context)), None, last_only=True)  # eager prefill
-        for kind in (k for k in STEP_KINDS if k in kinds):
-            n = 2 if kind == "tree" else 1
-            allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
-            mask = None if kind == "token" else self.masks(allowed, torch.arange(context, context + n),
-                                                           torch.arange(context + n))
-            self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden, compiled=True)
-            kv.crop(cache, context)
+        cache = kv.new_cache(self.model)
+        self.forward(cache, [0] * 4, list(range(4)), None, last_only=True)  # eager prefill
+        # Each kind twice, at two cache lengths and tree sizes. Where torch reads DYNAMIC_SOURCES
+        # per dimension (2.13 does; 2.11 ignores the ":N" entries) the second round reuses the graphs;
+        # elsewhere dynamo builds static graphs first and symbolic ones when sizes change, and this
+        # round is where that happens, not in the timed steps (seen on an H200 with torch 2.11).
+        for context in (4, 5):
+            if context == 5:
+                self.forward(cache, [0], [4], None, last_only=True)  # one more cached token, eagerly
+            for kind in (k for k in STEP_KINDS if k in kinds):
+                n = context - 2 if kind == "tree" else 1
+                allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
+                mask = None if kind == "token" else self.masks(allowed, torch.arange(context, context + n),
+                                                               torch.arange(context + n))
+                self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden, compiled=True)
+                kv.crop(cache, context)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start if compiled_graphs() != graphs else 0.0

@@ -3,6 +3,7 @@
     python docs/results/gpu/run.py model DIR         # a GPU-sized random Llama (SmolLM2's tokenizer) saved to DIR
     python docs/results/gpu/run.py curve DIR OUT     # its verification cost curves, float32 and bfloat16 -> OUT.json
     python docs/results/gpu/run.py exact DIR OUT     # ar vs DynaTree (default drafter) on chat prompts -> OUT.json
+    python docs/results/gpu/run.py compiled DIR OUT  # the same with --compile (CUDA's compiled path) -> OUT.json
 
 The model is random (initialised as transformers does, seed 0): its text means nothing and its
 acceptance rates say nothing about a trained model's; what it measures is the GPU itself (how a
@@ -108,6 +109,48 @@ def exact(directory: str, out: str, per_category: int = 2, max_new: int = 128) -
                                      "max_new_tokens": max_new, "rows": rows}, indent=1))
 
 
+def compiled(directory: str, out: str, max_new: int = 128) -> None:
+    """`--compile` on CUDA: ar and DynaTree (default drafter, float32, greedy) eager and compiled, one Spec-Bench
+    chat prompt per task, each prompt's four runs back to back; every run's tokens against eager `ar`'s. The first
+    call of each compiled method builds its graphs (timed apart: that is what a user waits for once)."""
+    from dynatree import api
+    from dynatree.models import load_model
+    from dynatree.prompts import questions
+
+    target = load_model(directory, device=DEVICE, dtype="float32")
+    seen: set[str] = set()
+    prompts = []
+    for _, category, turns in questions(QUESTIONS):
+        task = category if category in TASKS else "mt_bench"
+        if task not in seen:
+            seen.add(task)
+            prompts.append((task, turns[0]))
+    methods = (("ar", {}), ("ar +compile", {"compile": True}), ("dynatree", {}),
+               ("dynatree +compile", {"compile": True}), ("dynatree +cost-aware +compile", {"compile": True, "cost_aware": True}))
+    first = {}
+    for label, options in methods:  # warm-up on a prompt that is not measured: CUDA set-up, graph building
+        t0 = time.perf_counter()
+        api.generate("Write a short poem about the sea.", label.split()[0], target=target, chat=True,
+                     max_new_tokens=max_new, **options)
+        first[label] = round(time.perf_counter() - t0, 1)
+        print(f"first call {label}: {first[label]} s", flush=True)
+    rows = []
+    for category, text in prompts:
+        runs = {label: api.generate(text, label.split()[0], target=target, chat=True, max_new_tokens=max_new, **options)
+                for label, options in methods}
+        ar = runs["ar"]
+        for label, result in runs.items():
+            rows.append({"category": category, "method": label, "same_as_ar": result.new_token_ids == ar.new_token_ids,
+                         "new_tokens": result.stats.new_tokens, "tokens_per_pass": result.stats.tokens_per_iter,
+                         "tokens_per_s": result.stats.tokens_per_s, "draft_ms": result.stats.draft_ms,
+                         "verify_ms": result.stats.verify_ms, "commit_ms": result.stats.commit_ms})
+            r = rows[-1]
+            print(f"{category:14} {label:30} same={r['same_as_ar']} n={r['new_tokens']} L={r['tokens_per_pass']:.2f} "
+                  f"tok/s={r['tokens_per_s']:.1f} verify={r['verify_ms']:.2f} ms", flush=True)
+        Path(out).write_text(json.dumps({"device": name(), "torch": torch.__version__, "max_new_tokens": max_new,
+                                         "first_call_s": first, "rows": rows}, indent=1))
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"model": build, "curve": curves, "exact": exact}[command](*args)
+    {"model": build, "curve": curves, "exact": exact, "compiled": compiled}[command](*args)
