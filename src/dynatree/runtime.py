@@ -230,12 +230,15 @@ class LoadedModel:
         start, graphs = time.perf_counter(), compiled_graphs()
         cache = kv.new_cache(self.model)
         self.forward(cache, [0] * 4, list(range(4)), None, last_only=True)  # eager prefill
-        # Each kind twice, at two cache lengths and tree sizes. Where torch reads DYNAMIC_SOURCES
-        # per dimension (2.13 does; 2.11 ignores the ":N" entries) the second round reuses the graphs;
-        # elsewhere dynamo builds static graphs first and symbolic ones when sizes change, and this
-        # round is where that happens, not in the timed steps (seen on an H200 with torch 2.11).
+        # Where the first round built graphs, a second at another cache length and tree size. Where
+        # torch reads DYNAMIC_SOURCES per dimension (2.13 does; 2.11 ignores the ":N" entries) it
+        # reuses them; elsewhere dynamo built static graphs first and builds symbolic ones when sizes
+        # change, and this round is where that happens, not in the timed steps (seen on an H200 with
+        # torch 2.11). Runs whose graphs exist already skip it (a request pays one round).
         for context in (4, 5):
             if context == 5:
+                if compiled_graphs() == graphs:
+                    break
                 self.forward(cache, [0], [4], None, last_only=True)  # one more cached token, eagerly
             for kind in (k for k in STEP_KINDS if k in kinds):
                 n = context - 2 if kind == "tree" else 1
