@@ -230,26 +230,28 @@ class LoadedModel:
         start, graphs = time.perf_counter(), compiled_graphs()
         cache = kv.new_cache(self.model)
         self.forward(cache, [0] * 4, list(range(4)), None, last_only=True)  # eager prefill
-        # Where the first round built graphs, a second at another cache length and tree size. Where
-        # torch reads DYNAMIC_SOURCES per dimension (2.13 does; 2.11 ignores the ":N" entries) it
-        # reuses them; elsewhere dynamo built static graphs first and builds symbolic ones when sizes
-        # change, and this round is where that happens, not in the timed steps (seen on an H200 with
-        # torch 2.11). Runs whose graphs exist already skip it (a request pays one round).
-        for context in (4, 5):
-            if context == 5:
-                if compiled_graphs() == graphs:
-                    break
-                self.forward(cache, [0], [4], None, last_only=True)  # one more cached token, eagerly
-            for kind in (k for k in STEP_KINDS if k in kinds):
-                n = context - 2 if kind == "tree" else 1
-                allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
-                mask = None if kind == "token" else self.masks(allowed, torch.arange(context, context + n),
-                                                               torch.arange(context + n))
-                self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden, compiled=True)
-                kv.crop(cache, context)
+        self._warm_steps(cache, 4, kinds, hidden, tree_size=2)
+        # Where that built graphs, a second round at another cache length and tree size. Where torch
+        # reads DYNAMIC_SOURCES per dimension (2.13 does; 2.11 ignores the ":N" entries) it reuses
+        # them; elsewhere dynamo built static graphs first and builds symbolic ones when sizes change,
+        # and this round is where that happens, not in the timed steps (seen on an H200 with torch
+        # 2.11). Runs whose graphs exist already skip it (a request pays one round).
+        if compiled_graphs() != graphs:
+            self.forward(cache, [0], [4], None, last_only=True)  # one more cached token, eagerly
+            self._warm_steps(cache, 5, kinds, hidden, tree_size=3)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start if compiled_graphs() != graphs else 0.0
+
+    def _warm_steps(self, cache, context: int, kinds, hidden: bool, tree_size: int) -> None:
+        """One compiled step of each kind in `kinds` on top of `cache`'s `context` tokens (cropped back after each)."""
+        for kind in (k for k in STEP_KINDS if k in kinds):
+            n = tree_size if kind == "tree" else 1
+            allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
+            mask = None if kind == "token" else self.masks(allowed, torch.arange(context, context + n),
+                                                           torch.arange(context + n))
+            self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden, compiled=True)
+            kv.crop(cache, context)
 
 
 def compiled_graphs() -> int:
