@@ -1,7 +1,7 @@
 """Compiled cost curve with stock linears left to inductor's own CPU GEMM template (freezing + max-autotune,
 CPP and ATen backends) instead of dynatree's packed oneDNN linears.
     python docs/results/compiled-tree-cost/cpp_gemm.py   (README.md beside this file; ~4 min of autotuning)"""
-import torch, sys
+import torch
 import torch._inductor.config as ic
 from dynatree.models import load_model
 from dynatree import costmeasure, kernels

@@ -1,7 +1,7 @@
 """Compiled cost curve of the float32 target as shipped (`base`), or with multi-row linears written as a
 multiply-sum with the weight outermost for inductor (`wouter`); then tree rows vs one-token steps.
     python docs/results/compiled-tree-cost/inductor_sum.py base|wouter   (README.md beside this file)"""
-import os, torch, sys
+import torch, sys
 from dynatree.models import load_model
 from dynatree import costmeasure, kernels
 MODE = sys.argv[1]

@@ -73,21 +73,28 @@ def curves(directory: str, out: str) -> None:
     Path(out).write_text(json.dumps(record, indent=1))
 
 
+def chat_prompts(per_task: int) -> list[tuple[str, str]]:
+    """(task, first turn) of the first `per_task` Spec-Bench questions of each task."""
+    from dynatree.prompts import questions
+
+    seen: dict[str, int] = {}
+    prompts = []
+    for _, category, turns in questions(QUESTIONS):
+        task = category if category in TASKS else "mt_bench"  # MT-Bench's eight categories are one task
+        if seen.get(task, 0) < per_task:
+            seen[task] = seen.get(task, 0) + 1
+            prompts.append((task, turns[0]))
+    return prompts
+
+
 def exact(directory: str, out: str, per_category: int = 2, max_new: int = 128) -> None:
     """ar and DynaTree (its default drafter, eager, float32, greedy) on Spec-Bench chat prompts (`per_category`
     per task, first turns): the same tokens? and each run's speed, tokens per pass and step costs."""
     from dynatree import api
     from dynatree.models import load_model
-    from dynatree.prompts import questions
 
     target = load_model(directory, device=DEVICE, dtype="float32")
-    seen: dict[str, int] = {}
-    prompts = []
-    for _, category, turns in questions(QUESTIONS):
-        task = category if category in TASKS else "mt_bench"  # MT-Bench's eight categories are one task
-        if seen.get(task, 0) < per_category:
-            seen[task] = seen.get(task, 0) + 1
-            prompts.append((task, turns[0]))
+    prompts = chat_prompts(per_category)
     api.generate(prompts[0][1], "ar", target=target, chat=True, max_new_tokens=8)  # CUDA's first-call set-up, untimed
     rows = []
     for category, text in prompts:
@@ -115,16 +122,9 @@ def compiled(directory: str, out: str, max_new: int = 128) -> None:
     call of each compiled method builds its graphs (timed apart: that is what a user waits for once)."""
     from dynatree import api
     from dynatree.models import load_model
-    from dynatree.prompts import questions
 
     target = load_model(directory, device=DEVICE, dtype="float32")
-    seen: set[str] = set()
-    prompts = []
-    for _, category, turns in questions(QUESTIONS):
-        task = category if category in TASKS else "mt_bench"
-        if task not in seen:
-            seen.add(task)
-            prompts.append((task, turns[0]))
+    prompts = chat_prompts(1)
     methods = (("ar", {}), ("ar +compile", {"compile": True}), ("dynatree", {}),
                ("dynatree +compile", {"compile": True}), ("dynatree +cost-aware +compile", {"compile": True, "cost_aware": True}))
     first = {}
