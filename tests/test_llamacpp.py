@@ -114,3 +114,65 @@ def test_llamacpp_rows_are_labelled_with_the_quantized_format_they_read():
                for v, w in (("ar", "dense"), ("llamacpp-ar", label))]
     table = report.main_tables(results.aggregate(records))
     assert f"| llamacpp-ar ({label}) |" in table and "| ar | - |" in table
+
+
+def _binding_that_imports(monkeypatch, probe: str) -> None:
+    """llama_cpp importable here (a stand-in module: nothing may load a model in-process) and the
+    child process of `llamacpp.ready` replaced by `probe`, nothing probed yet."""
+    import types
+
+    from dynatree import llamacpp
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
+    monkeypatch.setattr(llamacpp, "PROBE", probe)
+    monkeypatch.setattr(llamacpp, "_READY", set())
+
+
+CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_a_binding_that_crashes_is_refused_before_it_decodes_in_this_process(monkeypatch, amx):
+    """A llama.cpp build that crashes (a native build on Intel Xeons with AMX does, in its AMX
+    kernels) would kill the process running it: a child process decodes first, and its crash is a
+    one-line error; on an AMX CPU it says how to rebuild the binding without those kernels."""
+    from dynatree import llamacpp
+
+    _binding_that_imports(monkeypatch, CRASH)
+    monkeypatch.setattr(llamacpp, "cpu_flags", lambda: {"avx512f", "amx_int8"} if amx else {"avx2"})
+    start = (r"^llama\.cpp crashed \(SIGSEGV\) decoding a short prompt of tiny\.gguf in a test process, so "
+             r"llamacpp-ar/llamacpp-lookup cannot run in this one")
+    hint = (r"; on Intel CPUs with AMX this is a known crash of llama\.cpp's AMX kernels \(ggml-org/llama\.cpp#20824\): "
+            r"rebuild the binding without them: CMAKE_ARGS=\"-DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF "
+            r"-DGGML_AMX_BF16=OFF\" pip install --force-reinstall --no-cache-dir llama-cpp-python$")
+    for method in ("llamacpp-ar", "llamacpp-lookup"):
+        with pytest.raises(DynaTreeError, match=start + (hint if amx else "$")):
+            generate(method=method, target=_gguf_tiny(), prompt_ids=[5, 6], max_new_tokens=2)
+
+
+def test_a_binding_that_fails_says_why_and_one_that_decodes_is_probed_once(monkeypatch):
+    from dynatree import llamacpp
+
+    _binding_that_imports(monkeypatch, "raise SystemExit('gguf_init_from_file: failed to read magic')")
+    with pytest.raises(DynaTreeError, match=r"^llama\.cpp could not decode a short prompt of tiny\.gguf in a test "
+                                            r"process: gguf_init_from_file: failed to read magic$"):
+        llamacpp.ready(Path("/nonexistent/tiny.gguf"), 512, 2)
+    monkeypatch.setattr(llamacpp, "PROBE", "pass")
+    llamacpp.ready(Path("/nonexistent/tiny.gguf"), 512, 2)
+    monkeypatch.setattr(llamacpp, "PROBE", CRASH)  # not run again for the same file, context and threads
+    llamacpp.ready(Path("/nonexistent/tiny.gguf"), 512, 2)
+    with pytest.raises(DynaTreeError, match=r"^llama\.cpp crashed \(SIGSEGV\)"):  # another setting is probed
+        llamacpp.ready(Path("/nonexistent/tiny.gguf"), 512, 1)
+
+
+def test_a_bench_with_a_crashing_binding_stops_before_its_first_run(monkeypatch, prompt_file):
+    from dynatree.bench import presets, runner
+
+    _binding_that_imports(monkeypatch, CRASH)
+    ran = []
+    monkeypatch.setattr(runner, "run_one", lambda *a, **k: ran.append(a))
+    variants = presets.method_variants(["ar", "llamacpp-ar"], ["ngram"])
+    proto = runner.Protocol(dataset=str(prompt_file), n=1, warmup=0, max_new_tokens=[4])
+    with pytest.raises(DynaTreeError, match=r"^llama\.cpp crashed \(SIGSEGV\)"):
+        runner.run("perf", variants, proto, _gguf_tiny(), {}, progress=False)
+    assert ran == []

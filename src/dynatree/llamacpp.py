@@ -9,6 +9,12 @@ decodes greedily one token per pass (`temp=0`), EOS respected unless `ignore_eos
 starts from an empty KV cache (`reset()`: the binding would otherwise reuse the previous run's
 prompt prefix, which dynatree's runs never do). Its tokens may differ from dynatree's `ar`:
 another implementation, with other rounding.
+
+Before the binding decodes in this process, a child process decodes a short prompt with the same
+file, context and threads (`ready`): some llama.cpp builds crash there (a natively built binding on
+Intel Xeons with AMX: llama.cpp's AMX kernels, ggml-org/llama.cpp#20824, seen on this project's
+machines), and a crash in-process would take a whole benchmark down with it, so it is refused
+up front with a one-line error saying how to rebuild the binding.
 """
 
 from __future__ import annotations
@@ -18,12 +24,16 @@ import contextlib
 import dataclasses
 import functools
 import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .config import option, positive
+from .cpu import cpu_flags
 from .errors import DynaTreeError
 from .stats import Clock, PeakMemory, Stats
 
@@ -78,16 +88,66 @@ def gguf_format(gguf: Path) -> str:
     return "GGUF " + ", ".join(parts)
 
 
+# the child process of `ready`: load the file as `_llama` does, decode a prompt of several tokens
+# (the batched path, where the AMX crash happens), then two single-token passes
+PROBE = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=int(sys.argv[3]),
+            n_threads_batch=int(sys.argv[3]), verbose=False)
+tokens = llm.tokenize(b"The quick brown fox jumps over the lazy dog; then it runs into the woods and hides.")
+llm.eval(tokens)
+llm.eval(tokens[:1])
+llm.eval(tokens[1:2])
+llm.close()
+"""
+REBUILD = ('CMAKE_ARGS="-DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF" '
+           "pip install --force-reinstall --no-cache-dir llama-cpp-python")
+_READY: set[tuple] = set()  # (file, context, threads) that decoded in a child process
+
+
+def _import_binding():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise DynaTreeError("llamacpp-ar and llamacpp-lookup need the llama-cpp-python package: pip install "
+                            "llama-cpp-python (builds llama.cpp from source, a few minutes)") from None
+    return llama_cpp
+
+
+def ready(gguf: Path, context: int, threads: int) -> None:
+    """The binding is installed and decodes `gguf` in a child process without crashing (module
+    docstring), or a one-line error; checked once per process and setting."""
+    key = (str(gguf), context, threads)
+    if key in _READY:
+        return
+    _import_binding()
+    try:
+        child = subprocess.run([sys.executable, "-c", PROBE, str(gguf), str(context), str(threads)],
+                               capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise DynaTreeError(f"llama.cpp did not decode a short prompt of {gguf.name} within 600 s in a test "
+                            "process") from None
+    if child.returncode < 0:
+        how = signal.Signals(-child.returncode).name
+        hint = (f"; on Intel CPUs with AMX this is a known crash of llama.cpp's AMX kernels "
+                f"(ggml-org/llama.cpp#20824): rebuild the binding without them: {REBUILD}"
+                if "amx_int8" in cpu_flags() else "")
+        raise DynaTreeError(f"llama.cpp crashed ({how}) decoding a short prompt of {gguf.name} in a test process, "
+                            f"so llamacpp-ar/llamacpp-lookup cannot run in this one{hint}")
+    if child.returncode != 0:
+        last = (child.stderr.strip().splitlines() or ["no message"])[-1]
+        raise DynaTreeError(f"llama.cpp could not decode a short prompt of {gguf.name} in a test process: {last}")
+    _READY.add(key)
+
+
 def _llama(gguf: Path, context: int, threads: int, lookup: LlamaCppLookupConfig | None = None):
     """The binding's model for a file, context and thread count (with `lookup`, its prompt-lookup
-    draft model, wrapped to count the passes), loaded once per process."""
+    draft model, wrapped to count the passes), loaded once per process after `ready`."""
     key = (str(gguf), context, threads, None if lookup is None else dataclasses.astuple(lookup))
     if key not in _LOADED:
-        try:
-            from llama_cpp import Llama
-        except ImportError:
-            raise DynaTreeError("llamacpp-ar and llamacpp-lookup need the llama-cpp-python package: pip install "
-                                "llama-cpp-python (builds llama.cpp from source, a few minutes)") from None
+        ready(gguf, context, threads)
+        Llama = _import_binding().Llama
         draft = None if lookup is None else _counting_lookup(lookup)
         with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):
             _LOADED[key] = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
@@ -115,6 +175,13 @@ def _counting_lookup(config: LlamaCppLookupConfig):
 
 def context_for(target_context: int | None) -> int:
     return min(target_context or MAX_CONTEXT, MAX_CONTEXT)
+
+
+def ready_for(target) -> None:
+    """`ready` for the target's GGUF file at the context and threads `llamacpp_generate` uses (a
+    target without a file is refused by `check_target`)."""
+    if target.gguf is not None:
+        ready(target.gguf, context_for(target.context_length), torch.get_num_threads())
 
 
 def check_target(target, prompt_tokens: int, max_new_tokens: int, sampling, method: str = "llamacpp-ar") -> None:

@@ -33,6 +33,7 @@ from ..draftload import Draft, load_draft
 from ..draftspec import Hybrid, parse
 from ..errors import DynaTreeError
 from ..hardware import decode_limit, read_bandwidth
+from ..llamacpp import ready_for as llamacpp_ready
 from ..methods import get_method, make_config
 from ..featurehead import FeatureHead
 from ..runtime import LoadedModel
@@ -104,6 +105,8 @@ def run(
             model = drafts[v.draft].model if v.draft in drafts else None
             check_assisted(target, model, sampling)
             row["hf_universal_assisted"] = isinstance(model, LoadedModel) and universal_assisted(target, model)
+        if get_method(v.method).engine == "llama.cpp":  # a binding that crashes would end the whole run
+            llamacpp_ready(target)
     scored: dict[str, tuple] = {}  # sha1 of prompt + tokens -> (PPL, target argmaxes); greedy runs repeat sequences
     answers: dict[tuple, list[str]] = {}  # (setting, question, variant) -> its answer to each turn so far
     try:
