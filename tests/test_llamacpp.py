@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -125,10 +126,11 @@ def _binding_that_imports(monkeypatch, probe: str) -> None:
 
     monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
     monkeypatch.setattr(llamacpp, "PROBE", probe)
-    monkeypatch.setattr(llamacpp, "_READY", set())
+    monkeypatch.setattr(llamacpp, "_READY", {})
 
 
-CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+NO_CORE = "import os, resource, signal, sys; resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); "
+CRASH = NO_CORE + "os.kill(os.getpid(), signal.SIGSEGV)"
 
 
 @pytest.mark.parametrize("amx", [True, False])
@@ -140,29 +142,47 @@ def test_a_binding_that_crashes_is_refused_before_it_decodes_in_this_process(mon
 
     _binding_that_imports(monkeypatch, CRASH)
     monkeypatch.setattr(llamacpp, "cpu_flags", lambda: {"avx512f", "amx_int8"} if amx else {"avx2"})
-    start = (r"^llama\.cpp crashed \(SIGSEGV\) decoding a short prompt of tiny\.gguf in a test process, so "
+    start = (r"^llama\.cpp crashed \(SIGSEGV\) decoding a short prompt of tiny\.gguf in a child process, so "
              r"llamacpp-ar/llamacpp-lookup cannot run in this one")
     hint = (r"; on Intel CPUs with AMX this is a known crash of llama\.cpp's AMX kernels \(ggml-org/llama\.cpp#20824\): "
-            r"rebuild the binding without them: CMAKE_ARGS=\"-DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF "
-            r"-DGGML_AMX_BF16=OFF\" pip install --force-reinstall --no-cache-dir llama-cpp-python$")
+            r"rebuild the binding without them: " + re.escape(llamacpp.REBUILD) + "$")
+    assert "-DGGML_NATIVE=OFF" in llamacpp.REBUILD and "-DGGML_AMX_INT8=OFF" in llamacpp.REBUILD
     for method in ("llamacpp-ar", "llamacpp-lookup"):
         with pytest.raises(DynaTreeError, match=start + (hint if amx else "$")):
             generate(method=method, target=_gguf_tiny(), prompt_ids=[5, 6], max_new_tokens=2)
 
 
-def test_a_binding_that_fails_says_why_and_one_that_decodes_is_probed_once(monkeypatch):
+def test_a_binding_that_fails_says_why_and_each_setting_is_probed_once(monkeypatch):
     from dynatree import llamacpp
 
+    tiny_gguf = Path("/nonexistent/tiny.gguf")
     _binding_that_imports(monkeypatch, "raise SystemExit('gguf_init_from_file: failed to read magic')")
-    with pytest.raises(DynaTreeError, match=r"^llama\.cpp could not decode a short prompt of tiny\.gguf in a test "
-                                            r"process: gguf_init_from_file: failed to read magic$"):
-        llamacpp.ready(Path("/nonexistent/tiny.gguf"), 512, 2)
+    failed = r"^llama\.cpp could not decode a short prompt of tiny\.gguf in a child process: gguf_init_from_file: " \
+             r"failed to read magic$"
+    with pytest.raises(DynaTreeError, match=failed):
+        llamacpp.ready(tiny_gguf, 512, 2)
     monkeypatch.setattr(llamacpp, "PROBE", "pass")
-    llamacpp.ready(Path("/nonexistent/tiny.gguf"), 512, 2)
-    monkeypatch.setattr(llamacpp, "PROBE", CRASH)  # not run again for the same file, context and threads
-    llamacpp.ready(Path("/nonexistent/tiny.gguf"), 512, 2)
-    with pytest.raises(DynaTreeError, match=r"^llama\.cpp crashed \(SIGSEGV\)"):  # another setting is probed
-        llamacpp.ready(Path("/nonexistent/tiny.gguf"), 512, 1)
+    with pytest.raises(DynaTreeError, match=failed):  # the failure is kept: no new child per request
+        llamacpp.ready(tiny_gguf, 512, 2)
+    llamacpp.ready(tiny_gguf, 512, 1)  # another thread count: probed, and it decodes
+    monkeypatch.setattr(llamacpp, "PROBE", CRASH)
+    llamacpp.ready(tiny_gguf, 512, 1)  # not probed again for the same file, context and threads
+    with pytest.raises(DynaTreeError, match=r"^llama\.cpp crashed \(SIGSEGV\)"):  # another context is probed
+        llamacpp.ready(tiny_gguf, 256, 1)
+
+
+@pytest.mark.parametrize("probe,how", [
+    (NO_CORE + "sys.stderr.write('GGML_ASSERT(n > 0) failed\\n'); sys.stderr.flush(); os.abort()",
+     r"SIGABRT\) .* cannot run in this one \(GGML_ASSERT\(n > 0\) failed\)"),
+    (NO_CORE + "os.kill(os.getpid(), 40)", r"signal 40\) .* cannot run in this one"),
+])
+def test_other_crashes_are_named_and_not_blamed_on_amx(monkeypatch, probe, how):
+    from dynatree import llamacpp
+
+    _binding_that_imports(monkeypatch, probe)
+    monkeypatch.setattr(llamacpp, "cpu_flags", lambda: {"avx512f", "amx_int8"})
+    with pytest.raises(DynaTreeError, match=r"^llama\.cpp crashed \(" + how + "$"):
+        llamacpp.ready(Path("/nonexistent/tiny.gguf"), 512, 2)
 
 
 def test_a_bench_with_a_crashing_binding_stops_before_its_first_run(monkeypatch, prompt_file):

@@ -101,9 +101,14 @@ llm.eval(tokens[:1])
 llm.eval(tokens[1:2])
 llm.close()
 """
-REBUILD = ('CMAKE_ARGS="-DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF" '
+# verified on an AMX Xeon: a native build (-march=native) turns the AMX kernels on whatever the AMX
+# options say, so the build names the AVX-512 features instead
+REBUILD = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON '
+           '-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" '
            "pip install --force-reinstall --no-cache-dir llama-cpp-python")
-_READY: set[tuple] = set()  # (file, context, threads) that decoded in a child process
+PROBE_TIMEOUT_S = 600  # a child that has not decoded the short prompt by then is reported as stuck
+# (file, context, threads) -> None (decoded in a child process) or the error it ended with: probed once
+_READY: dict[tuple, DynaTreeError | None] = {}
 
 
 def _import_binding():
@@ -117,28 +122,41 @@ def _import_binding():
 
 def ready(gguf: Path, context: int, threads: int) -> None:
     """The binding is installed and decodes `gguf` in a child process without crashing (module
-    docstring), or a one-line error; checked once per process and setting."""
+    docstring), or a one-line error; probed once per process and setting (a failure is kept and
+    raised again, so a server does not start a new probe per request)."""
     key = (str(gguf), context, threads)
-    if key in _READY:
-        return
-    _import_binding()
+    if key not in _READY:
+        _import_binding()
+        _READY[key] = _probe(gguf, context, threads)
+    if _READY[key] is not None:
+        raise DynaTreeError(str(_READY[key]))
+
+
+def _probe(gguf: Path, context: int, threads: int) -> DynaTreeError | None:
+    """Run PROBE in a child process; what went wrong, as an error, or None."""
     try:
         child = subprocess.run([sys.executable, "-c", PROBE, str(gguf), str(context), str(threads)],
-                               capture_output=True, text=True, timeout=600)
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                               timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise DynaTreeError(f"llama.cpp did not decode a short prompt of {gguf.name} within 600 s in a test "
-                            "process") from None
+        return DynaTreeError(f"llama.cpp did not decode a short prompt of {gguf.name} within {PROBE_TIMEOUT_S} s "
+                             "in a child process")
+    said = (child.stderr.strip().splitlines() or [""])[-1]
     if child.returncode < 0:
-        how = signal.Signals(-child.returncode).name
+        try:
+            how = signal.Signals(-child.returncode).name
+        except ValueError:
+            how = f"signal {-child.returncode}"
         hint = (f"; on Intel CPUs with AMX this is a known crash of llama.cpp's AMX kernels "
                 f"(ggml-org/llama.cpp#20824): rebuild the binding without them: {REBUILD}"
-                if "amx_int8" in cpu_flags() else "")
-        raise DynaTreeError(f"llama.cpp crashed ({how}) decoding a short prompt of {gguf.name} in a test process, "
-                            f"so llamacpp-ar/llamacpp-lookup cannot run in this one{hint}")
+                if how == "SIGSEGV" and "amx_int8" in cpu_flags() else "")
+        return DynaTreeError(f"llama.cpp crashed ({how}) decoding a short prompt of {gguf.name} in a child process, "
+                             f"so llamacpp-ar/llamacpp-lookup cannot run in this one" + (f" ({said})" if said else "")
+                             + hint)
     if child.returncode != 0:
-        last = (child.stderr.strip().splitlines() or ["no message"])[-1]
-        raise DynaTreeError(f"llama.cpp could not decode a short prompt of {gguf.name} in a test process: {last}")
-    _READY.add(key)
+        return DynaTreeError(f"llama.cpp could not decode a short prompt of {gguf.name} in a child process: "
+                             f"{said or f'exit status {child.returncode}'}")
+    return None
 
 
 def _llama(gguf: Path, context: int, threads: int, lookup: LlamaCppLookupConfig | None = None):
@@ -179,8 +197,8 @@ def context_for(target_context: int | None) -> int:
 
 def ready_for(target) -> None:
     """`ready` for the target's GGUF file at the context and threads `llamacpp_generate` uses (a
-    target without a file is refused by `check_target`)."""
-    if target.gguf is not None:
+    target without a file, or not on the CPU, is refused by `check_target`)."""
+    if target.gguf is not None and target.device.type == "cpu":
         ready(target.gguf, context_for(target.context_length), torch.get_num_threads())
 
 
