@@ -107,8 +107,8 @@ REBUILD = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON
            '-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" '
            "pip install --force-reinstall --no-cache-dir llama-cpp-python")
 PROBE_TIMEOUT_S = 600  # a child that has not decoded the short prompt by then is reported as stuck
-# (file, context, threads) -> None (decoded in a child process) or the error it ended with: probed once
-_READY: dict[tuple, DynaTreeError | None] = {}
+# (file, context, threads) -> None (decoded in a child process) or why it failed: probed once
+_READY: dict[tuple, str | None] = {}
 
 
 def _import_binding():
@@ -129,18 +129,18 @@ def ready(gguf: Path, context: int, threads: int) -> None:
         _import_binding()
         _READY[key] = _probe(gguf, context, threads)
     if _READY[key] is not None:
-        raise DynaTreeError(str(_READY[key]))
+        raise DynaTreeError(_READY[key])
 
 
-def _probe(gguf: Path, context: int, threads: int) -> DynaTreeError | None:
-    """Run PROBE in a child process; what went wrong, as an error, or None."""
+def _probe(gguf: Path, context: int, threads: int) -> str | None:
+    """Run PROBE in a child process; what went wrong, in one line, or None."""
     try:
         child = subprocess.run([sys.executable, "-c", PROBE, str(gguf), str(context), str(threads)],
                                stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
                                timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return DynaTreeError(f"llama.cpp did not decode a short prompt of {gguf.name} within {PROBE_TIMEOUT_S} s "
-                             "in a child process")
+        return (f"llama.cpp did not decode a short prompt of {gguf.name} within {PROBE_TIMEOUT_S} s "
+                "in a child process")
     said = (child.stderr.strip().splitlines() or [""])[-1]
     if child.returncode < 0:
         try:
@@ -150,12 +150,12 @@ def _probe(gguf: Path, context: int, threads: int) -> DynaTreeError | None:
         hint = (f"; on Intel CPUs with AMX this is a known crash of llama.cpp's AMX kernels "
                 f"(ggml-org/llama.cpp#20824): rebuild the binding without them: {REBUILD}"
                 if how == "SIGSEGV" and "amx_int8" in cpu_flags() else "")
-        return DynaTreeError(f"llama.cpp crashed ({how}) decoding a short prompt of {gguf.name} in a child process, "
-                             f"so llamacpp-ar/llamacpp-lookup cannot run in this one" + (f" ({said})" if said else "")
-                             + hint)
+        return (f"llama.cpp crashed ({how}) decoding a short prompt of {gguf.name} in a child process, "
+                f"so llamacpp-ar/llamacpp-lookup cannot run in this one" + (f" ({said})" if said else "")
+                + hint)
     if child.returncode != 0:
-        return DynaTreeError(f"llama.cpp could not decode a short prompt of {gguf.name} in a child process: "
-                             f"{said or f'exit status {child.returncode}'}")
+        return (f"llama.cpp could not decode a short prompt of {gguf.name} in a child process: "
+                f"{said or f'exit status {child.returncode}'}")
     return None
 
 
@@ -164,8 +164,8 @@ def _llama(gguf: Path, context: int, threads: int, lookup: LlamaCppLookupConfig 
     draft model, wrapped to count the passes), loaded once per process after `ready`."""
     key = (str(gguf), context, threads, None if lookup is None else dataclasses.astuple(lookup))
     if key not in _LOADED:
-        ready(gguf, context, threads)
-        Llama = _import_binding().Llama
+        ready(gguf, context, threads)  # imports the binding, too
+        from llama_cpp import Llama
         draft = None if lookup is None else _counting_lookup(lookup)
         with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):
             _LOADED[key] = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
