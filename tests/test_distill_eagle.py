@@ -19,7 +19,7 @@ from dynatree.prompts import load_texts
 from dynatree.cli import main
 from dynatree.distill.chat import instruction_prompts
 from dynatree.distill.eagle_data import EagleConfig, build_data
-from dynatree.distill.eagle_train import _pass_mask, distill_eagle
+from dynatree.distill.eagle_train import _pass_mask, distill_eagle, pass_mask_for
 from dynatree.featurehead import load_head
 from dynatree.runtime import LoadedModel
 
@@ -254,6 +254,12 @@ def test_pass_mask_by_hand():
     # depth 3: pass-1 keys up to r - 2, pass-2 key r - 1, pass-3 key r
     allowed = _pass_mask(3, 3)[0, 0] == 0
     assert allowed[2].tolist() == [True, False, False, False, True, False, False, False, True]
+
+
+def test_pass_mask_cut_from_the_longest_equals_the_mask_built_for_the_rows():
+    for depth in (1, 2, 3, 4):
+        for rows in (1, 2, 5, 17, 40):
+            assert torch.equal(pass_mask_for(rows, depth, 40, "cpu"), _pass_mask(rows, depth)), (rows, depth)
 
 
 def test_training_fits_the_data_and_the_head_drafts_exactly(tmp_path, prompts):
