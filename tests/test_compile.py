@@ -120,6 +120,26 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
 
 
+def test_dynatree_graphs_leave_inductors_runtime_asserts_out():
+    """Inductor checks sizes and strides inside each compiled call (a thousand checks per step of a
+    30-layer model); dynatree's graphs are built without them (torch.compile options, so the
+    process's own setting stays) and decode the same tokens."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-asserts", eos_ids=[])
+    torch._dynamo.reset()
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30]
+    with inductor_config.patch(fx_graph_cache=False):  # generate the code now, to read it
+        tokens, code = run_and_get_code(lambda: api.generate(method="ar", target=target, prompt_ids=prompt,
+                                                             max_new_tokens=6, ignore_eos=True,
+                                                             compile=True).new_token_ids)
+    assert tokens == hf_greedy(target, prompt, 6)
+    assert code and not any("assert_size_stride(" in c for c in code)  # (its import line stays)
+    assert inductor_config.size_asserts  # the process's default is untouched
+
+
 def test_growing_kv_buffers_do_not_recompile(monkeypatch):
     """The KV buffers double several times during this run (cache.MIN_CAPACITY = 4): ar still
     needs only its one graph (the cache length and capacity symbolic from the start)."""

@@ -44,6 +44,23 @@ DYNAMIC_SOURCES = (
 # one token without a mask (plain steps), a masked tree of 2+ tokens (sizes are symbolic, but
 # dynamo specialises a size of 1), and one token with a mask (steps under a KV window).
 STEP_KINDS = ("token", "tree", "masked-token")
+
+# Inductor's checks inside the generated code of every call (sizes and strides of each extern kernel's
+# output, alignment, scalars): about a thousand calls per step of a 30-layer model, 0.5-0.8 ms of a 13 ms
+# compiled q4 one-token step on a 2-core CPU (docs/results/compile-asserts). They check inductor's own
+# code generation, never a computed value: the graphs compute the same either way (the compiled
+# exactness tests compare tokens with plain decoding). Passed as torch.compile options, so only
+# dynatree's graphs leave them out; options this torch does not know are not passed.
+RUNTIME_ASSERTS = ("size_asserts", "alignment_asserts", "scalar_asserts")
+
+
+def no_runtime_asserts() -> dict:
+    """torch.compile options that turn RUNTIME_ASSERTS off (those this torch has)."""
+    import torch._inductor.config as inductor_config
+
+    return {k: False for k in RUNTIME_ASSERTS if hasattr(inductor_config, k)}
+
+
 # Guards dynamo need not check on the model's modules before every compiled call (see `module_guards`).
 SKIPPED_MODULE_GUARDS = frozenset({"EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT", "TENSOR_MATCH",
                                    "DICT_NOT_CONTAINS"})
@@ -214,7 +231,8 @@ class LoadedModel:
             # would not by default: otherwise the one-token and tree graphs, fused differently, round some
             # values differently and greedy tokens differ from ar's
             options = {"guard_filter_fn": module_guards,
-                       "emulate_precision_casts": self.dtype in (torch.bfloat16, torch.float16)}
+                       "emulate_precision_casts": self.dtype in (torch.bfloat16, torch.float16),
+                       **no_runtime_asserts()}
             self._compiled = torch.compile(self.model, options=options)
         return self._compiled
 
