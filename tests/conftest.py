@@ -20,6 +20,17 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
+@pytest.fixture(autouse=True)
+def inductor_runtime_asserts_on(monkeypatch):
+    """Compiled graphs keep inductor's runtime asserts in tests (shipped graphs leave them out:
+    runtime.no_runtime_asserts): a fake kernel's shape or stride that disagrees with the real one (the
+    packed linears' custom op) then fails loudly here instead of computing on. They change no value;
+    test_compile.py checks the shipped options apart."""
+    from dynatree import runtime
+
+    monkeypatch.setattr(runtime, "no_runtime_asserts", lambda: {})
+
+
 @pytest.fixture(scope="session")
 def saved_tiny(tmp_path_factory):
     """A tiny Llama saved as a checkpoint directory, for CLI and loader tests."""

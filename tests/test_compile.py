@@ -17,6 +17,7 @@ from dynatree import api, runtime
 from dynatree import cache as kv
 from dynatree.kernels import stock_linears
 from dynatree.runtime import LoadedModel, RECOMPILE_LIMIT
+from dynatree.runtime import no_runtime_asserts as shipped_compile_options  # (conftest puts the asserts back)
 
 # Whether this torch reads dynamic sources per dimension (runtime.DYNAMIC_SOURCES' ":N" entries; torch
 # 2.13 does, 2.11 does not): without it, each kind of step compiles twice, still before the clock.
@@ -120,12 +121,15 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
 
 
-def test_dynatree_graphs_leave_inductors_runtime_asserts_out():
-    """Inductor checks sizes and strides inside each compiled call (a thousand checks per step of a
-    30-layer model); dynatree's graphs are built without them (torch.compile options, so the
-    process's own setting stays) and decode the same tokens."""
+def test_dynatree_graphs_leave_inductors_runtime_asserts_out(monkeypatch):
+    """Inductor checks sizes, strides and alignment inside each compiled call (a thousand checks per
+    step of a 30-layer model); dynatree's graphs are built without them (torch.compile options, so the
+    process's own setting stays) and decode the same tokens. (The rest of the suite compiles with
+    them: conftest.py.)"""
     import torch._inductor.config as inductor_config
     from torch._inductor.utils import run_and_get_code
+
+    monkeypatch.setattr(runtime, "no_runtime_asserts", shipped_compile_options)
 
     base = tiny("llama", seed=4, dtype=torch.float32)
     target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-asserts", eos_ids=[])
@@ -136,7 +140,7 @@ def test_dynatree_graphs_leave_inductors_runtime_asserts_out():
                                                              max_new_tokens=6, ignore_eos=True,
                                                              compile=True).new_token_ids)
     assert tokens == hf_greedy(target, prompt, 6)
-    assert code and not any("assert_size_stride(" in c for c in code)  # (its import line stays)
+    assert code and not any(call in c for c in code for call in ("assert_size_stride(", "assert_alignment("))
     assert inductor_config.size_asserts  # the process's default is untouched
 
 

@@ -45,12 +45,16 @@ DYNAMIC_SOURCES = (
 # dynamo specialises a size of 1), and one token with a mask (steps under a KV window).
 STEP_KINDS = ("token", "tree", "masked-token")
 
-# Inductor's checks inside the generated code of every call (sizes and strides of each extern kernel's
-# output, alignment, scalars): about a thousand calls per step of a 30-layer model, 0.5-0.8 ms of a 13 ms
-# compiled q4 one-token step on a 2-core CPU (docs/results/compile-asserts). They check inductor's own
-# code generation, never a computed value: the graphs compute the same either way (the compiled
-# exactness tests compare tokens with plain decoding). Passed as torch.compile options, so only
-# dynatree's graphs leave them out; options this torch does not know are not passed.
+# Inductor's checks inside the generated code of every call: sizes and strides of the graph's inputs
+# (the weights included) and of each extern kernel's output (the packed linears' custom op included),
+# alignment, scalars; about a thousand calls per step of a 30-layer model, 0.35-0.57 ms (about 3-4%) of a
+# 13 ms compiled q4 one-token step on a 2-core CPU (docs/results/compile-asserts). They compute nothing:
+# when every check holds the graph computes the same values, and a failing one means a shape or layout
+# the graph was not built for (a fake kernel disagreeing with its real one, a weight relaid in place),
+# which would then compute on silently. The test suite compiles with them (tests/conftest.py), so such
+# a mismatch fails there, and the compiled exactness tests compare tokens with plain decoding. Passed
+# as torch.compile options, so only dynatree's graphs leave them out; options this torch lacks are
+# not passed.
 RUNTIME_ASSERTS = ("size_asserts", "alignment_asserts", "scalar_asserts")
 
 

@@ -85,7 +85,10 @@ def write_missing_answers(target, cfg: ChatDataConfig, parts: Path, batch: int, 
     every chunk has its answers now)."""
     chunks, _ = chat_chunks(target, cfg, progress=False, parts=parts)
     todo = [(c, _part_path(parts, "answers", _chunk_key(target, c, cfg), ".json.gz")) for c in chunks]
-    todo = [(c, p) for c, p in todo if not p.exists()]
+    # (a chunk with a features-and-labels part but no answers file is not missing: the distiller
+    # writes its answers file from the part)
+    todo = [(c, p) for c, p in todo
+            if not p.exists() and not _part_path(parts, "part", _chunk_key(target, c, cfg), ".pt").exists()]
     print(f"answers: {len(todo)} of {len(chunks)} chunks missing "
           f"({sum(len(c) for c, _ in todo)} conversations)", flush=True)
     done = turns = 0

@@ -57,13 +57,20 @@ if [ "$what" = train ]; then
             --lr 5e-4 --warmup 20 --train-dtype bfloat16 --checkpoint-every "${CKPT:-250}" --eval-fraction 0.02 \
             --label-batch 32 --device "${DEVICE:-cuda}" "$@"
     }
-    left=$(( total_s - ($(date +%s) - start) - 60 ))
+    [ "$steps_wanted" -gt 0 ] || { echo "train needs STEPS (the declared number of steps)"; exit 2; }
+    rm -rf /tmp/t9  # (a head or checkpoint from an earlier call on this warm machine would be shipped as new)
+    left=$(( total_s - ($(date +%s) - start) - 100 ))  # 100 s: reloading the parts, evaluating, exporting
+    [ "$left" -gt 60 ] || { echo "no time left to train ($left s)"; exit 1; }
     timeout "$left" bash -c "$(declare -f run_train); self_prompts=$self_prompts run_train --steps $steps_wanted" \
         > "$OUT/train.log" 2>&1
-    if [ ! -f /tmp/t9/head.safetensors ] && [ -f /tmp/t9/checkpoint.pt ]; then
+    rc=$?
+    if [ "$rc" = 124 ] && [ -f /tmp/t9/checkpoint.pt ]; then
         at=$(python3 -c "import torch; print(torch.load('/tmp/t9/checkpoint.pt', weights_only=False)['step'])")
-        echo "cut short: exporting the checkpoint of step $at"
-        run_train --steps "$at" --resume --quiet >> "$OUT/train.log" 2>&1
+        echo "cut short by the timeout: exporting the checkpoint of step $at"
+        timeout 90 bash -c "$(declare -f run_train); self_prompts=$self_prompts run_train --steps $at --resume --quiet" \
+            >> "$OUT/train.log" 2>&1
+    elif [ "$rc" != 0 ]; then
+        echo "training failed (exit $rc):"; tail -5 "$OUT/train.log"; exit 1
     fi
     [ -f /tmp/t9/head.safetensors ] || { echo "no head"; exit 1; }
     cp /tmp/t9/distill.json /tmp/t9/feature_head.json "$OUT/"

@@ -75,17 +75,17 @@ def _pass_mask(rows: int, depth: int) -> torch.Tensor:
     return mask[None, None]
 
 
-_MASKS: dict = {}  # (rows, depth, device) -> _pass_mask(rows, depth) on that device, built once
+_MASKS: dict = {}  # (depth, device) -> (longest, _pass_mask(longest, depth) on that device): the latest only
 
 
 def pass_mask_for(rows: int, depth: int, longest: int, device) -> torch.Tensor:
     """`_pass_mask(rows, depth)` cut from the mask of the longest rows a batch can have, built once
     per device (it was rebuilt on the CPU for every pass of every step, then copied to the device): the
     mask of fewer rows is, in each pass's block of keys, the top-left corner of the longer one's."""
-    key = (longest, depth, str(device))
-    if key not in _MASKS:
-        _MASKS[key] = _pass_mask(longest, depth)[0, 0].to(device)
-    full = _MASKS[key]
+    key = (depth, str(device))
+    if key not in _MASKS or _MASKS[key][0] != longest:
+        _MASKS[key] = (longest, _pass_mask(longest, depth)[0, 0].to(device))
+    full = _MASKS[key][1]
     return torch.cat([full[:rows, i * longest: i * longest + rows] for i in range(depth)], dim=1)[None, None]
 
 
