@@ -22,23 +22,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from dynatree.distill.chat import ASKS, TOPICS, chat_ids, generate_batched
+from dynatree.distill.chat import chat_ids, generate_batched
 from dynatree.distill.common import write_atomic
-from dynatree.distill.eagle_data import ChatDataConfig, _chunk_key, _part_path, chat_chunks, write_answers
+from dynatree.distill.eagle_data import (ChatDataConfig, _chunk_key, _part_path, answer_conversations, chat_chunks,
+                                         question_blocks, question_path, question_texts, write_answers)
+from weights_sums import weight_sums
 from dynatree.models import load_model
 
 
 def check_weights(target, path: Path) -> None:
     want = json.loads(path.read_text())
-    have = {k: [float(v.double().sum()), float(v.double().square().sum())]
-            for k, v in target.model.state_dict().items()}
+    have = weight_sums(target.model.state_dict())
     bad = [k for k in want if k not in have or any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(have[k], want[k]))]
     missing = [k for k in want if k not in have]
     print(f"weights: {len(want)} tensors compared, {len(bad)} differ ({len(missing)} missing)", flush=True)
@@ -48,18 +48,11 @@ def check_weights(target, path: Path) -> None:
 
 def write_questions(target, cfg: ChatDataConfig, parts: Path, batch: int, deadline: float) -> tuple[int, bool]:
     """The missing question blocks of `cfg.self_prompts`, `batch` rows per generation; returns how many
-    blocks were written and whether none is missing now. Mirrors eagle_data.self_written's seeds,
-    blocks and file names."""
-    rng = random.Random(cfg.seed)
-    seeds = [(t, a) for t in TOPICS for a in ASKS]
-    rng.shuffle(seeds)
-    seeds = (seeds * (cfg.self_prompts // len(seeds) + 1))[: cfg.self_prompts]
-    missing = []
-    for block, start in enumerate(range(0, cfg.self_prompts, cfg.gen_batch)):
-        asked = seeds[start: start + cfg.gen_batch]
-        path = _part_path(parts, "questions", [target.name, asked, cfg.seed, block], ".json")
-        if not path.exists():
-            missing.append((block, asked, path))
+    blocks were written and whether none is missing now. The library's blocks, seeds, file names and
+    text filter (eagle_data.question_blocks, question_path, question_texts)."""
+    missing = [(block, asked, question_path(parts, target, asked, block, cfg))
+               for block, asked in enumerate(question_blocks(cfg.self_prompts, cfg))]
+    missing = [m for m in missing if not m[2].exists()]
     per_call = max(1, batch // cfg.gen_batch)
     written = 0
     for g in range(0, len(missing), per_call):
@@ -71,10 +64,8 @@ def write_questions(target, cfg: ChatDataConfig, parts: Path, batch: int, deadli
                                    seed=cfg.seed * 1_000_003 + group[0][0])
         k = 0
         for _, asked, path in group:
-            texts = [target.tokenizer.decode(ids, skip_special_tokens=True).strip().strip('"').strip()
-                     for ids in answers[k: k + len(asked)]]
+            write_atomic(path, json.dumps(question_texts(target, answers[k: k + len(asked)])))
             k += len(asked)
-            write_atomic(path, json.dumps([t for t in texts if 15 <= len(t) <= 600]))
             written += 1
         print(f"questions: {written}/{len(missing)} blocks written, {time.perf_counter() - T0:.0f} s", flush=True)
     return written, written == len(missing)
@@ -94,7 +85,6 @@ def write_missing_answers(target, cfg: ChatDataConfig, parts: Path, batch: int, 
     done = turns = 0
     multi = [(c, p) for c, p in todo if any(len(conv) > 1 for conv in c)]
     single = [(c, p) for c, p in todo if all(len(conv) == 1 for conv in c)]
-    from dynatree.distill.eagle_data import answer_conversations
     for chunk, path in multi:  # as the distiller does it (later turns need the earlier answers)
         if time.perf_counter() > deadline:
             return done, turns, False

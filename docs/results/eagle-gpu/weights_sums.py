@@ -5,11 +5,16 @@ must get the same weights before its answers count as the target's (`build.py --
 import json
 import sys
 
-from safetensors.torch import load_file
 
-from dynatree.models import _locate
+def weight_sums(tensors: dict) -> dict:
+    """name -> [float64 sum, float64 sum of squares] of each tensor (build.py compares these)."""
+    return {k: [float(v.double().sum()), float(v.double().square().sum())] for k, v in sorted(tensors.items())}
 
-directory = _locate(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m")[0]
-tensors = load_file(f"{directory}/model.safetensors")
-print(json.dumps({k: [float(v.double().sum()), float(v.double().square().sum())] for k, v in sorted(tensors.items())},
-                 indent=0))
+
+if __name__ == "__main__":
+    from safetensors.torch import load_file
+
+    from dynatree.models import _locate
+
+    directory = _locate(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m")[0]
+    print(json.dumps(weight_sums(load_file(f"{directory}/model.safetensors")), indent=0))

@@ -107,30 +107,44 @@ class EagleConfig(ChatDataConfig):
                 f"--init-head {self.init_head!r} is not a feature-head directory (no feature_head.json)")
 
 
-def self_written(target: LoadedModel, n: int, cfg: ChatDataConfig, bar=None, parts: Path | None = None) -> list[list[str]]:
-    """`n` questions the target writes from (topic, kind of request) seeds, sampled, in blocks of
-    `gen_batch` seeds each sampled with its own seed: the first blocks of a larger `n` are those of a
-    smaller one, so with `parts` (a directory of saved blocks) a build asked for more questions
-    reuses the blocks written before and a stopped build resumes."""
+def question_blocks(n: int, cfg: ChatDataConfig) -> list[list[tuple[str, str]]]:
+    """The (topic, kind of request) seeds of `n` self-written questions, in blocks of `gen_batch`:
+    the first blocks of a larger `n` are those of a smaller one (a saved block is named by its seeds)."""
     rng = random.Random(cfg.seed)
     seeds = [(t, a) for t in TOPICS for a in ASKS]
     rng.shuffle(seeds)
     seeds = (seeds * (n // len(seeds) + 1))[:n]
+    return [seeds[start: start + cfg.gen_batch] for start in range(0, n, cfg.gen_batch)]
+
+
+def question_path(parts: Path | None, target: LoadedModel, asked, block: int, cfg: ChatDataConfig) -> Path | None:
+    """Where block `block` of self-written questions (seeds `asked`) is saved."""
+    return _part_path(parts, "questions", [target.name, asked, cfg.seed, block], ".json")
+
+
+def question_texts(target: LoadedModel, answers: list[list[int]]) -> list[str]:
+    """The questions in the target's sampled answers to the seeds' requests: decoded, quotes
+    stripped, kept at 15 to 600 characters."""
+    texts = [target.tokenizer.decode(ids, skip_special_tokens=True).strip().strip('"').strip() for ids in answers]
+    return [t for t in texts if 15 <= len(t) <= 600]
+
+
+def self_written(target: LoadedModel, n: int, cfg: ChatDataConfig, bar=None, parts: Path | None = None) -> list[list[str]]:
+    """`n` questions the target writes from (topic, kind of request) seeds, sampled, in blocks of
+    `gen_batch` seeds each sampled with its own seed (`question_blocks`): with `parts` (a directory
+    of saved blocks) a build asked for more questions reuses the blocks written before and a
+    stopped build resumes."""
     out = []
-    for block, start in enumerate(range(0, n, cfg.gen_batch)):
-        asked = seeds[start: start + cfg.gen_batch]
-        path = _part_path(parts, "questions", [target.name, asked, cfg.seed, block], ".json")
+    for block, asked in enumerate(question_blocks(n, cfg)):
+        path = question_path(parts, target, asked, block, cfg)
         if path is not None and path.exists():
             texts = json.loads(path.read_text())
             if bar is not None:
                 bar.update(len(asked))
         else:
             prompts = [chat_ids(target.tokenizer, [a.format(topic=t)], []) for t, a in asked]
-            answers = generate_batched(target, prompts, 80, cfg.gen_batch, bar, sample=True,
-                                       seed=cfg.seed * 1_000_003 + block)
-            texts = [target.tokenizer.decode(ids, skip_special_tokens=True).strip().strip('"').strip()
-                     for ids in answers]
-            texts = [t for t in texts if 15 <= len(t) <= 600]
+            texts = question_texts(target, generate_batched(target, prompts, 80, cfg.gen_batch, bar, sample=True,
+                                                            seed=cfg.seed * 1_000_003 + block))
             if path is not None:
                 write_atomic(path, json.dumps(texts))
         out += [[t] for t in texts]
