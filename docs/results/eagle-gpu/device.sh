@@ -30,7 +30,7 @@ exec > >(tee "$OUT/log.txt") 2>&1
 # `train` (the next lease's mode; `job` is what the first lease ran): the data is committed, so the call
 # only labels it and trains a declared number of steps (SELF_PROMPTS DATA_SECONDS TOTAL_SECONDS STEPS
 # OUT_NAME). Training runs under a timeout that leaves 60 s; when it is cut short the last checkpoint
-# (every 250 steps) is exported as it is (`--resume --steps <its step>`: the history records the cut),
+# (every 200 steps) is exported as it is (`--resume --steps <its step>`: the history records the cut),
 # so a call that runs out of time still brings a head back.
 steps_wanted=${6:-0}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/docs/results/eagle-gpu DYNATREE_CACHE=/tmp/dtcache
@@ -54,7 +54,7 @@ if [ "$what" = train ]; then
         python3 -c "import sys; from dynatree.cli import main; sys.exit(main())" distill --kind eagle \
             --target smollm2-135m --prompts "${PROMPTS:-specbench,specbench-asks}" --self-prompts "$self_prompts" \
             --data-dir data/distill/smollm2-135m --out /tmp/t9 --init-head src/dynatree/drafts/smollm2-135m-eagle \
-            --lr 5e-4 --warmup 20 --train-dtype bfloat16 --checkpoint-every "${CKPT:-250}" --eval-fraction 0.02 \
+            --batch-size 16 --lr 5e-4 --warmup 50 --train-dtype bfloat16 --checkpoint-every "${CKPT:-200}" --eval-fraction 0.02 \
             --label-batch 32 --device "${DEVICE:-cuda}" "$@"
     }
     [ "$steps_wanted" -gt 0 ] || { echo "train needs STEPS (the declared number of steps)"; exit 2; }
