@@ -6,6 +6,9 @@
 #   bash device.sh piece .gg/gguf.ab
 #   bash device.sh job .gg/gguf.ac SELF_PROMPTS DATA_SECONDS TOTAL_SECONDS
 #   bash device.sh train .gg/gguf.ac SELF_PROMPTS DATA_SECONDS TOTAL_SECONDS STEPS   (see below)
+#   bash device.sh data .gg/gguf.ac SELF_PROMPTS DATA_SECONDS TOTAL_SECONDS   (only the data: data.tgz)
+# PIECE "-" on a later call of the same warm machine: the three pieces are in /tmp/gg already, so the
+# call carries only the tree (e.g. with the data a `data` call brought back, unpacked into it).
 # The job: reassemble and check the GGUF (sha256), convert it with the machine's transformers and use
 # this machine's tokenizer_config.json (transformers 5.17 reads the GGUF's eos as <|im_start|>), check
 # the chat prompts tokenize as here and the weights equal this machine's conversion, write the missing
@@ -17,7 +20,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 what=$1 piece=$2 repo=$PWD
 start=$(date +%s)
-mkdir -p /tmp/gg && cp "$piece" /tmp/gg/ && ls -l /tmp/gg
+mkdir -p /tmp/gg && { [ "$piece" = - ] || cp "$piece" /tmp/gg/; } && ls -l /tmp/gg  # "-": the pieces are here already
 if [ "$what" = piece ]; then
     if [ ! -d /tmp/site ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -49,6 +52,7 @@ python3 docs/results/eagle-gpu/build.py --prompts "${PROMPTS:-specbench,specbenc
 (cd data/distill/smollm2-135m && find . -newer /tmp/marker \( -name 'answers-*.json.gz' -o -name 'questions-*.json' \) \
     | tar czf "$OUT/data.tgz" -T -) && tar tzf "$OUT/data.tgz" | wc -l
 grep -q '"complete": true' /tmp/build.log || { echo "data incomplete: no training"; exit 0; }
+[ "$what" = data ] && { echo "data call: done in $(( $(date +%s) - start )) s"; exit 0; }
 if [ "$what" = train ]; then
     run_train() {  # extra options...
         python3 -c "import sys; from dynatree.cli import main; sys.exit(main())" distill --kind eagle \
