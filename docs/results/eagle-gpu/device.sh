@@ -31,8 +31,8 @@ fi
 self_prompts=$3 data_s=$4 total_s=$5
 exec > >(tee "$OUT/log.txt") 2>&1
 # `train` (the next lease's mode; `job` is what the first lease ran): the data is committed, so the call
-# only labels it and trains a declared number of steps (SELF_PROMPTS DATA_SECONDS TOTAL_SECONDS STEPS
-# OUT_NAME). Training runs under a timeout that leaves 60 s; when it is cut short the last checkpoint
+# only labels it and trains a declared number of steps (SELF_PROMPTS DATA_SECONDS TOTAL_SECONDS STEPS).
+# Training runs under a timeout that leaves 100 s; when it is cut short the last checkpoint
 # (every 200 steps) is exported as it is (`--resume --steps <its step>`: the history records the cut),
 # so a call that runs out of time still brings a head back.
 steps_wanted=${6:-0}
