@@ -2,9 +2,12 @@
 over a 500-entry cache at 1 and 3 rows, eager against torch.compile(dynamic=True) of the same call;
 medians of 60 calls. A measurement for issue 32 (would a compiled head pay?), nothing shipped.
 
-    python docs/results/xeon-amx/head_compile.py
+    python docs/results/xeon-amx/head_compile.py [CACHE_ENTRIES [eager]]   (default 500; README: 500, and 2000 eager)
 """
-import time, torch
+import sys
+import time
+
+import torch
 from dynatree.models import load_model
 from dynatree.draftload import load_draft
 from dynatree.drafters.feature import FeatureDrafter
@@ -13,7 +16,7 @@ from dynatree import cache as kv
 t = load_model("smollm2-135m", weights="q4")
 head = load_draft("smollm2-135m-eagle", t).model
 d = FeatureDrafter(head, t)
-H = 576; dt = d.out_rows.dtype; n_ctx = 500
+H = 576; dt = d.out_rows.dtype; n_ctx = int(sys.argv[1]) if len(sys.argv) > 1 else 500
 def setup():
     c = kv.new_cache(head.body)
     with torch.no_grad():
@@ -22,7 +25,8 @@ def setup():
 def fwd(e, f, p, m, c):
     return d.out(head(e, f, p, m, c)[0])
 cfwd = torch.compile(fwd, dynamic=True)
-for name, fn in (("eager", fwd), ("compiled", cfwd)):
+runs = (("eager", fwd),) if sys.argv[2:] == ["eager"] else (("eager", fwd), ("compiled", cfwd))
+for name, fn in runs:
     cache = setup(); L = kv.length(cache)
     def call(rows):
         kv.reserve(cache, rows)
