@@ -144,6 +144,38 @@ def test_dynatree_graphs_leave_inductors_runtime_asserts_out(monkeypatch):
     assert inductor_config.size_asserts  # the process's default is untouched
 
 
+@pytest.mark.skipif(not ON_CPU, reason="the C++ wrapper is the CPU's (runtime.CPU_WRAPPER)")
+@pytest.mark.parametrize("method", ["ar", "dynatree"])
+def test_cpu_graphs_are_called_from_cpp_and_decode_the_same_tokens(method, monkeypatch):
+    """On a CPU dynatree's graphs call their kernels from a C++ wrapper (runtime.CPU_WRAPPER), not from
+    generated Python; the tokens are those of plain greedy decoding and of the Python wrapper's graphs,
+    for the one-token graph (ar) and the tree graph (dynatree)."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-wrapper", eos_ids=[])
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30]
+    expected = hf_greedy(target, prompt, 12)
+
+    def run():
+        torch._dynamo.reset()
+        target._compiled = None
+        return api.generate(method=method, target=target, draft="ngram" if method != "ar" else None,
+                            prompt_ids=prompt, max_new_tokens=12, ignore_eos=True, compile=True).new_token_ids
+
+    assert runtime.wrapper_options(torch.device("cpu")) == runtime.CPU_WRAPPER
+    with inductor_config.patch(fx_graph_cache=False):  # generate the code now, to read it
+        tokens, code = run_and_get_code(run)
+    assert tokens == expected
+    assert code and all("inductor_entry_impl" in c for c in code)  # the C++ wrapper's entry point
+    assert not inductor_config.cpp_wrapper  # the process's default is untouched
+    monkeypatch.setattr(runtime, "wrapper_options", lambda device: {})
+    with inductor_config.patch(fx_graph_cache=False):
+        tokens, code = run_and_get_code(run)
+    assert tokens == expected and code and not any("inductor_entry_impl" in c for c in code)
+
+
 def test_growing_kv_buffers_do_not_recompile(monkeypatch):
     """The KV buffers double several times during this run (cache.MIN_CAPACITY = 4): ar still
     needs only its one graph (the cache length and capacity symbolic from the start)."""

@@ -5,6 +5,7 @@
   python docs/results/q4-step-profile/step.py fusion    q, k, v (and gate, up) as one int4 product: same bits? time?
   python docs/results/q4-step-profile/step.py output    a Q8_0 output layer as two int4 products vs bfloat16, by rows
 """
+import os
 import statistics
 import sys
 import time
@@ -14,7 +15,7 @@ import torch
 from dynatree import cache as kv
 from dynatree.models import load_model
 
-CONTEXT = 300
+CONTEXT = int(os.environ.get("CONTEXT", "300"))  # prompt tokens before the timed step
 
 
 def setup():
