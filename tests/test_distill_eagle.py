@@ -148,6 +148,101 @@ def test_a_turn_asked_by_two_sources_is_kept_once(prompts):
     assert all(torch.equal(a, b) for a, b in zip(once["tokens"], twice["tokens"]))
 
 
+def test_self_written_documents_come_back_in_requests_to_summarize_quote_or_translate(tmp_path, monkeypatch):
+    """`--self-documents N`: the target writes N documents (sampled) from (topic, kind, use) seeds in
+    blocks; each kept document comes back inside its seed's conversation (chat.DOCUMENT_KINDS), whose
+    answers are then labelled like any other source's; a document outside DOCUMENT_CHARS is left out
+    without shifting the others; a larger build reuses the blocks whose seeds did not change."""
+    import dynatree.distill.eagle_data as de
+    from dynatree.distill.chat import DOCUMENT_KINDS
+
+    target, parts = chat_target(), tmp_path / "parts"
+    real, written = de.generate_batched, []
+
+    def writer(target, prompts, max_new, batch, bar=None, sample=False, seed=0):
+        if not sample:  # the answers: the target's own greedy decoding
+            return real(target, prompts, max_new, batch, bar, sample, seed)
+        written.append(seed)  # a document per prompt ("w10 w11 ..."); the first block's second: one word
+        b = len(written) - 1
+        return [[5] if (b == 0 and i == 1) else [10 + (7 * b + i + j) % 60 for j in range(20)]
+                for i in range(len(prompts))]
+    monkeypatch.setattr(de, "generate_batched", writer)
+    cfg = EagleConfig(**{**SMALL, "self_documents": 5})
+    blocks = de.document_blocks(5, cfg)
+    assert [len(b) for b in blocks] == [3, 2] and de.document_blocks(9, cfg)[0] == blocks[0]
+    assert {(k, u) for block in de.document_blocks(400, cfg) for _, k, u in block} == {
+        (k, u) for k, (_, uses) in enumerate(DOCUMENT_KINDS) for u in range(len(uses))}  # every use is asked
+
+    parts.mkdir()
+    convs = de.self_documents(target, 5, cfg, parts=parts)
+    seeds = [seed for block in blocks for seed in block]
+    kept = [seed for i, seed in enumerate(seeds) if i != 1]
+    assert len(convs) == 4 and len(written) == 2
+    for (_, k, u), conv, (b, i) in zip(kept, convs, [(0, 0), (0, 2), (1, 0), (1, 1)]):
+        doc = target.tokenizer.decode([10 + (7 * b + i + j) % 60 for j in range(20)], skip_special_tokens=True).strip()
+        assert conv == [turn.replace("{doc}", doc) for turn in DOCUMENT_KINDS[k][1][u]]
+        assert doc in conv[0]
+    saved = [json.loads(p.read_text()) for p in sorted(parts.glob("documents-*.json"))]
+    assert sorted(len(t) for t in saved) == [2, 3] and any(t[1] is None for t in saved if len(t) == 3)
+
+    data = build_data(target, cfg, progress=False, parts=parts)  # the blocks are read back, not written
+    assert len(written) == 2 and data["info"]["documents"] == {"conversations": 4, "asked_for": 5}
+    assert data["info"]["sequences"] == sum(len(c) for c in convs)  # one sequence per turn
+    assert data["key"]["self_documents"] == 5 and "self_documents" not in EagleConfig(**SMALL).data_key()
+    more = de.self_documents(target, 7, cfg, parts=parts)  # block 0 reused; block 1 (now 3 seeds) and 2 written
+    assert len(written) == 4 and more[:2] == convs[:2]
+    with pytest.raises(DynaTreeError, match="--self-documents"):
+        EagleConfig(**{**SMALL, "self_documents": -1}).validate()
+
+
+def _gpu_builder():
+    """docs/results/eagle-gpu/build.py, the script a lent GPU builds the embedded target's data with."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "docs" / "results" / "eagle-gpu"
+    sys.path.insert(0, str(folder))  # (it imports weights_sums from beside it)
+    try:
+        spec = importlib.util.spec_from_file_location("eagle_gpu_build", folder / "build.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+    return module
+
+
+def test_the_gpu_builder_writes_what_the_distiller_reads(tmp_path, monkeypatch):
+    """build.py answers many chunks' conversations in one batched generation per turn: each chunk's
+    sequences and answer starts equal the distiller's own (eagle_data.answer_conversations, one
+    chunk at a time), later turns and a prompt over l_max included; the document blocks it writes
+    are the files the distiller then reads instead of writing them."""
+    import time
+
+    import dynatree.distill.eagle_data as de
+
+    build = _gpu_builder()
+    target = chat_target()
+    cfg = EagleConfig(**{**SMALL, "self_documents": 7, "l_max": 40})
+    chunks = [[["w5 w6 w7", "w8 w9"], ["w10 w11"]], [["w12 " * 45 + "w13", "w14"], ["w15 w16", "w17", "w18 w19"]]]
+    assert len(chat_ids_of(target, chunks[1][0][0])) > cfg.l_max  # left out, with its later turn
+    assert build.answer_chunks(target, chunks, cfg) == [de.answer_conversations(target, chunk, cfg) for chunk in chunks]
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    written, complete = build.write_documents(target, cfg, parts, 6, time.perf_counter() + 600)
+    assert (written, complete) == (3, True) and len(list(parts.glob("documents-*.json"))) == 3
+    monkeypatch.setattr(de, "generate_batched", lambda *a, **k: pytest.fail("a saved block was written again"))
+    convs = de.self_documents(target, 7, cfg, parts=parts)
+    assert 0 < len(convs) <= 7
+
+
+def chat_ids_of(target, text):
+    from dynatree.distill.chat import chat_ids
+
+    return chat_ids(target.tokenizer, [text], [])
+
+
 def test_long_prompts_are_answered_by_exact_speculation(prompts, monkeypatch):
     """On a CPU, greedy answers to long prompts are decoded one at a time by the library's own
     speculation (one decode per long prompt): the same tokens as the target's greedy decoding,

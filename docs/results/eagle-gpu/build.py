@@ -7,9 +7,11 @@ hundreds of rows in one generation for about the cost of one, so this script
   1. writes every missing question block of `--self-prompts N`, `--batch` rows per generation (the
      blocks keep their names: a block is still the same 16 seeds; their sampling differs from the
      CPU's one-block-at-a-time draw, and the saved file is what every later build reads), then
-  2. answers every chunk without an answers file, single-turn conversations of many chunks in one
-     greedy batched generation (multi-turn chunks one at a time, as the distiller does), writing each
-     chunk's answers file under its own name,
+     and likewise every missing document block of `--self-documents N` (articles and German
+     sentences the target writes, each then given back to summarize, quote or translate), then
+  2. answers every chunk without an answers file, the conversations of many chunks in one greedy
+     batched generation per turn (a later turn asked with the earlier answers in its history, as the
+     distiller does), writing each chunk's answers file under its own name,
 until `--deadline` seconds have passed (a chunk is only ever written whole). The answers record says
 where they came from (device cuda, float32; greedy, left-padded batches).
 `--check FILE` first compares the loaded target's weights with this machine's conversion of the same
@@ -30,7 +32,9 @@ import torch
 
 from dynatree.distill.chat import chat_ids, generate_batched
 from dynatree.distill.common import write_atomic
-from dynatree.distill.eagle_data import (ChatDataConfig, _chunk_key, _part_path, answer_conversations, chat_chunks,
+from dynatree.distill.chat import DOCUMENT_KINDS
+from dynatree.distill.eagle_data import (DOCUMENT_TOKENS, ChatDataConfig, _chunk_key, _part_path, chat_chunks,
+                                         document_blocks, document_path, document_seed, document_texts,
                                          question_blocks, question_path, question_texts, write_answers)
 from weights_sums import weight_sums
 from dynatree.models import load_model
@@ -71,6 +75,55 @@ def write_questions(target, cfg: ChatDataConfig, parts: Path, batch: int, deadli
     return written, written == len(missing)
 
 
+def write_documents(target, cfg: ChatDataConfig, parts: Path, batch: int, deadline: float) -> tuple[int, bool]:
+    """The missing document blocks of `cfg.self_documents`, `batch` rows per generation, as
+    `write_questions` does for questions (eagle_data.document_blocks, document_path, document_texts)."""
+    missing = [(block, asked, document_path(parts, target, asked, block, cfg))
+               for block, asked in enumerate(document_blocks(cfg.self_documents, cfg))]
+    missing = [m for m in missing if not m[2].exists()]
+    per_call = max(1, batch // cfg.gen_batch)
+    written = 0
+    for g in range(0, len(missing), per_call):
+        if time.perf_counter() > deadline:
+            break
+        group = missing[g: g + per_call]
+        prompts = [chat_ids(target.tokenizer, [DOCUMENT_KINDS[k][0].format(topic=t)], [])
+                   for _, asked, _ in group for t, k, _ in asked]
+        answers = generate_batched(target, prompts, DOCUMENT_TOKENS, len(prompts), sample=True,
+                                   seed=document_seed(cfg, group[0][0]))
+        k = 0
+        for _, asked, path in group:
+            write_atomic(path, json.dumps(document_texts(target, answers[k: k + len(asked)])))
+            k += len(asked)
+            written += 1
+        print(f"documents: {written}/{len(missing)} blocks written, {time.perf_counter() - T0:.0f} s", flush=True)
+    return written, written == len(missing)
+
+
+def answer_chunks(target, chunks: list, cfg: ChatDataConfig) -> list[tuple[list, list]]:
+    """(sequences, answer starts) of each chunk, as eagle_data.answer_conversations gives them for the
+    chunk alone (turn by turn, conversations in order; a prompt over `l_max` tokens is left out with
+    the conversation's later turns), but every chunk's conversations asked in one batched
+    generation per turn."""
+    tok = target.tokenizer
+    convs = [(c, i, conv) for c, chunk in enumerate(chunks) for i, conv in enumerate(chunk)]
+    answers = [[] for _ in convs]
+    found = []  # (chunk, turn, conversation, sequence, start)
+    for turn in range(max(len(conv) for _, _, conv in convs)):
+        asked = [j for j, (_, _, conv) in enumerate(convs) if len(conv) > turn and len(answers[j]) == turn]
+        prompts = {j: chat_ids(tok, convs[j][2][: turn + 1], answers[j]) for j in asked}
+        asked = [j for j in asked if len(prompts[j]) <= cfg.l_max]
+        replies = generate_batched(target, [prompts[j] for j in asked], cfg.max_new_tokens, max(1, len(asked)))
+        for j, reply in zip(asked, replies):
+            answers[j].append(tok.decode(reply, skip_special_tokens=True))
+            found.append((convs[j][0], turn, convs[j][1], prompts[j] + reply, len(prompts[j])))
+    out = [([], []) for _ in chunks]
+    for c, _, _, sequence, start in sorted(found, key=lambda f: f[:3]):
+        out[c][0].append(sequence)
+        out[c][1].append(start)
+    return out
+
+
 def write_missing_answers(target, cfg: ChatDataConfig, parts: Path, batch: int, deadline: float) -> tuple[int, int, bool]:
     """Answers files for every chunk that has none; returns (chunks written, turns answered, whether
     every chunk has its answers now)."""
@@ -83,30 +136,14 @@ def write_missing_answers(target, cfg: ChatDataConfig, parts: Path, batch: int, 
     print(f"answers: {len(todo)} of {len(chunks)} chunks missing "
           f"({sum(len(c) for c, _ in todo)} conversations)", flush=True)
     done = turns = 0
-    multi = [(c, p) for c, p in todo if any(len(conv) > 1 for conv in c)]
-    single = [(c, p) for c, p in todo if all(len(conv) == 1 for conv in c)]
-    for chunk, path in multi:  # as the distiller does it (later turns need the earlier answers)
-        if time.perf_counter() > deadline:
-            return done, turns, False
-        sequences, starts = answer_conversations(target, chunk, cfg)
-        write_answers(path, target, sequences, starts)
-        done, turns = done + 1, turns + len(sequences)
     g = 0
-    while g < len(single) and time.perf_counter() < deadline:
+    while g < len(todo) and time.perf_counter() < deadline:
         group, n = [], 0
-        while g < len(single) and n < batch:
-            group.append(single[g])
-            n += len(single[g][0])
+        while g < len(todo) and n < batch:
+            group.append(todo[g])
+            n += len(todo[g][0])
             g += 1
-        prompts = [[chat_ids(target.tokenizer, conv[:1], []) for conv in chunk] for chunk, _ in group]
-        flat = [p for ps in prompts for p in ps if len(p) <= cfg.l_max]
-        replies = iter(generate_batched(target, flat, cfg.max_new_tokens, len(flat)))
-        for (chunk, path), ps in zip(group, prompts):
-            kept = [p for p in ps if len(p) <= cfg.l_max]  # answer_conversations' order: asked, then l_max
-            sequences, starts = [], []
-            for p in kept:
-                sequences.append(p + next(replies))
-                starts.append(len(p))
+        for (chunk, path), (sequences, starts) in zip(group, answer_chunks(target, [c for c, _ in group], cfg)):
             write_answers(path, target, sequences, starts)
             done, turns = done + 1, turns + len(sequences)
         print(f"answers: {done}/{len(todo)} chunks, {turns} turns, {time.perf_counter() - T0:.0f} s", flush=True)
@@ -116,6 +153,7 @@ def write_missing_answers(target, cfg: ChatDataConfig, parts: Path, batch: int, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--self-prompts", type=int, required=True)
+    ap.add_argument("--self-documents", type=int, default=0)
     ap.add_argument("--prompts", default="specbench,specbench-asks")
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--device", default="cuda")
@@ -126,16 +164,21 @@ def main() -> None:
     target = load_model("smollm2-135m", device=args.device, dtype="float32")
     if args.check:
         check_weights(target, Path(args.check))
-    cfg = ChatDataConfig(prompts=args.prompts, self_prompts=args.self_prompts, data_dir=args.data_dir)
+    cfg = ChatDataConfig(prompts=args.prompts, self_prompts=args.self_prompts, self_documents=args.self_documents,
+                         data_dir=args.data_dir)
     cfg.validate()
     parts = Path(args.data_dir)
     deadline = T0 + args.deadline
     with torch.no_grad():
         blocks, complete = write_questions(target, cfg, parts, args.batch, deadline)
+        documents = 0
+        if complete:
+            documents, complete = write_documents(target, cfg, parts, args.batch, deadline)
         # (with blocks missing, chat_chunks would write them itself, one block at a time)
         chunks, turns, complete = (write_missing_answers(target, cfg, parts, args.batch, deadline) if complete
                                    else (0, 0, False))
-    print(json.dumps({"question_blocks_written": blocks, "answer_chunks_written": chunks, "turns_answered": turns,
+    print(json.dumps({"question_blocks_written": blocks, "document_blocks_written": documents,
+                      "answer_chunks_written": chunks, "turns_answered": turns,
                       "complete": complete,
                       "seconds": round(time.perf_counter() - T0, 1), "device": str(target.device),
                       "torch": torch.__version__}), flush=True)

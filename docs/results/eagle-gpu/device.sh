@@ -12,9 +12,10 @@
 # The job: reassemble and check the GGUF (sha256), convert it with the machine's transformers and use
 # this machine's tokenizer_config.json (transformers 5.17 reads the GGUF's eos as <|im_start|>), check
 # the chat prompts tokenize as here and the weights equal this machine's conversion, write the missing
-# questions and answers of --self-prompts SELF_PROMPTS until DATA_SECONDS, then train the declared
+# questions and answers of --self-prompts SELF_PROMPTS (and of --self-documents $SELF_DOCUMENTS, default
+# 0) until DATA_SECONDS, then train the declared
 # stage-8 head (README.md) for as many steps as fit before TOTAL_SECONDS (a 30-step probe measures a
-# step first). What comes back under $OUT: data.tgz (new answers and questions files), the head's files
+# step first). What comes back under $OUT: data.tgz (new answers, questions and documents files), the head's files
 # (head.safetensors in two pieces, each under 16 MiB), distill.json of both runs, log.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -46,17 +47,17 @@ python3 .gg/tokcmp.py "$dir" > /tmp/tok.json 2>/dev/null && cmp -s /tmp/tok.json
     || { echo "chat prompts tokenize differently here"; exit 1; }
 echo "converted and checked in $(( $(date +%s) - start )) s"
 touch /tmp/marker
-python3 docs/results/eagle-gpu/build.py --prompts "${PROMPTS:-specbench,specbench-asks}" --self-prompts "$self_prompts" --device "${DEVICE:-cuda}" --batch 1024 \
+python3 docs/results/eagle-gpu/build.py --prompts "${PROMPTS:-specbench,specbench-asks}" --self-prompts "$self_prompts" --self-documents "${SELF_DOCUMENTS:-0}" --device "${DEVICE:-cuda}" --batch 1024 \
     --data-dir data/distill/smollm2-135m --check docs/results/eagle-gpu/weights_sums.json \
     --deadline $(( data_s - ($(date +%s) - start) )) | tee /tmp/build.log
-(cd data/distill/smollm2-135m && find . -newer /tmp/marker \( -name 'answers-*.json.gz' -o -name 'questions-*.json' \) \
+(cd data/distill/smollm2-135m && find . -newer /tmp/marker \( -name 'answers-*.json.gz' -o -name 'questions-*.json' -o -name 'documents-*.json' \) \
     | tar czf "$OUT/data.tgz" -T -) && tar tzf "$OUT/data.tgz" | wc -l
 grep -q '"complete": true' /tmp/build.log || { echo "data incomplete: no training"; exit 0; }
 [ "$what" = data ] && { echo "data call: done in $(( $(date +%s) - start )) s"; exit 0; }
 if [ "$what" = train ]; then
     run_train() {  # extra options...
         python3 -c "import sys; from dynatree.cli import main; sys.exit(main())" distill --kind eagle \
-            --target smollm2-135m --prompts "${PROMPTS:-specbench,specbench-asks}" --self-prompts "$self_prompts" \
+            --target smollm2-135m --prompts "${PROMPTS:-specbench,specbench-asks}" --self-prompts "$self_prompts" --self-documents "${SELF_DOCUMENTS:-0}" \
             --data-dir data/distill/smollm2-135m --out /tmp/t9 --init-head src/dynatree/drafts/smollm2-135m-eagle \
             --batch-size 16 --lr 5e-4 --warmup 50 --train-dtype bfloat16 --checkpoint-every "${CKPT:-200}" --eval-fraction 0.02 \
             --label-batch 32 --device "${DEVICE:-cuda}" "$@"
@@ -84,7 +85,7 @@ if [ "$what" = train ]; then
 fi
 train() {  # out steps
     python3 -c "import sys; from dynatree.cli import main; sys.exit(main())" distill --kind eagle --target smollm2-135m \
-        --prompts "${PROMPTS:-specbench,specbench-asks}" --self-prompts "$self_prompts" --data-dir data/distill/smollm2-135m \
+        --prompts "${PROMPTS:-specbench,specbench-asks}" --self-prompts "$self_prompts" --self-documents "${SELF_DOCUMENTS:-0}" --data-dir data/distill/smollm2-135m \
         --out "$1" --init-head src/dynatree/drafts/smollm2-135m-eagle --steps "$2" --batch-size 16 --lr 5e-4 \
         --warmup 50 --train-dtype bfloat16 --checkpoint-every 1000 --eval-fraction 0.02 --label-batch 32 \
         --device "${DEVICE:-cuda}" --quiet

@@ -35,6 +35,24 @@ ASKS = (
 )
 
 
+# Documents the target writes itself (`--self-documents`), and the conversations each becomes: the
+# long-input requests of Spec-Bench's weakest tasks for a feature head (summaries, facts and quotes over
+# an article; German-to-English translation), over text the target wrote, so none of it is benchmark
+# text. Each entry: (request that writes the document, conversations that use it; "{doc}" is the text).
+DOCUMENT_KINDS = (
+    ("Write a short news article of about 200 words about {topic}. Reply with the article only.",
+     (["Summarize: {doc}"],
+      ["Summarize the following article in two sentences.\n\n{doc}", "Now write a headline for the article."],
+      ["{doc}\n\nWhat are the three most important facts in the article above?"])),
+    ("Write three paragraphs of an encyclopedia entry about {topic}. Reply with the text only.",
+     (["{doc}\nSummarize the text above in a few sentences.",
+       "Quote the sentence of the text that matters most for your summary."],
+      ["{doc}\nWhat is the main topic of the text above? Answer with reference to the text."])),
+    ("Write two sentences in German about {topic}. Reply with the German sentences only.",
+     (["Translate German to English: {doc}"],)),
+)
+
+
 SPEC_BENCH_ASKS = "specbench-asks"
 
 

@@ -9,6 +9,10 @@ template, to instruction prompts:
   specbench-asks  other requests over the same training questions' articles, passages, sentences
                and problems (chat.other_asks): summaries, facts, quotes, follow-up turns
   self         questions the target writes itself from topic seeds (sampled), then answers
+  documents    articles, encyclopedia text and German sentences the target writes itself from topic
+               seeds (sampled), each given back to it to summarize, quote or translate
+               (chat.DOCUMENT_KINDS): long inputs like Spec-Bench's summarization, RAG and
+               translation prompts, none of them benchmark text
   FILE         prompts of a file (`--prompts`): Spec-Bench question .jsonl, one
                {"prompt": ...} per line, or plain text with blank-line-separated paragraphs
 Answers are generated in batches; then one teacher-forced target pass over each whole
@@ -34,7 +38,7 @@ from ..config import option, positive, require
 from ..draftspec import is_head_dir
 from ..errors import DynaTreeError
 from ..runtime import LoadedModel
-from .chat import ASKS, SPECULATE_FROM, TOPICS, chat_ids, generate_batched, instruction_sources
+from .chat import ASKS, DOCUMENT_KINDS, SPECULATE_FROM, TOPICS, chat_ids, generate_batched, instruction_sources
 from .common import save_atomic, write_atomic
 
 
@@ -47,6 +51,8 @@ class ChatDataConfig:
                           "'specbench-asks' (other requests over their material), a file, or several joined by commas")
     holdout: int = option(10, "Spec-Bench questions per task left out of training (bench --n up to this stays unseen)")
     self_prompts: int = option(256, "extra questions the target writes itself from topic seeds, then answers")
+    self_documents: int = option(0, "documents (articles, encyclopedia text, German sentences) the target writes "
+                                 "itself from topic seeds, each then given back to it to summarize, quote or translate")
     max_new_tokens: int = option(256, "longest answer per turn (EOS ends it sooner)")
     l_max: int = option(1024, "longest prompt (with history) in tokens; longer ones are left out")
     gen_batch: int = option(16, "conversations per batched target generation")
@@ -58,12 +64,16 @@ class ChatDataConfig:
 
     def validate(self) -> None:
         positive(self, "max_new_tokens", "l_max", "gen_batch", "chunk")
-        require(self.holdout >= 0 and self.self_prompts >= 0, "--holdout and --self-prompts must be at least 0")
+        require(min(self.holdout, self.self_prompts, self.self_documents) >= 0,
+                "--holdout, --self-prompts and --self-documents must be at least 0")
         require(not self.data_dir or not Path(self.data_dir).expanduser().exists()
                 or Path(self.data_dir).expanduser().is_dir(), f"--data-dir {self.data_dir!r} is not a directory")
 
     def data_key(self) -> dict:
-        return {k: getattr(self, k) for k in ("prompts", "holdout", "self_prompts", "max_new_tokens", "l_max", "seed")}
+        key = {k: getattr(self, k) for k in ("prompts", "holdout", "self_prompts", "max_new_tokens", "l_max", "seed")}
+        if self.self_documents:  # (absent when 0: the key of data built before the option existed)
+            key["self_documents"] = self.self_documents
+        return key
 
 
 @dataclass
@@ -149,6 +159,67 @@ def self_written(target: LoadedModel, n: int, cfg: ChatDataConfig, bar=None, par
                 write_atomic(path, json.dumps(texts))
         out += [[t] for t in texts]
     return out
+
+
+# Longest document the target is asked to write, in tokens (a 200-word article is about 260).
+DOCUMENT_TOKENS = 320
+# Kept documents, in characters: shorter ones are refusals or fragments.
+DOCUMENT_CHARS = (40, 4000)
+
+
+def document_blocks(n: int, cfg: ChatDataConfig) -> list[list[tuple[str, int, int]]]:
+    """The (topic, kind of document, use) seeds of `n` self-written documents (indexes into
+    chat.DOCUMENT_KINDS), in blocks of `gen_batch`: the first blocks of a larger `n` are those of a
+    smaller one (a saved block is named by its seeds)."""
+    rng = random.Random(f"documents-{cfg.seed}")
+    seeds = [(t, k, u) for t in TOPICS for k, (_, uses) in enumerate(DOCUMENT_KINDS) for u in range(len(uses))]
+    rng.shuffle(seeds)
+    seeds = (seeds * (n // len(seeds) + 1))[:n]
+    return [seeds[start: start + cfg.gen_batch] for start in range(0, n, cfg.gen_batch)]
+
+
+def document_path(parts: Path | None, target: LoadedModel, asked, block: int, cfg: ChatDataConfig) -> Path | None:
+    """Where block `block` of self-written documents (seeds `asked`) is saved."""
+    return _part_path(parts, "documents", [target.name, asked, cfg.seed, block], ".json")
+
+
+def document_texts(target: LoadedModel, answers: list[list[int]]) -> list[str | None]:
+    """The documents in the target's sampled answers: decoded and stripped; None where outside
+    DOCUMENT_CHARS (saved as None, so that saved texts stay aligned with their seeds)."""
+    texts = [target.tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in answers]
+    return [t if DOCUMENT_CHARS[0] <= len(t) <= DOCUMENT_CHARS[1] else None for t in texts]
+
+
+def document_conversations(asked, texts: list[str | None]) -> list[list[str]]:
+    """The conversation of each seed's use (chat.DOCUMENT_KINDS) around its kept document."""
+    return [[turn.replace("{doc}", text) for turn in DOCUMENT_KINDS[k][1][u]]
+            for (_, k, u), text in zip(asked, texts) if text is not None]
+
+
+def self_documents(target: LoadedModel, n: int, cfg: ChatDataConfig, bar=None, parts: Path | None = None) -> list[list[str]]:
+    """Conversations over `n` documents the target writes from (topic, kind, use) seeds, sampled, in
+    blocks of `gen_batch` seeds each sampled with its own seed (`document_blocks`; saved and reused
+    like `self_written`'s questions); a document outside DOCUMENT_CHARS is left out."""
+    out = []
+    for block, asked in enumerate(document_blocks(n, cfg)):
+        path = document_path(parts, target, asked, block, cfg)
+        if path is not None and path.exists():
+            texts = json.loads(path.read_text())
+            if bar is not None:
+                bar.update(len(asked))
+        else:
+            prompts = [chat_ids(target.tokenizer, [DOCUMENT_KINDS[k][0].format(topic=t)], []) for t, k, _ in asked]
+            texts = document_texts(target, generate_batched(target, prompts, DOCUMENT_TOKENS, cfg.gen_batch, bar,
+                                                            sample=True, seed=document_seed(cfg, block)))
+            if path is not None:
+                write_atomic(path, json.dumps(texts))
+        out += document_conversations(asked, texts)
+    return out
+
+
+def document_seed(cfg: ChatDataConfig, block: int) -> int:
+    """The sampling seed of document block `block` (the question blocks' are seed * 1_000_003 + block)."""
+    return cfg.seed * 1_000_003 + 500_009 + block
 
 
 def _part_path(parts: Path | None, kind: str, key, suffix: str) -> Path | None:
@@ -266,8 +337,14 @@ def chat_chunks(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True,
         b.close()
         info["self"] = {"conversations": len(written), "asked_for": cfg.self_prompts}
         groups.append(written)
+    if cfg.self_documents:
+        b = bar(cfg.self_documents, "target writes documents", "doc")
+        documents = self_documents(target, cfg.self_documents, cfg, b, parts)
+        b.close()
+        info["documents"] = {"conversations": len(documents), "asked_for": cfg.self_documents}
+        groups.append(documents)
     if not any(groups):
-        raise DynaTreeError("no instruction prompts: give --prompts or --self-prompts")
+        raise DynaTreeError("no instruction prompts: give --prompts, --self-prompts or --self-documents")
     return [group[start: start + cfg.chunk] for group in groups for start in range(0, len(group), cfg.chunk)], info
 
 
