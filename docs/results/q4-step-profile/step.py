@@ -16,11 +16,12 @@ from dynatree import cache as kv
 from dynatree.models import load_model
 
 CONTEXT = int(os.environ.get("CONTEXT", "300"))  # prompt tokens before the timed step
+# (WEIGHTS=dense: the float32 model instead of q4, for `setup`)
 
 
 def setup():
     torch.manual_seed(0)
-    target = load_model("smollm2-135m", device="cpu", weights="q4", compile=True)
+    target = load_model("smollm2-135m", device="cpu", weights=os.environ.get("WEIGHTS", "q4"), compile=True)
     target.warm_up(["token"])
     ids = [int(x) for x in torch.randint(100, 40000, (CONTEXT,))]
     cache = kv.new_cache(target.model)
