@@ -72,7 +72,8 @@ def no_runtime_asserts() -> dict:
 # the embedded model at a 300-token context took 13.2-13.5 ms instead of 15.4-15.5 on an Intel Xeon
 # (docs/results/cpp-wrapper). `cpp_wrapper_build_separate` compiles the wrapper's entry apart from the
 # kernels: as fast a step, and that graph's first compile took 71 s instead of 136 (62 s with the
-# Python wrapper). Not used on CUDA, where it has not been measured.
+# Python wrapper). A compiled float32 step, whose one-row products are inductor's own kernels, showed no
+# change beyond noise (same logits). Not used on CUDA, where it has not been measured.
 CPU_WRAPPER = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
 
 
