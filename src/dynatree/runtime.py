@@ -68,22 +68,26 @@ def no_runtime_asserts() -> dict:
 # How inductor's graphs are called on a CPU: by a C++ wrapper (the per-graph code that allocates buffers
 # and calls the kernels in turn), not by generated Python. A 30-layer step makes about 450 calls (the
 # fused kernels, the int4 or packed products, attention); from Python each costs microseconds of
-# interpreter time. Same kernels, same values (logits bit for bit); the compiled q4 one-token step of
-# the embedded model at a 300-token context took 13.2-13.5 ms instead of 15.4-15.5 on an Intel Xeon
-# (docs/results/cpp-wrapper). `cpp_wrapper_build_separate` compiles the wrapper's entry apart from the
-# kernels: as fast a step, and that graph's first compile took 71 s instead of 136 (62 s with the
-# Python wrapper). A compiled float32 step, whose one-row products are inductor's own kernels, showed no
-# change beyond noise (same logits). Not used on CUDA, where it has not been measured.
+# interpreter time. Same kernels, same values (logits bit for bit). Measured on an Intel Xeon
+# (docs/results/cpp-wrapper): the compiled q4 one-token step of the embedded model at a 300-token
+# context 13.25-13.31 ms instead of 15.35-15.51 (warm caches; 13.47 vs 14.20 in a cold-cache run), and
+# q4 `ar` 1.13x faster per Spec-Bench prompt, interleaved; a compiled float32 step, whose one-row
+# products are inductor's own kernels, showed no change beyond noise. `cpp_wrapper_build_separate`
+# compiles the wrapper's entry apart from the kernels: loading the model and building the one-token
+# graph took 71 s with it, 136 s without (62 s with the Python wrapper). Both options or neither: a torch
+# without `cpp_wrapper_build_separate` (older than those tested) keeps the Python wrapper. Not used on
+# CUDA, where it has not been measured.
 CPU_WRAPPER = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
 
 
 def wrapper_options(device: torch.device) -> dict:
-    """torch.compile options for how the graphs' kernels are called on `device` (CPU_WRAPPER on a CPU)."""
+    """torch.compile options for how the graphs' kernels are called on `device`: CPU_WRAPPER on a CPU
+    whose torch has both options, else none (the Python wrapper)."""
     import torch._inductor.config as inductor_config
 
-    if device.type != "cpu":
+    if device.type != "cpu" or not all(hasattr(inductor_config, k) for k in CPU_WRAPPER):
         return {}
-    return {k: v for k, v in CPU_WRAPPER.items() if hasattr(inductor_config, k)}
+    return dict(CPU_WRAPPER)
 
 
 # Guards dynamo need not check on the model's modules before every compiled call (see `module_guards`).

@@ -8,8 +8,8 @@ One process per setting (the choice is made when the graph is built): loads the 
 one-token graph (`setup s`: load plus compile; set TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 for a cold
 compile), runs 10 untimed steps, then prints the medians of 6 blocks of 40 steps (ms) and their
 median, and saves the step's logits to /tmp/wrapper_logits_<setting>.pt to compare bit for bit.
-Run the settings alternately on an otherwise idle machine. Context: CONTEXT (300) tokens, as in
-../q4-step-profile/step.py, whose `setup` it uses.
+Run the settings alternately on an otherwise idle machine. Context: CONTEXT (300) tokens, weights
+WEIGHTS (q4; `WEIGHTS=dense` for float32), as in ../q4-step-profile/step.py, whose `setup` it uses.
 """
 import os
 import statistics

@@ -179,8 +179,11 @@ def document_blocks(n: int, cfg: ChatDataConfig) -> list[list[tuple[str, int, in
 
 
 def document_path(parts: Path | None, target: LoadedModel, asked, block: int, cfg: ChatDataConfig) -> Path | None:
-    """Where block `block` of self-written documents (seeds `asked`) is saved."""
-    return _part_path(parts, "documents", [target.name, asked, cfg.seed, block], ".json")
+    """Where block `block` of self-written documents (seeds `asked`) is saved: named by the topics, the
+    requests that wrote the documents and the conversations that use them (their texts, not their
+    indexes in DOCUMENT_KINDS: a reworded or inserted kind never reuses another's documents)."""
+    seeds = [(t, DOCUMENT_KINDS[k][0], DOCUMENT_KINDS[k][1][u]) for t, k, u in asked]
+    return _part_path(parts, "documents", [target.name, seeds, cfg.seed, block], ".json")
 
 
 def document_texts(target: LoadedModel, answers: list[list[int]]) -> list[str | None]:
@@ -324,7 +327,8 @@ def _bar(progress: bool):
 
 def chat_chunks(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True,
                 parts: Path | None = None) -> tuple[list[list[list[str]]], dict]:
-    """The conversations of the data (instruction sources, then the self-written questions), cut
+    """The conversations of the data (instruction sources, then the self-written questions, then the
+    conversations over self-written documents), cut
     into chunks of `cfg.chunk` per source (adding, dropping or reordering sources keeps the others'
     parts), and what they came from."""
     bar = _bar(progress)
@@ -409,7 +413,8 @@ def build_data(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True, 
     """Conversations, the target's answers, features and labels. Conversations are answered and
     labelled `chunk` at a time; with `parts` (a directory) each chunk is saved as it completes and
     found again by a hash of its conversations and options, so a stopped build resumes where it
-    stopped and a larger build (more --self-prompts, another prompts file) reuses what was built.
+    stopped and a larger build (more --self-prompts or --self-documents, another prompts file) reuses
+    what was built.
     Each chunk is two files: `answers-*.json.gz`, the token ids (what generation costs, small: commit
     it to share a build), and `part-*.pt`, their features and labels (large, recomputed from the
     answers in one teacher-forced pass when missing)."""
