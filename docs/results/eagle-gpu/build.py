@@ -32,10 +32,10 @@ import torch
 
 from dynatree.distill.chat import chat_ids, generate_batched
 from dynatree.distill.common import write_atomic
-from dynatree.distill.chat import DOCUMENT_KINDS
-from dynatree.distill.eagle_data import (DOCUMENT_TOKENS, ChatDataConfig, _chunk_key, _part_path, chat_chunks,
-                                         document_blocks, document_path, document_seed, document_texts,
-                                         question_blocks, question_path, question_texts, write_answers)
+from dynatree.distill.eagle_data import (DOCUMENT_TOKENS, QUESTION_TOKENS, ChatDataConfig, _chunk_key, _part_path,
+                                         chat_chunks, document_blocks, document_path, document_requests,
+                                         document_seed, document_texts, question_blocks, question_path,
+                                         question_requests, question_seed, question_texts, write_answers)
 from weights_sums import weight_sums
 from dynatree.models import load_model
 
@@ -50,12 +50,14 @@ def check_weights(target, path: Path) -> None:
         sys.exit(f"the target's weights differ from {path}: {bad[:5]}")
 
 
-def write_questions(target, cfg: ChatDataConfig, parts: Path, batch: int, deadline: float) -> tuple[int, bool]:
-    """The missing question blocks of `cfg.self_prompts`, `batch` rows per generation; returns how many
-    blocks were written and whether none is missing now. The library's blocks, seeds, file names and
-    text filter (eagle_data.question_blocks, question_path, question_texts)."""
-    missing = [(block, asked, question_path(parts, target, asked, block, cfg))
-               for block, asked in enumerate(question_blocks(cfg.self_prompts, cfg))]
+def write_blocks(what: str, target, blocks, requests, path_of, seed_of, max_new: int, texts_of, cfg: ChatDataConfig,
+                 batch: int, deadline: float) -> tuple[int, bool]:
+    """The missing blocks of sampled `what` (questions or documents), `batch` rows per generation;
+    returns how many blocks were written and whether none is missing now. The library's blocks,
+    requests, seeds, file names and text filters (eagle_data.sampled_blocks' arguments), one
+    generation for many blocks (seeded by the first block's seed, so the sampling differs from the
+    CPU's one block at a time: the saved file is what every later build reads)."""
+    missing = [(block, asked, path_of(block, asked)) for block, asked in enumerate(blocks)]
     missing = [m for m in missing if not m[2].exists()]
     per_call = max(1, batch // cfg.gen_batch)
     written = 0
@@ -63,41 +65,29 @@ def write_questions(target, cfg: ChatDataConfig, parts: Path, batch: int, deadli
         if time.perf_counter() > deadline:
             break
         group = missing[g: g + per_call]
-        prompts = [chat_ids(target.tokenizer, [a.format(topic=t)], []) for _, asked, _ in group for t, a in asked]
-        answers = generate_batched(target, prompts, 80, len(prompts), sample=True,
-                                   seed=cfg.seed * 1_000_003 + group[0][0])
+        prompts = [chat_ids(target.tokenizer, [r], []) for _, asked, _ in group for r in requests(asked)]
+        answers = generate_batched(target, prompts, max_new, len(prompts), sample=True, seed=seed_of(group[0][0]))
         k = 0
         for _, asked, path in group:
-            write_atomic(path, json.dumps(question_texts(target, answers[k: k + len(asked)])))
+            write_atomic(path, json.dumps(texts_of(target, answers[k: k + len(asked)])))
             k += len(asked)
             written += 1
-        print(f"questions: {written}/{len(missing)} blocks written, {time.perf_counter() - T0:.0f} s", flush=True)
+        print(f"{what}: {written}/{len(missing)} blocks written, {time.perf_counter() - T0:.0f} s", flush=True)
     return written, written == len(missing)
+
+
+def write_questions(target, cfg: ChatDataConfig, parts: Path, batch: int, deadline: float) -> tuple[int, bool]:
+    """The missing question blocks of `cfg.self_prompts` (`write_blocks`)."""
+    return write_blocks("questions", target, question_blocks(cfg.self_prompts, cfg), question_requests,
+                        lambda block, asked: question_path(parts, target, asked, block, cfg),
+                        lambda block: question_seed(cfg, block), QUESTION_TOKENS, question_texts, cfg, batch, deadline)
 
 
 def write_documents(target, cfg: ChatDataConfig, parts: Path, batch: int, deadline: float) -> tuple[int, bool]:
-    """The missing document blocks of `cfg.self_documents`, `batch` rows per generation, as
-    `write_questions` does for questions (eagle_data.document_blocks, document_path, document_texts)."""
-    missing = [(block, asked, document_path(parts, target, asked, block, cfg))
-               for block, asked in enumerate(document_blocks(cfg.self_documents, cfg))]
-    missing = [m for m in missing if not m[2].exists()]
-    per_call = max(1, batch // cfg.gen_batch)
-    written = 0
-    for g in range(0, len(missing), per_call):
-        if time.perf_counter() > deadline:
-            break
-        group = missing[g: g + per_call]
-        prompts = [chat_ids(target.tokenizer, [DOCUMENT_KINDS[k][0].format(topic=t)], [])
-                   for _, asked, _ in group for t, k, _ in asked]
-        answers = generate_batched(target, prompts, DOCUMENT_TOKENS, len(prompts), sample=True,
-                                   seed=document_seed(cfg, group[0][0]))
-        k = 0
-        for _, asked, path in group:
-            write_atomic(path, json.dumps(document_texts(target, answers[k: k + len(asked)])))
-            k += len(asked)
-            written += 1
-        print(f"documents: {written}/{len(missing)} blocks written, {time.perf_counter() - T0:.0f} s", flush=True)
-    return written, written == len(missing)
+    """The missing document blocks of `cfg.self_documents` (`write_blocks`)."""
+    return write_blocks("documents", target, document_blocks(cfg.self_documents, cfg), document_requests,
+                        lambda block, asked: document_path(parts, target, asked, block, cfg),
+                        lambda block: document_seed(cfg, block), DOCUMENT_TOKENS, document_texts, cfg, batch, deadline)
 
 
 def answer_chunks(target, chunks: list, cfg: ChatDataConfig) -> list[tuple[list, list]]:

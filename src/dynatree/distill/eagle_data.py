@@ -139,26 +139,53 @@ def question_texts(target: LoadedModel, answers: list[list[int]]) -> list[str]:
     return [t for t in texts if 15 <= len(t) <= 600]
 
 
-def self_written(target: LoadedModel, n: int, cfg: ChatDataConfig, bar=None, parts: Path | None = None) -> list[list[str]]:
-    """`n` questions the target writes from (topic, kind of request) seeds, sampled, in blocks of
-    `gen_batch` seeds each sampled with its own seed (`question_blocks`): with `parts` (a directory
-    of saved blocks) a build asked for more questions reuses the blocks written before and a
-    stopped build resumes."""
+def sampled_blocks(target: LoadedModel, blocks, requests, path_of, seed_of, max_new: int, texts_of,
+                   cfg: ChatDataConfig, bar=None) -> list[list]:
+    """The texts the target writes, sampled, for each block of seeds: `requests(seeds)` are the
+    block's requests, `seed_of(block)` its sampling seed, `texts_of(target, answers)` what is kept of
+    its answers (aligned with the seeds or filtered), `path_of(block, seeds)` where it is saved (None:
+    not saved). A saved block is read back instead of written: a build asked for more reuses the
+    blocks written before, and a stopped build resumes."""
     out = []
-    for block, asked in enumerate(question_blocks(n, cfg)):
-        path = question_path(parts, target, asked, block, cfg)
+    for block, asked in enumerate(blocks):
+        path = path_of(block, asked)
         if path is not None and path.exists():
             texts = json.loads(path.read_text())
             if bar is not None:
                 bar.update(len(asked))
         else:
-            prompts = [chat_ids(target.tokenizer, [a.format(topic=t)], []) for t, a in asked]
-            texts = question_texts(target, generate_batched(target, prompts, 80, cfg.gen_batch, bar, sample=True,
-                                                            seed=cfg.seed * 1_000_003 + block))
+            prompts = [chat_ids(target.tokenizer, [r], []) for r in requests(asked)]
+            texts = texts_of(target, generate_batched(target, prompts, max_new, cfg.gen_batch, bar, sample=True,
+                                                      seed=seed_of(block)))
             if path is not None:
                 write_atomic(path, json.dumps(texts))
-        out += [[t] for t in texts]
+        out.append(texts)
     return out
+
+
+# Longest question the target is asked to write, in tokens.
+QUESTION_TOKENS = 80
+
+
+def question_seed(cfg: ChatDataConfig, block: int) -> int:
+    """The sampling seed of question block `block`."""
+    return cfg.seed * 1_000_003 + block
+
+
+def question_requests(asked) -> list[str]:
+    """The requests that write a block of questions (seeds: (topic, kind of request))."""
+    return [a.format(topic=t) for t, a in asked]
+
+
+def self_written(target: LoadedModel, n: int, cfg: ChatDataConfig, bar=None, parts: Path | None = None) -> list[list[str]]:
+    """`n` questions the target writes from (topic, kind of request) seeds, sampled, in blocks of
+    `gen_batch` seeds each sampled with its own seed (`question_blocks`, `sampled_blocks`): with
+    `parts` (a directory of saved blocks) a build asked for more questions reuses the blocks written
+    before and a stopped build resumes."""
+    texts = sampled_blocks(target, question_blocks(n, cfg), question_requests,
+                           lambda block, asked: question_path(parts, target, asked, block, cfg),
+                           lambda block: question_seed(cfg, block), QUESTION_TOKENS, question_texts, cfg, bar)
+    return [[t] for block in texts for t in block]
 
 
 # Longest document the target is asked to write, in tokens (a 200-word article is about 260).
@@ -199,25 +226,20 @@ def document_conversations(asked, texts: list[str | None]) -> list[list[str]]:
             for (_, k, u), text in zip(asked, texts) if text is not None]
 
 
+def document_requests(asked) -> list[str]:
+    """The requests that write a block of documents (seeds: (topic, kind, use))."""
+    return [DOCUMENT_KINDS[k][0].format(topic=t) for t, k, _ in asked]
+
+
 def self_documents(target: LoadedModel, n: int, cfg: ChatDataConfig, bar=None, parts: Path | None = None) -> list[list[str]]:
     """Conversations over `n` documents the target writes from (topic, kind, use) seeds, sampled, in
-    blocks of `gen_batch` seeds each sampled with its own seed (`document_blocks`; saved and reused
-    like `self_written`'s questions); a document outside DOCUMENT_CHARS is left out."""
-    out = []
-    for block, asked in enumerate(document_blocks(n, cfg)):
-        path = document_path(parts, target, asked, block, cfg)
-        if path is not None and path.exists():
-            texts = json.loads(path.read_text())
-            if bar is not None:
-                bar.update(len(asked))
-        else:
-            prompts = [chat_ids(target.tokenizer, [DOCUMENT_KINDS[k][0].format(topic=t)], []) for t, k, _ in asked]
-            texts = document_texts(target, generate_batched(target, prompts, DOCUMENT_TOKENS, cfg.gen_batch, bar,
-                                                            sample=True, seed=document_seed(cfg, block)))
-            if path is not None:
-                write_atomic(path, json.dumps(texts))
-        out += document_conversations(asked, texts)
-    return out
+    blocks of `gen_batch` seeds each sampled with its own seed (`document_blocks`, `sampled_blocks`:
+    saved and reused like the questions); a document outside DOCUMENT_CHARS is left out."""
+    blocks = document_blocks(n, cfg)
+    texts = sampled_blocks(target, blocks, document_requests,
+                           lambda block, asked: document_path(parts, target, asked, block, cfg),
+                           lambda block: document_seed(cfg, block), DOCUMENT_TOKENS, document_texts, cfg, bar)
+    return [conv for asked, written in zip(blocks, texts) for conv in document_conversations(asked, written)]
 
 
 def document_seed(cfg: ChatDataConfig, block: int) -> int:
@@ -335,18 +357,14 @@ def chat_chunks(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True,
     if parts is not None:
         parts.mkdir(parents=True, exist_ok=True)
     groups, info = instruction_sources(cfg.prompts, cfg.holdout)
-    if cfg.self_prompts:
-        b = bar(cfg.self_prompts, "target writes questions", "q")
-        written = self_written(target, cfg.self_prompts, cfg, b, parts)
-        b.close()
-        info["self"] = {"conversations": len(written), "asked_for": cfg.self_prompts}
-        groups.append(written)
-    if cfg.self_documents:
-        b = bar(cfg.self_documents, "target writes documents", "doc")
-        documents = self_documents(target, cfg.self_documents, cfg, b, parts)
-        b.close()
-        info["documents"] = {"conversations": len(documents), "asked_for": cfg.self_documents}
-        groups.append(documents)
+    for n, write, name, what, unit in ((cfg.self_prompts, self_written, "self", "questions", "q"),
+                                       (cfg.self_documents, self_documents, "documents", "documents", "doc")):
+        if n:  # the target's self-written sources, after the instruction sources
+            b = bar(n, f"target writes {what}", unit)
+            convs = write(target, n, cfg, b, parts)
+            b.close()
+            info[name] = {"conversations": len(convs), "asked_for": n}
+            groups.append(convs)
     if not any(groups):
         raise DynaTreeError("no instruction prompts: give --prompts, --self-prompts or --self-documents")
     return [group[start: start + cfg.chunk] for group in groups for start in range(0, len(group), cfg.chunk)], info
