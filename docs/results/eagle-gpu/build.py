@@ -33,7 +33,7 @@ import torch
 from dynatree.distill.chat import chat_ids, generate_batched
 from dynatree.distill.common import write_atomic
 from dynatree.distill.eagle_data import (DOCUMENT_TOKENS, QUESTION_TOKENS, ChatDataConfig, _chunk_key, _part_path,
-                                         chat_chunks, document_blocks, document_path, document_requests,
+                                         answered_turns, chat_chunks, document_blocks, document_path, document_requests,
                                          document_seed, document_texts, question_blocks, question_path,
                                          question_requests, question_seed, question_texts, write_answers)
 from weights_sums import weight_sums
@@ -92,25 +92,14 @@ def write_documents(target, cfg: ChatDataConfig, parts: Path, batch: int, deadli
 
 def answer_chunks(target, chunks: list, cfg: ChatDataConfig) -> list[tuple[list, list]]:
     """(sequences, answer starts) of each chunk, as eagle_data.answer_conversations gives them for the
-    chunk alone (turn by turn, conversations in order; a prompt over `l_max` tokens is left out with
-    the conversation's later turns), but every chunk's conversations asked in one batched
-    generation per turn."""
-    tok = target.tokenizer
-    convs = [(c, i, conv) for c, chunk in enumerate(chunks) for i, conv in enumerate(chunk)]
-    answers = [[] for _ in convs]
-    found = []  # (chunk, turn, conversation, sequence, start)
-    for turn in range(max(len(conv) for _, _, conv in convs)):
-        asked = [j for j, (_, _, conv) in enumerate(convs) if len(conv) > turn and len(answers[j]) == turn]
-        prompts = {j: chat_ids(tok, convs[j][2][: turn + 1], answers[j]) for j in asked}
-        asked = [j for j in asked if len(prompts[j]) <= cfg.l_max]
-        replies = generate_batched(target, [prompts[j] for j in asked], cfg.max_new_tokens, max(1, len(asked)))
-        for j, reply in zip(asked, replies):
-            answers[j].append(tok.decode(reply, skip_special_tokens=True))
-            found.append((convs[j][0], turn, convs[j][1], prompts[j] + reply, len(prompts[j])))
+    chunk alone, but every chunk's conversations asked in one batched generation per turn
+    (eagle_data.answered_turns over all of them: turn by turn, so each chunk's share keeps its order)."""
+    owner = [c for c, chunk in enumerate(chunks) for _ in chunk]
+    flat = [conv for chunk in chunks for conv in chunk]
     out = [([], []) for _ in chunks]
-    for c, _, _, sequence, start in sorted(found, key=lambda f: f[:3]):
-        out[c][0].append(sequence)
-        out[c][1].append(start)
+    for i, sequence, start in answered_turns(target, flat, cfg, len(flat)):
+        out[owner[i]][0].append(sequence)
+        out[owner[i]][1].append(start)
     return out
 
 

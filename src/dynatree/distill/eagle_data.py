@@ -120,11 +120,15 @@ class EagleConfig(ChatDataConfig):
 def question_blocks(n: int, cfg: ChatDataConfig) -> list[list[tuple[str, str]]]:
     """The (topic, kind of request) seeds of `n` self-written questions, in blocks of `gen_batch`:
     the first blocks of a larger `n` are those of a smaller one (a saved block is named by its seeds)."""
-    rng = random.Random(cfg.seed)
-    seeds = [(t, a) for t in TOPICS for a in ASKS]
+    return _seed_blocks([(t, a) for t in TOPICS for a in ASKS], n, random.Random(cfg.seed), cfg.gen_batch)
+
+
+def _seed_blocks(seeds: list, n: int, rng: random.Random, batch: int) -> list[list]:
+    """`n` of `seeds` shuffled by `rng` (repeated in the same order when `n` is larger), in blocks of
+    `batch`: the first blocks of a larger `n` are those of a smaller one."""
     rng.shuffle(seeds)
     seeds = (seeds * (n // len(seeds) + 1))[:n]
-    return [seeds[start: start + cfg.gen_batch] for start in range(0, n, cfg.gen_batch)]
+    return [seeds[start: start + batch] for start in range(0, n, batch)]
 
 
 def question_path(parts: Path | None, target: LoadedModel, asked, block: int, cfg: ChatDataConfig) -> Path | None:
@@ -198,11 +202,8 @@ def document_blocks(n: int, cfg: ChatDataConfig) -> list[list[tuple[str, int, in
     """The (topic, kind of document, use) seeds of `n` self-written documents (indexes into
     chat.DOCUMENT_KINDS), in blocks of `gen_batch`: the first blocks of a larger `n` are those of a
     smaller one (a saved block is named by its seeds)."""
-    rng = random.Random(f"documents-{cfg.seed}")
     seeds = [(t, k, u) for t in TOPICS for k, (_, uses) in enumerate(DOCUMENT_KINDS) for u in range(len(uses))]
-    rng.shuffle(seeds)
-    seeds = (seeds * (n // len(seeds) + 1))[:n]
-    return [seeds[start: start + cfg.gen_batch] for start in range(0, n, cfg.gen_batch)]
+    return _seed_blocks(seeds, n, random.Random(f"documents-{cfg.seed}"), cfg.gen_batch)
 
 
 def document_path(parts: Path | None, target: LoadedModel, asked, block: int, cfg: ChatDataConfig) -> Path | None:
@@ -292,24 +293,32 @@ def read_answers(path: Path, target_name: str) -> tuple[list[list[int]], list[in
     return sequences, starts
 
 
-def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: ChatDataConfig,
-                         bar=None) -> tuple[list[list[int]], list[int]]:
-    """Token ids of every turn of every conversation asked in turn, with the target's own greedy
-    answers in the history: one sequence per turn (its prompt with history, then its answer), and
-    where each answer starts (the prompt's length)."""
+def answered_turns(target: LoadedModel, convs: list[list[str]], cfg: ChatDataConfig, batch: int,
+                   bar=None) -> list[tuple[int, list[int], int]]:
+    """Every turn of every conversation asked in turn, with the target's own greedy answers in the
+    history, `batch` prompts per generation: (conversation index, its prompt with history then its
+    answer, where the answer starts), turn by turn, conversations in order. A prompt over `l_max`
+    tokens is left out, with its conversation's later turns."""
     tok = target.tokenizer
     answers: list[list[str]] = [[] for _ in convs]
-    sequences, starts = [], []
+    out = []
     for turn in range(max(len(c) for c in convs)):
         asked = [i for i, c in enumerate(convs) if len(c) > turn and len(answers[i]) == turn]
         prompts = {i: chat_ids(tok, convs[i][: turn + 1], answers[i]) for i in asked}
         asked = [i for i in asked if len(prompts[i]) <= cfg.l_max]
-        replies = generate_batched(target, [prompts[i] for i in asked], cfg.max_new_tokens, cfg.gen_batch, bar)
+        replies = generate_batched(target, [prompts[i] for i in asked], cfg.max_new_tokens, batch, bar)
         for i, reply in zip(asked, replies):
             answers[i].append(tok.decode(reply, skip_special_tokens=True))
-            sequences.append(prompts[i] + reply)
-            starts.append(len(prompts[i]))
-    return sequences, starts
+            out.append((i, prompts[i] + reply, len(prompts[i])))
+    return out
+
+
+def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: ChatDataConfig,
+                         bar=None) -> tuple[list[list[int]], list[int]]:
+    """Token ids of every turn of every conversation (`answered_turns`, `gen_batch` at a time): one
+    sequence per turn (its prompt with history, then its answer), and where each answer starts."""
+    turns = answered_turns(target, convs, cfg, cfg.gen_batch, bar)
+    return [sequence for _, sequence, _ in turns], [start for _, _, start in turns]
 
 
 @torch.no_grad()
