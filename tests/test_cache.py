@@ -100,6 +100,44 @@ def test_slot_cache_grows_and_otherwise_writes_in_place(monkeypatch):
     assert_same_cache(ours, plain_cache(target.model, tokens[:10]))
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_layers_share_one_length_through_forwards_keep_and_crop(arch):
+    """Every layer of a cache holds the same entries count (`cache.Filled`, one object): after a
+    prefill, a tree step, `keep` and `crop` each layer's keys and values are views of exactly that
+    many slots, and the entries equal plain decoding's."""
+    target = tiny(arch)
+    cache = kv.new_cache(target.model)
+    assert len({id(layer.filled) for layer in cache.layers}) == 1
+    assert [layer.last for layer in cache.layers] == [False] * (len(cache.layers) - 1) + [True]
+    target.forward(cache, [3, 4, 5, 6], [0, 1, 2, 3], None)
+    allowed = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 1]], dtype=torch.bool)
+    target.forward(cache, [7, 8, 9], [4, 5, 5], target.masks(allowed, torch.tensor([4, 5, 5]), torch.tensor([0, 1, 2, 3, 4, 5, 5])))
+    for count in (7, 6, 2):
+        if count == 6:
+            kv.keep(cache, 4, torch.tensor([0, 2]))  # the path 7 -> 9
+        elif count == 2:
+            kv.crop(cache, 2)
+        assert kv.length(cache) == count
+        assert all(layer.length == count and layer.keys.shape[-2] == count == layer.values.shape[-2]
+                   for layer in cache.layers)
+    kv.keep(cache, 2, torch.empty(0, dtype=torch.long))
+    target.forward(cache, [5, 6, 7, 9], [2, 3, 4, 5], None)
+    assert_same_cache(cache, plain_cache(target.model, [3, 4, 5, 6, 7, 9]))
+    with pytest.raises(AttributeError, match="view of its buffer"):
+        cache.layers[0].keys = torch.zeros(1)
+
+
+def test_a_forward_that_does_not_advance_the_shared_length_is_an_error():
+    """The last layer's update advances the shared count; a model whose layers update the cache
+    otherwise (here: no layer marked last) is a one-line error after its forward, not a cache that
+    silently attends to the wrong entries."""
+    target = tiny("llama")
+    cache = kv.new_cache(target.model)
+    cache.layers[-1].last = False
+    with pytest.raises(DynaTreeError, match=r"left the cache at 0 entries, not 3"):
+        target.forward(cache, [3, 4, 5], [0, 1, 2], None)
+
+
 def test_recurrent_and_chunked_attention_caches_are_refused():
     """Sliding windows are masked (test_sliding.py); state that cannot be compacted by index is refused."""
     linear = AutoConfig.for_model("qwen3_next", num_hidden_layers=4, hidden_size=16, vocab_size=64)

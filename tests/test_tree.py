@@ -96,6 +96,25 @@ def test_root_only_tree_is_plain_decoding():
     assert greedy_accept(t, logits_predicting({0: 8}, n=1)) == ([], 8)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_greedy_accept_breaks_ties_at_the_first_maximal_token_as_argmax(dtype):
+    """Tied maxima (common in bfloat16 logits) go to the lowest token id, as `argmax` (plain greedy
+    decoding's rule) gives, for the root-only tree of plain decoding and for every row of a tree."""
+    gen = torch.Generator().manual_seed(3)
+    accepted = 0
+    for _ in range(200):
+        row = (torch.randn(1, 49152, generator=gen) * 0.4).round().to(dtype)  # many ties at the max
+        assert greedy_accept(TreeBuilder(5).build(), row) == ([], int(row[0].argmax()))
+        logits = (torch.randn(7, 17, generator=gen) * 0.4).round()
+        logits[:, 11:] += 1  # the drawn tree's tokens 11-16 tie often at the max
+        logits = logits.to(dtype)
+        pred = logits.argmax(dim=-1).tolist()
+        got = greedy_accept(drawn_tree(), logits)
+        assert got == greedy_accept(drawn_tree(), logits_predicting(dict(enumerate(pred)), vocab=17))
+        accepted += len(got[0]) > 0
+    assert accepted > 20  # paths were accepted, so ties inside the tree were judged too
+
+
 def test_builder_rejects_duplicate_siblings_and_zero_probability():
     b = TreeBuilder(1)
     assert b.add(0, 5, 0.5) == 1

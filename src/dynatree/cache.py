@@ -23,22 +23,59 @@ from .errors import DynaTreeError
 MIN_CAPACITY = 256  # slots a layer allocates at first; it doubles when a forward needs more
 
 
+class Filled:
+    """How many slots of a cache's layers hold entries: one count shared by every layer of a cache.
+
+    Every forward writes the same number of entries into each layer, so one count serves them all;
+    kept in one object, it is one symbolic size of a compiled step instead of one per layer (each an
+    argument and a returned value of the graph on every call)."""
+
+    def __init__(self):
+        self.count = 0
+
+
 class SlotLayer(CacheLayerMixin):
     """One layer's keys and values in preallocated buffers, written by index.
 
     `keys`/`values` are views of the first `length` slots of the buffers, shaped like a
-    `DynamicLayer`'s, so the model and the tests read them the same way.
+    `DynamicLayer`'s, so the model and the tests read them the same way. The layers of one cache
+    share their `length` (`Filled`): a forward writes its entries after the held ones in every
+    layer, and the `last` layer's update, the forward's final one, advances the shared count.
     """
 
     is_sliding = False
     is_croppable = True
 
-    def __init__(self, dtype: torch.dtype | None = None):
+    def __init__(self, dtype: torch.dtype | None = None, filled: Filled | None = None, last: bool = True):
         super().__init__()
         self.store_dtype = dtype  # the buffers' dtype; None: the model's key/value dtype
-        self.length = 0  # slots in use
+        self.filled = Filled() if filled is None else filled  # slots in use, shared by the cache's layers
+        self.last = last  # whether this layer is updated last in a forward (it advances `filled`)
         self.key_buf: torch.Tensor | None = None  # [batch, heads, capacity, head_dim]
         self.value_buf: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.filled.count
+
+    # views computed when read, never stored: a compiled step then returns no views of the buffers
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self.key_buf is None else self.key_buf[..., : self.filled.count, :]
+
+    @keys.setter
+    def keys(self, value) -> None:  # CacheLayerMixin.__init__ sets None
+        if value is not None:
+            raise AttributeError("SlotLayer.keys is a view of its buffer; write entries with update")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self.value_buf is None else self.value_buf[..., : self.filled.count, :]
+
+    @values.setter
+    def values(self, value) -> None:
+        if value is not None:
+            raise AttributeError("SlotLayer.values is a view of its buffer; write entries with update")
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = self.store_dtype or key_states.dtype, key_states.device
@@ -56,23 +93,18 @@ class SlotLayer(CacheLayerMixin):
         while capacity <= need:
             capacity *= 2
         self.key_buf, self.value_buf = (_grown(buf, capacity, self.length) for buf in (self.key_buf, self.value_buf))
-        self._expose()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
         self.reserve(n)
-        start = self.length
+        start = self.filled.count
         self.key_buf[..., start : start + n, :] = key_states
         self.value_buf[..., start : start + n, :] = value_states
-        self.length = start + n
-        self._expose()
-        return self.keys, self.values
-
-    def _expose(self) -> None:
-        self.keys = self.key_buf[..., : self.length, :]
-        self.values = self.value_buf[..., : self.length, :]
+        if self.last:
+            self.filled.count = start + n
+        return self.key_buf[..., : start + n, :], self.value_buf[..., : start + n, :]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0  # (kv length, kv offset) after this forward's entries
@@ -84,17 +116,14 @@ class SlotLayer(CacheLayerMixin):
         return -1  # no maximum: the buffers grow
 
     def reset(self) -> None:
-        self.length = 0
-        if self.is_initialized:
-            self._expose()
+        self.filled.count = 0
 
     def crop(self, tokens_to_remove: int) -> None:  # transformers' convention: a negative count
         self.truncate(max(0, self.length - abs(tokens_to_remove)))
 
     def truncate(self, length: int) -> None:
-        """Keep the first `length` entries."""
-        self.length = length
-        self._expose()
+        """Keep the first `length` entries (of every layer of the cache: the count is shared)."""
+        self.filled.count = length
 
 
 def _grown(buf: torch.Tensor, capacity: int, length: int) -> torch.Tensor:
@@ -147,7 +176,8 @@ def new_cache(model) -> Cache:
     # a model attending in float64 (attention.use_exact_attention) keeps its keys and values there:
     # converted once when written, instead of the whole cache at every step
     dtype = torch.float64 if model.config._attn_implementation == EXACT_SDPA else None
-    return Cache(layers=[SlotLayer(dtype) for _ in layers])
+    filled = Filled()
+    return Cache(layers=[SlotLayer(dtype, filled, last=i == len(layers) - 1) for i in range(len(layers))])
 
 
 def reserve(cache: Cache, n: int) -> None:
@@ -155,6 +185,15 @@ def reserve(cache: Cache, n: int) -> None:
     for layer in cache.layers:
         if isinstance(layer, SlotLayer) and layer.is_initialized:
             layer.reserve(n)
+
+
+def check_advanced(cache: Cache, held: int, n: int, model: str) -> None:
+    """After a forward of `n` tokens on a cache that held `held`: the shared count must have moved by
+    `n`, which holds when the forward updated every layer, the last one last (`SlotLayer.last`).
+    A model whose layers update otherwise is an error here, not a cache that reads wrong entries."""
+    if isinstance(cache.layers[-1], SlotLayer) and length(cache) != held + n:
+        raise DynaTreeError(f"{model}: a forward of {n} tokens left the cache at {length(cache)} entries, not "
+                            f"{held + n}: its layers did not each update the cache once, the last one last")
 
 
 def length(cache: Cache) -> int:

@@ -27,13 +27,14 @@ from .tree import additive_mask
 
 # Graphs torch.compile may build per function before it falls back to eager (see `LoadedModel.compiled`).
 RECOMPILE_LIMIT = 64
-# What dynamo makes symbolic from the first compile (torch.compiler.config.dynamic_sources): every
-# cache layer's length and a step's token count. Left to dynamo, each kind of step compiled twice:
+# What dynamo makes symbolic from the first compile (torch.compiler.config.dynamic_sources): the
+# cache's entry count (one object shared by its layers, `cache.Filled`, read through each layer: one
+# symbol, not one per layer) and a step's token count. Left to dynamo, each kind of step compiled twice:
 # once with static sizes, then again at the next step with these sizes symbolic.
 # Entries are regular expressions (an optional ":dim" suffix names one dimension). The setting is
 # process-wide: it adds these names to whatever the user set, and touches no other source.
 DYNAMIC_SOURCES = (
-    r"L\['kwargs'\]\['(cache|past_key_values)'\]\.layers\[\d+\]\.length",
+    r"L\['kwargs'\]\['(cache|past_key_values)'\]\.layers\[\d+\]\.filled\.count",
     *(re.escape(f"L['kwargs']['{name}']") + f":{dim}"
       for name, dim in (("input_ids", 1), ("position_ids", 1), ("attention_mask", 2), ("attention_mask", 3))),
     # per-layer-type masks of sliding-window models (see `LoadedModel.masks`)
@@ -220,6 +221,7 @@ class LoadedModel:
         device = self.device
         model = self.model
         kv.reserve(cache, len(ids))  # room for the new entries, so a compiled forward never reallocates
+        held = kv.length(cache)
         if (self.compile if compiled is None else compiled) and not last_only:
             model = self.compiled()
         # BLOOM takes a tree's mask through its mask builder, not as an argument (attention.use_slot_alibi)
@@ -234,6 +236,7 @@ class LoadedModel:
                 **({"logits_to_keep": 1} if last_only else {}),
                 **({"output_hidden_states": True} if hidden else {}),
             )
+        kv.check_advanced(cache, held, len(ids), self.name)
         return (out.logits[0], out.hidden_states[-1][0]) if hidden else out.logits[0]
 
     def compiled(self):
