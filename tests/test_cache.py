@@ -123,18 +123,21 @@ def test_layers_share_one_length_through_forwards_keep_and_crop(arch):
     kv.keep(cache, 2, torch.empty(0, dtype=torch.long))
     target.forward(cache, [5, 6, 7, 9], [2, 3, 4, 5], None)
     assert_same_cache(cache, plain_cache(target.model, [3, 4, 5, 6, 7, 9]))
+    cache.crop(-2)  # transformers' own crop calls every layer's: the shared count drops by 2, once
+    assert kv.length(cache) == 4
+    assert_same_cache(cache, plain_cache(target.model, [3, 4, 5, 6]))
     with pytest.raises(AttributeError, match="view of its buffer"):
         cache.layers[0].keys = torch.zeros(1)
 
 
 def test_a_forward_that_does_not_advance_the_shared_length_is_an_error():
-    """The last layer's update advances the shared count; a model whose layers update the cache
-    otherwise (here: no layer marked last) is a one-line error after its forward, not a cache that
+    """The last layer's update advances the shared count; a model whose last cache layer is not
+    updated so (here: no layer marked last) is a one-line error after its forward, not a cache that
     silently attends to the wrong entries."""
     target = tiny("llama")
     cache = kv.new_cache(target.model)
     cache.layers[-1].last = False
-    with pytest.raises(DynaTreeError, match=r"left the cache at 0 entries, not 3"):
+    with pytest.raises(DynaTreeError, match=r"left the cache at 0 entries, not 3: its last cache layer"):
         target.forward(cache, [3, 4, 5], [0, 1, 2], None)
 
 

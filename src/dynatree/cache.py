@@ -40,7 +40,9 @@ class SlotLayer(CacheLayerMixin):
     `keys`/`values` are views of the first `length` slots of the buffers, shaped like a
     `DynamicLayer`'s, so the model and the tests read them the same way. The layers of one cache
     share their `length` (`Filled`): a forward writes its entries after the held ones in every
-    layer, and the `last` layer's update, the forward's final one, advances the shared count.
+    layer, and the `last` layer's update, the forward's final one, advances the shared count. So
+    `keys`/`values`/`length` describe the cache between forwards; inside one, a layer attends to
+    what its `update` returns (the held entries and this forward's).
     """
 
     is_sliding = False
@@ -119,7 +121,9 @@ class SlotLayer(CacheLayerMixin):
         self.filled.count = 0
 
     def crop(self, tokens_to_remove: int) -> None:  # transformers' convention: a negative count
-        self.truncate(max(0, self.length - abs(tokens_to_remove)))
+        # transformers' Cache.crop calls every layer's: the shared count is cut once, by the last layer
+        if self.last:
+            self.truncate(max(0, self.length - abs(tokens_to_remove)))
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` entries (of every layer of the cache: the count is shared)."""
@@ -189,11 +193,13 @@ def reserve(cache: Cache, n: int) -> None:
 
 def check_advanced(cache: Cache, held: int, n: int, model: str) -> None:
     """After a forward of `n` tokens on a cache that held `held`: the shared count must have moved by
-    `n`, which holds when the forward updated every layer, the last one last (`SlotLayer.last`).
-    A model whose layers update otherwise is an error here, not a cache that reads wrong entries."""
+    `n`, which it does when the last layer (`SlotLayer.last`) was updated once with the forward's `n`
+    entries. A model whose last cache layer is not updated so is an error here, not a cache that reads
+    wrong entries. (Other orders, a layer skipped or updated twice, are not seen here; the probe's
+    eager check against plain decoding refuses such a model at load.)"""
     if isinstance(cache.layers[-1], SlotLayer) and length(cache) != held + n:
         raise DynaTreeError(f"{model}: a forward of {n} tokens left the cache at {length(cache)} entries, not "
-                            f"{held + n}: its layers did not each update the cache once, the last one last")
+                            f"{held + n}: its last cache layer was not updated once with the forward's entries")
 
 
 def length(cache: Cache) -> int:

@@ -3,7 +3,8 @@ the cache as shipped (one length shared by every layer, `cache.Filled`) and the 
 length per layer, each a symbolic input and a returned value of the graph), kept at OLD_CACHE (the
 previous cache.py, imported as a module of its own). Same logits bit for bit?
 
-  OLD_CACHE=/tmp/oldcache.py CONTEXT=300 python docs/results/shared-length/ab.py
+  git show 1789664:src/dynatree/cache.py | sed 's/from \./from dynatree./' > /tmp/oldcache.py
+  OLD_CACHE=/tmp/oldcache.py CONTEXT=300 python docs/results/shared-length/ab.py    (output: ab.txt)
 """
 import importlib.util
 import os
