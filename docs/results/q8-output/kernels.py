@@ -5,23 +5,15 @@ output row (`torch._weight_int8pack_mm`, what `--weights int8` runs; not the fil
 
   python docs/results/q8-output/kernels.py     # medians of interleaved blocks, ms per call
 """
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 from dynatree.kernels import PackedLinear
 
-
-def interleaved(runs: dict, blocks: int, calls: int) -> dict:
-    times = {name: [] for name in runs}
-    for _ in range(blocks):
-        for name, f in runs.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                f()
-            times[name].append((time.perf_counter() - start) / calls * 1e3)
-    return {name: statistics.median(v) for name, v in times.items()}
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "q4-step-profile"))
+from step import interleaved  # noqa: E402  (medians of interleaved blocks, ms per call)
 
 
 def main():
