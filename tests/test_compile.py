@@ -94,7 +94,7 @@ def test_compiled_steps_read_the_weights_on_every_call():
 
 @pytest.mark.skipif(not ON_CPU, reason="switches oneDNN's packed linears, which exist on the CPU only")
 def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_recompiles(monkeypatch):
-    kept_types, dropped_types = set(), set()
+    kept_types, dropped_types, dropped_type_matches = set(), set(), []
     module_guards = runtime.module_guards
 
     def spy(entries):
@@ -102,6 +102,8 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
         for e, k in zip(entries, keep):
             if e.orig_guard.source.is_unspecialized_nn_module():
                 (kept_types if k else dropped_types).add(e.guard_type)
+                if not k and e.guard_type == "TYPE_MATCH":
+                    dropped_type_matches.append(e.name)
         return keep
 
     base = tiny("llama", seed=4, dtype=torch.float32)
@@ -113,12 +115,33 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
                                ignore_eos=True, compile=True).new_token_ids
     expected = hf_greedy(target, prompt, 6)
     assert run() == expected
-    assert dropped_types == runtime.SKIPPED_MODULE_GUARDS  # all four kinds occur on a transformers model
+    # all four kinds occur on a transformers model, and the type checks of the modules' own dicts
+    assert dropped_types == runtime.SKIPPED_MODULE_GUARDS | {"TYPE_MATCH"}
+    assert all(name.endswith(runtime.MODULE_DICTS) for name in dropped_type_matches)
     assert "CONSTANT_MATCH" in kept_types  # attribute values such as PackedLinear.enabled stay guarded
+    assert "TYPE_MATCH" in kept_types  # the modules' own types stay guarded
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     with stock_linears(target.model):  # enabled=False must fail a kept guard: a new graph on F.linear
         assert run() == expected
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+
+
+def test_a_submodule_replaced_by_another_kind_after_compiling_recompiles():
+    """`module_guards` drops the checks that each module's `_modules` is still a dict, not the type
+    checks of what it holds: a submodule replaced after a compiled run must build a new graph."""
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-swap", eos_ids=[])
+    torch._dynamo.reset()
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30]
+    run = lambda: api.generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=8,  # noqa: E731
+                               ignore_eos=True, compile=True).new_token_ids
+    before = run()
+    assert before == hf_greedy(target, prompt, 8)
+    for layer in target.model.model.layers:
+        layer.mlp.act_fn = torch.nn.Tanh()
+    expected = hf_greedy(target, prompt, 8)
+    assert expected != before  # the swap changes the tokens, so the old graph would be seen
+    assert run() == expected
 
 
 def test_dynatree_graphs_leave_inductors_runtime_asserts_out(monkeypatch):
