@@ -11,6 +11,7 @@ drops the rest, so no second target pass is needed to rebuild the cache.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -189,6 +190,17 @@ def reserve(cache: Cache, n: int) -> None:
     for layer in cache.layers:
         if isinstance(layer, SlotLayer) and layer.is_initialized:
             layer.reserve(n)
+
+
+@contextlib.contextmanager
+def advancing(cache: Cache, n: int, model: str):
+    """Around one forward of `n` tokens on `cache`: room for its entries first (`reserve`, so a
+    compiled forward never reallocates), and once it has run, `check_advanced` (the cache must hold
+    `n` entries more). `model` names the model in the error."""
+    reserve(cache, n)
+    held = length(cache)
+    yield
+    check_advanced(cache, held, n, model)
 
 
 def check_advanced(cache: Cache, held: int, n: int, model: str) -> None:

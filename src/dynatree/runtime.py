@@ -227,13 +227,11 @@ class LoadedModel:
         """
         device = self.device
         model = self.model
-        kv.reserve(cache, len(ids))  # room for the new entries, so a compiled forward never reallocates
-        held = kv.length(cache)
         if (self.compile if compiled is None else compiled) and not last_only:
             model = self.compiled()
         # BLOOM takes a tree's mask through its mask builder, not as an argument (attention.use_slot_alibi)
         aside = self.alibi_slopes is not None and mask is not None
-        with tree_mask(mask) if aside else contextlib.nullcontext():
+        with kv.advancing(cache, len(ids), self.name), tree_mask(mask) if aside else contextlib.nullcontext():
             out = model(
                 input_ids=torch.tensor([ids], device=device),
                 position_ids=torch.tensor([positions], device=device),
@@ -243,7 +241,6 @@ class LoadedModel:
                 **({"logits_to_keep": 1} if last_only else {}),
                 **({"output_hidden_states": True} if hidden else {}),
             )
-        kv.check_advanced(cache, held, len(ids), self.name)
         return (out.logits[0], out.hidden_states[-1][0]) if hidden else out.logits[0]
 
     def compiled(self):

@@ -126,14 +126,12 @@ class FeatureDrafter:
         if self.window is not None:
             allowed = allowed & self.window.visible(torch.tensor(positions), torch.tensor(key_pos))
         device = self.out_rows.device
-        kv.reserve(self.cache, len(ids))
-        held = kv.length(self.cache)
         embeds = self.embed(torch.tensor([ids], device=device)).to(self.out_rows.dtype)
         mask = additive_mask(allowed, self.out_rows.dtype, device)
         self.calls += 1
-        out = self.head(embeds, features.to(self.out_rows.dtype)[None], torch.tensor([positions], device=device),
-                        mask, self.cache)
-        kv.check_advanced(self.cache, held, len(ids), self.head.name)
+        with kv.advancing(self.cache, len(ids), self.head.name):
+            out = self.head(embeds, features.to(self.out_rows.dtype)[None], torch.tensor([positions], device=device),
+                            mask, self.cache)
         return out[0]
 
 
