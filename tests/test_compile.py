@@ -129,8 +129,8 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
 def test_a_submodule_replaced_by_another_kind_after_compiling_recompiles():
     """`module_guards` drops the checks that each module's `_modules` is still a dict, not the type
     checks of what it holds: a submodule replaced after a compiled run must build a new graph."""
-    base = tiny("llama", seed=4, dtype=torch.float32)
-    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-swap", eos_ids=[])
+    base = tiny("llama", seed=4, dtype=torch.float32)  # shared: the swap below happens on a copy
+    target = LoadedModel(model=copy.deepcopy(base.model), tokenizer=base.tokenizer, name="tiny-swap", eos_ids=[])
     torch._dynamo.reset()
     prompt = [5, 9, 14, 9, 5, 9, 14, 30]
     run = lambda: api.generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=8,  # noqa: E731
