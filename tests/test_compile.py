@@ -103,7 +103,7 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
             if e.orig_guard.source.is_unspecialized_nn_module():
                 (kept_types if k else dropped_types).add(e.guard_type)
                 if not k and e.guard_type == "TYPE_MATCH":
-                    dropped_type_matches.append(e.name)
+                    dropped_type_matches.append((e.name, e.value if e.has_value else None))
         return keep
 
     base = tiny("llama", seed=4, dtype=torch.float32)
@@ -117,7 +117,9 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
     assert run() == expected
     # all four kinds occur on a transformers model, and the type checks of the modules' own dicts
     assert dropped_types == runtime.SKIPPED_MODULE_GUARDS | {"TYPE_MATCH"}
-    assert all(name.endswith(runtime.MODULE_DICTS) for name in dropped_type_matches)
+    # ... and only those: each dropped type check guarded a dict that a module keeps as its own
+    assert dropped_type_matches and all(isinstance(value, dict) and name.endswith(runtime.MODULE_DICTS)
+                                        for name, value in dropped_type_matches)
     assert "CONSTANT_MATCH" in kept_types  # attribute values such as PackedLinear.enabled stay guarded
     assert "TYPE_MATCH" in kept_types  # the modules' own types stay guarded
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -128,7 +130,8 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
 
 def test_a_submodule_replaced_by_another_kind_after_compiling_recompiles():
     """`module_guards` drops the checks that each module's `_modules` is still a dict, not the type
-    checks of what it holds: a submodule replaced after a compiled run must build a new graph."""
+    checks of what it holds: a submodule replaced after a compiled run must build a new graph.
+    (Checked to fail when every type check on the modules is dropped: the old graph's tokens.)"""
     base = tiny("llama", seed=4, dtype=torch.float32)  # shared: the swap below happens on a copy
     target = LoadedModel(model=copy.deepcopy(base.model), tokenizer=base.tokenizer, name="tiny-swap", eos_ids=[])
     torch._dynamo.reset()
@@ -140,8 +143,11 @@ def test_a_submodule_replaced_by_another_kind_after_compiling_recompiles():
     for layer in target.model.model.layers:
         layer.mlp.act_fn = torch.nn.Tanh()
     expected = hf_greedy(target, prompt, 8)
-    assert expected != before  # the swap changes the tokens, so the old graph would be seen
+    assert expected != before  # the swap changes the tokens
+    graphs = runtime.compiled_graphs()
     assert run() == expected
+    assert runtime.compiled_graphs() > graphs  # a new graph, not the old one reused
+    torch._dynamo.reset()  # the copy's graphs
 
 
 def test_dynatree_graphs_leave_inductors_runtime_asserts_out(monkeypatch):

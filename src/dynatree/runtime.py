@@ -95,7 +95,9 @@ def wrapper_options(device: torch.device) -> dict:
 SKIPPED_MODULE_GUARDS = frozenset({"EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT", "TENSOR_MATCH",
                                    "DICT_NOT_CONTAINS"})
 # nn.Module's own bookkeeping dicts, whose type dynamo checks on every module of the model before every
-# call (TYPE_MATCH: "is still a dict"); nn.Module.__init__ makes them dicts and nothing replaces them.
+# call (TYPE_MATCH: "is still a dict"). nn.Module makes them dicts; torch's containers may swap `_modules`
+# for an OrderedDict (deleting an item), which the traced code reads the same way; what they hold (keys,
+# each submodule's type) stays guarded.
 MODULE_DICTS = ("._modules", "._parameters", "._buffers")
 
 
@@ -106,7 +108,7 @@ def module_guards(entries) -> list[bool]:
     that no instance attribute shadows a class one, the weights' shapes and strides (a loaded
     model's weights keep their shapes and layout for its whole life; their values are read on every
     call), and that each module's `_modules`/`_parameters`/`_buffers` is still a dict (what they
-    hold stays guarded): on SmolLM2's one-token step 2641 of 7423 guards stay. Kept: attribute values
+    hold stays guarded): on SmolLM2's compiled q4 one-token step 2641 of 7423 guards stay. Kept: attribute values
     (PackedLinear.enabled, the config's attention implementation, training), each module's type
     (a submodule replaced by another kind recompiles), and every guard on the inputs (ids,
     positions, mask, KV cache), so switching kernels or attention still recompiles.
@@ -257,7 +259,8 @@ class LoadedModel:
         compiled twice, first with static sizes). The recompile limit is raised to
         RECOMPILE_LIMIT anyway, so switching kernels or attention never silently falls back to
         eager. Before every call dynamo checks its guards; `module_guards` leaves out those on the
-        modules' hooks, instance dicts and weight metadata (docs/benchmarks.md has the measurement).
+        modules' hooks, instance dicts, weight metadata and the types of their own dicts
+        (docs/benchmarks.md has the measurements).
         """
         if self._compiled is None:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
