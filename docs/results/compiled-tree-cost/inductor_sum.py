@@ -1,6 +1,7 @@
 """Compiled cost curve of the float32 target as shipped (`base`), or with multi-row linears written as a
-multiply-sum with the weight outermost for inductor (`wouter`); then tree rows vs one-token steps.
-    python docs/results/compiled-tree-cost/inductor_sum.py base|wouter   (README.md beside this file)"""
+multiply-sum with the weight outermost for inductor (`wouter`: [N, M, K] summed over K; `kinner`: [N, K, M]
+summed over K, the rows innermost, 2026-11-27); then tree rows vs one-token steps.
+    python docs/results/compiled-tree-cost/inductor_sum.py base|wouter|kinner   (README.md beside this file)"""
 import torch, sys
 from dynatree.models import load_model
 from dynatree import costmeasure, kernels
@@ -9,12 +10,12 @@ orig = kernels.PackedLinear.forward
 def forward(self, x):
     if torch.compiler.is_compiling() and x.dtype == torch.float32 and not torch.is_grad_enabled():
         rows = x.numel() // x.shape[-1]
-        if MODE == "wouter" or rows == 1:
+        if MODE in ("wouter", "kinner") or rows == 1:
             if rows == 1:
                 y = (x.unsqueeze(-2) * self.weight).sum(-1)
             else:
                 x2 = x.reshape(-1, x.shape[-1])
-                y = (self.weight.unsqueeze(1) * x2.unsqueeze(0)).sum(-1).t().reshape(*x.shape[:-1], -1)
+                y = ((self.weight.unsqueeze(1) * x2.unsqueeze(0)).sum(-1) if MODE == "wouter" else (self.weight[:, :, None] * x2.t()[None]).sum(1)).t().reshape(*x.shape[:-1], -1)
             return y if self.bias is None else y + self.bias
     return orig(self, x)
 kernels.PackedLinear.forward = forward
@@ -34,4 +35,4 @@ with torch.no_grad():
     tree = t.forward(cache, ids, list(range(300, 304)), t.masks(allowed, torch.arange(300, 304), torch.arange(304)), compiled=True)
     kv.crop(cache, 300)
     one = torch.cat([t.forward(cache, [i], [300 + k], None, compiled=True) for k, i in enumerate(ids)])
-    print("max diff tree vs steps", (tree - one).abs().max().item(), "argmax equal", bool((tree.argmax(-1) == one.argmax(-1)).all()))
+    print("max diff tree vs steps", (tree - one).abs().max().item(), "bit-equal", torch.equal(tree, one), "argmax equal", bool((tree.argmax(-1) == one.argmax(-1)).all()))
