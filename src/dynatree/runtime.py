@@ -233,7 +233,7 @@ class LoadedModel:
             model = self.compiled()
         # BLOOM takes a tree's mask through its mask builder, not as an argument (attention.use_slot_alibi)
         aside = self.alibi_slopes is not None and mask is not None
-        with kv.advancing(cache, len(ids), self.name), tree_mask(mask) if aside else contextlib.nullcontext():
+        with kv.advancing(cache, len(ids), self.name), (tree_mask(mask) if aside else contextlib.nullcontext()):
             out = model(
                 input_ids=torch.tensor([ids], device=device),
                 position_ids=torch.tensor([positions], device=device),
