@@ -5,6 +5,8 @@
   python docs/results/compiled-tree-cost/rows_inner.py block    the same form after an RMSNorm inside the graph,
                                                                as in the model, plain and behind an opaque copy
   python docs/results/compiled-tree-cost/rows_inner.py q4       the int4 kernel vs a row-inner dequantize-multiply-sum
+  python docs/results/compiled-tree-cost/rows_inner.py nmk      the block with [N, M, K] products behind an opaque
+                                                               contiguous copy, against the one-row multiply-sum
 """
 import statistics
 import sys
@@ -56,27 +58,55 @@ def alone():
               f" rows equal to the 16-row call's: {same}")
 
 
-def block():
-    lib = torch.library.Library("rows_inner", "DEF")  # an opaque copy: inductor cannot inline the norm into the sum
-    lib.define("copy_t(Tensor x) -> Tensor")
-    lib.impl("copy_t", lambda x: x.t().contiguous(), "CPU")
-    torch.library.register_fake("rows_inner::copy_t", lambda x: x.new_empty(x.shape[1], x.shape[0]))
-    g, w1, w2 = torch.rand(576) + 0.5, torch.randn(1536, 576) * 0.02, torch.randn(576, 1536) * 0.02
-    for opaque in (False, True):
-        def lin(x, w):
-            xt = torch.ops.rows_inner.copy_t(x) if opaque else x.t()
-            return (w[:, :, None] * xt[None]).sum(1).t()
+def _layers(lin):
+    """10 norm, up and down blocks (20 layers) with the weights fixed in the graph, as a model's are
+    (the same weights on every call)."""
+    gen = torch.Generator().manual_seed(0)
+    g = torch.rand(576, generator=gen) + 0.5
+    w1, w2 = torch.randn(1536, 576, generator=gen) * 0.02, torch.randn(576, 1536, generator=gen) * 0.02
 
-        def layers(h):  # 10 norm + up + down blocks: 20 layers
-            for _ in range(10):
-                x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * g
-                h = h + lin(torch.nn.functional.silu(lin(x, w1)), w2)
-            return h
-        compiled = torch.compile(layers)
+    def layers(h):
+        for _ in range(10):
+            x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * g
+            h = h + lin(torch.nn.functional.silu(lin(x, w1)), w2)
+        return h
+    return layers
+
+
+def _opaque(name, impl, fake):  # an operator inductor cannot see into: the rows are materialized before the product
+    lib = torch.library.Library(name, "DEF")
+    lib.define("copy(Tensor x) -> Tensor")
+    lib.impl("copy", impl, "CPU")
+    torch.library.register_fake(f"{name}::copy", fake)
+    return lib, getattr(torch.ops, name).copy
+
+
+def _rows(m):
+    x = torch.randn(m, 576)
+    torch._dynamo.mark_dynamic(x, 0)
+    return x
+
+
+def block():
+    lib, copy_t = _opaque("rows_inner", lambda x: x.t().contiguous(), lambda x: x.new_empty(x.shape[1], x.shape[0]))
+    for opaque in (False, True):
+        compiled = torch.compile(_layers(lambda x, w: (w[:, :, None] * (copy_t(x) if opaque else x.t())[None]).sum(1).t()))
         for m in (2, 4, 8):
-            x = torch.randn(m, 576)
-            torch._dynamo.mark_dynamic(x, 0)
-            print(f"{'opaque copy' if opaque else 'plain'}, {m} rows: {bench(compiled, x, 10):.2f} ms for 20 layers")
+            print(f"{'opaque copy' if opaque else 'plain'}, {m} rows: {bench(compiled, _rows(m), 10):.2f} ms for 20 layers")
+
+
+def nmk():
+    lib, copy = _opaque("rows_nmk", lambda x: x.contiguous().clone(), lambda x: x.new_empty(x.shape))
+    many = torch.compile(_layers(lambda x, w: (w[:, None, :] * copy(x)[None]).sum(-1).t()))
+    one = torch.compile(_layers(lambda x, w: (x.unsqueeze(-2) * w).sum(-1)))
+    h8 = _rows(8)
+    full = many(h8)
+    print(f"1 row (the one-row multiply-sum): {bench(one, h8[:1]):.2f} ms for 20 layers")
+    for m in (2, 4, 8):
+        print(f"{m} rows: {bench(many, _rows(m)):.2f} ms for 20 layers")
+    rows_one = torch.cat([one(h8[i : i + 1]) for i in range(8)])
+    print("rows bit-equal to the one-row graph's:", torch.equal(full, rows_one),
+          f"(max difference {(full - rows_one).abs().max().item():.1e})")
 
 
 def q4():
@@ -112,4 +142,4 @@ def q4():
 
 
 if __name__ == "__main__":
-    {"alone": alone, "block": block, "q4": q4}[sys.argv[1]]()
+    {"alone": alone, "block": block, "q4": q4, "nmk": nmk}[sys.argv[1]]()
