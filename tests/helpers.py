@@ -207,6 +207,9 @@ class ScriptedDrafter:
     def without_model(self):
         return None
 
+    def warm_up(self):
+        return 0.0  # nothing compiled
+
 
 def chi_square_pvalue(counts: dict, expected: dict[tuple, float], n: int) -> float:
     """Goodness of fit; cells expecting fewer than 5 samples are pooled into one."""

@@ -12,7 +12,7 @@ from torch._dynamo.variables import builder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import ON_CPU, VOCAB, examples, hf_greedy, noisy_copy, tiny
+from helpers import ON_CPU, VOCAB, examples, hf_greedy, noisy_copy, random_head, tiny
 from dynatree import api, runtime
 from dynatree import cache as kv
 from dynatree.kernels import stock_linears
@@ -358,3 +358,75 @@ def test_compiled_float32_commits_the_targets_argmax(case):
     chosen = logits.gather(1, torch.tensor(rec.new_token_ids, device=target.device)[:, None])[:, 0]
     margin = 1e-4 * (1.0 + logits.abs().amax(dim=1))
     assert bool((chosen >= logits.amax(dim=1) - margin).all()), (arch, method, prompt)
+
+
+def _drafter(kind: str, target: LoadedModel, compile: bool):
+    """A feature head's or a draft LM's drafter for `target` (tiny llama, float32), compiled or not."""
+    from dynatree.drafters import FeatureDrafter, LMDrafter
+
+    if kind == "feature":
+        return FeatureDrafter(random_head(target.name, "head-compiled", 7, dtype=torch.float32), target, compile=compile)
+    return LMDrafter(noisy_copy("llama", 0, 0.08, dtype=torch.float32), target.vocab_size, compile=compile)
+
+
+@pytest.mark.parametrize("kind", ["feature", "lm"])
+def test_compiled_drafters_build_their_graphs_before_the_clock_and_stay_exact(kind):
+    """Under --compile the drafter's model steps are compiled too (all but the first forward of a
+    sequence, which feeds the prompt): their graphs (one masked token, several) are built by the
+    decoder's warm-up, none inside the timings, none on a second run; tokens stay plain greedy's
+    and the drafter proposes what its eager twin proposes."""
+    from dynatree import Decoder, make_config
+    from dynatree.methods import METHODS
+
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-draft-target", eos_ids=[])
+    torch._dynamo.reset()
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]
+    config = make_config("fixed-tree", depth=3, branch=2, tau=0.0)
+    drafter = _drafter(kind, target, compile=True)
+    before = runtime.compiled_graphs()
+    decoder = Decoder(target, METHODS["fixed-tree"].policy_cls(config), drafter, compile=True)
+    first = decoder.generate(prompt, 30, ignore_eos=True)
+    drafter_graphs = runtime.compiled_graphs() - before - 2  # the target's: one-token steps and trees
+    assert drafter_graphs == 2 if PER_DIM_SOURCES else 2 <= drafter_graphs <= 4
+    assert first.stats.compile_s > 0 and first.stats.graphs_compiled_while_timed == 0
+    assert first.new_tokens == hf_greedy(target, prompt, 30)
+    again = Decoder(target, METHODS["fixed-tree"].policy_cls(config), drafter, compile=True).generate(prompt, 30, ignore_eos=True)
+    assert again.stats.compile_s == 0.0 and again.stats.graphs_compiled_while_timed == 0
+    assert again.new_tokens == first.new_tokens
+
+    eager_drafter = _drafter(kind, target, compile=False)  # the same weights, built from the same seed
+    eager = Decoder(target, METHODS["fixed-tree"].policy_cls(config), eager_drafter).generate(prompt, 30, ignore_eos=True)
+    assert eager.new_tokens == first.new_tokens
+    assert (eager.stats.drafted_tokens, eager.stats.accepted_tokens) == (first.stats.drafted_tokens,
+                                                                         first.stats.accepted_tokens)
+
+
+def test_a_compiled_head_computes_what_the_eager_head_does_and_copies_leave_it_behind():
+    """The head's compiled forward on a cache, with a tree's mask, gives the eager forward's features
+    (float32 rounding apart); a deep copy of a compiled head compiles its own wrapper."""
+    from dynatree.tree import additive_mask
+
+    head = random_head("tiny", "head-compiled-vs-eager", 11, dtype=torch.float32)
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    outs, before = [], runtime.compiled_graphs()
+    for forward in (head, head.compiled()):
+        cache = kv.new_cache(head.body)
+        with torch.no_grad():
+            for held, n in ((0, 6), (6, 1), (7, 3)):  # the prompt (eager, as a drafter feeds it), one token, a level
+                gen.manual_seed(held)
+                allowed = torch.ones(n, held + n, dtype=torch.bool).tril(held)
+                allowed[-1, held] = n == 1  # in the level of 3, the last node does not see the first
+                with kv.advancing(cache, n, head.name):
+                    out = (head if held == 0 else forward)(
+                        embeds=torch.randn(1, n, 32, generator=gen), features=torch.randn(1, n, 32, generator=gen),
+                        positions=torch.tensor([list(range(held, held + n))]),
+                        mask=additive_mask(allowed, torch.float32, torch.device("cpu")), cache=cache)
+                outs.append(out)
+    assert runtime.compiled_graphs() - before >= 2  # the compiled forward built its graphs (one token, several)
+    for eager, compiled in zip(outs[:3], outs[3:]):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    twin = copy.deepcopy(head)
+    assert "_compiled" in head.__dict__ and "_compiled" not in twin.__dict__
+    assert twin.compiled() is not head.compiled()

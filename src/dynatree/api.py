@@ -98,7 +98,8 @@ class Prepared:
         """A fresh policy, drafter and sampler for one run, seeded by `seed` (dynatree's methods only)."""
         torch.manual_seed(self.seed)
         policy = get_method(self.method).policy_cls(self.config)
-        drafter = None if self.draft is None else make_drafter(self.draft, self.target, self.ngram_max, self.window)
+        drafter = None if self.draft is None else make_drafter(self.draft, self.target, self.ngram_max, self.window,
+                                                               compile=self.compile)
         sampler = Sampler(self.sampling, self.seed) if self.sampling is not None else None
         return Decoder(self.target, policy, drafter, self.window, sampler, compile=self.compile)
 

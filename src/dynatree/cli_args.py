@@ -99,9 +99,9 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
                              "stock kernels; auto = onednn on the CPU unless the second copy of the weights takes "
                              "over a quarter of the RAM (hf-* always run stock) [auto]")
     parser.add_argument("--compile", action="store_true",
-                        help="run the target's decode steps through torch.compile (our methods, and hf-ar with a static "
-                             "cache; the first "
-                             "steps compile for minutes, later runs reuse the on-disk cache) [off]")
+                        help="run the target's and the draft's decode steps through torch.compile (our methods, and "
+                             "hf-ar with a static cache; the first steps compile for minutes, later runs reuse the "
+                             "on-disk cache) [off]")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -91,6 +91,7 @@ class Decoder:
         starts where the timings do."""
         hidden = self.drafter is not None and self.drafter.uses_target_hidden
         self._compile_s = (self.target.warm_up(self._step_kinds(), hidden)
+                           + (self.drafter.warm_up() if self.drafter is not None else 0.0)
                            if self.compile and max_new_tokens > 1 else 0.0)
         curve = None  # the target's verification cost (seconds)
         if self.policy.uses_cost_curve:

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from .draftspec import HEAD_CONFIG_FILE
 from .errors import DynaTreeError
 from .kernels import use_packed_linears
-from .runtime import cache_kwarg
+from .runtime import cache_kwarg, compile_module
 
 CONFIG_FILE = HEAD_CONFIG_FILE
 WEIGHTS_FILE = "head.safetensors"
@@ -88,6 +88,7 @@ class FeatureHead(torch.nn.Module):
                            bos_token_id=None, eos_token_id=None, pad_token_id=None)
         body._attn_implementation = "sdpa"
         self.body = LlamaModel(body)  # its 1-row token embedding is never used: inputs come as embeddings
+        self.cache_kwarg = cache_kwarg(self.body)  # the name the body takes its KV cache by (read once, not traced)
         self.register_buffer("vocab_ids", vocab_ids.long().clone())  # target ids of the sub-vocabulary rows
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
@@ -96,9 +97,23 @@ class FeatureHead(torch.nn.Module):
         follow `features` [batch, n, hidden] (one position earlier each), at `positions` [batch, n];
         `mask` a 4-D additive mask or None (causal); `cache` the head's KV cache or None."""
         x = self.fc(torch.cat([embeds, features], dim=-1))
-        out = self.body(inputs_embeds=x, position_ids=positions, attention_mask=mask, **{cache_kwarg(self.body): cache},
+        out = self.body(inputs_embeds=x, position_ids=positions, attention_mask=mask, **{self.cache_kwarg: cache},
                         use_cache=cache is not None)
         return out.last_hidden_state
+
+    def compiled(self):
+        """This head's forward through torch.compile (`runtime.compile_module`), built on first use
+        and kept on the head (outside its modules: state_dict and `.to()` do not see it)."""
+        wrapper = self.__dict__.get("_compiled")
+        if wrapper is None:
+            wrapper = compile_module(self, self.fc.weight.dtype, self.fc.weight.device)
+            object.__setattr__(self, "_compiled", wrapper)  # not registered as a submodule
+        return wrapper
+
+    def __getstate__(self):  # copies and pickles leave the compiled wrapper behind (a copy compiles its own)
+        state = super().__getstate__()
+        state.pop("_compiled", None)
+        return state
 
     @property
     def context_length(self) -> int:

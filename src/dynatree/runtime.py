@@ -40,6 +40,10 @@ DYNAMIC_SOURCES = (
     # per-layer-type masks of sliding-window models (see `LoadedModel.masks`)
     *(re.escape(f"L['kwargs']['attention_mask']['{kind}']") + f":{dim}"
       for kind in ("full_attention", "sliding_attention") for dim in (2, 3)),
+    # a feature head's step (featurehead.FeatureHead.forward, called by keyword): the tokens it feeds
+    *(re.escape(f"L['{name}']") + f":{dim}"
+      for name, dim in (("embeds", 1), ("features", 1), ("positions", 1), ("mask", 2), ("mask", 3))),
+    r"L\['cache'\]\.layers\[\d+\]\.filled\.count",
 )
 # The kinds of decode step a compiled target builds one graph each for (see `LoadedModel.warm_up`):
 # one token without a mask (plain steps), a masked tree of 2+ tokens (sizes are symbolic, but
@@ -263,16 +267,7 @@ class LoadedModel:
         (docs/benchmarks.md has the measurements).
         """
         if self._compiled is None:
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-            given = [s for s in torch.compiler.config.dynamic_sources.split(",") if s]
-            torch.compiler.config.dynamic_sources = ",".join(dict.fromkeys(given + list(DYNAMIC_SOURCES)))
-            # 16-bit models: inductor rounds every intermediate to the dtype where eager code does, as it
-            # would not by default: otherwise the one-token and tree graphs, fused differently, round some
-            # values differently and greedy tokens differ from ar's
-            options = {"guard_filter_fn": module_guards,
-                       "emulate_precision_casts": self.dtype in (torch.bfloat16, torch.float16),
-                       **no_runtime_asserts(), **wrapper_options(self.device)}
-            self._compiled = torch.compile(self.model, options=options)
+            self._compiled = compile_module(self.model, self.dtype, self.device)
         return self._compiled
 
     @torch.no_grad()
@@ -286,7 +281,8 @@ class LoadedModel:
         return hidden states too (a run with a feature drafter), which is another graph."""
         start, graphs = time.perf_counter(), compiled_graphs()
         cache = kv.new_cache(self.model)
-        self.forward(cache, [0] * 4, list(range(4)), None, last_only=True)  # eager prefill
+        self.forward(cache, [0] * 4, list(range(4)), None, last_only=True, hidden=hidden)  # eager prefill (with `hidden`,
+        # transformers installs its hooks that capture hidden states here, not inside the first compiled step)
         self._warm_steps(cache, 4, kinds, hidden, tree_size=2)
         # Where that built graphs, a second round at another cache length and tree size. Where torch
         # reads DYNAMIC_SOURCES per dimension (2.13 does; 2.11 ignores the ":N" entries) it reuses
@@ -309,6 +305,21 @@ class LoadedModel:
                                                            torch.arange(context + n))
             self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden, compiled=True)
             kv.crop(cache, context)
+
+
+def compile_module(module: torch.nn.Module, dtype: torch.dtype, device: torch.device):
+    """`module` wrapped in torch.compile as dynatree compiles decode steps (see `LoadedModel.compiled`):
+    DYNAMIC_SOURCES symbolic from the first graph, RECOMPILE_LIMIT, `module_guards`, no runtime asserts,
+    the C++ wrapper on a CPU. Used for targets and for feature heads (drafters/feature.py)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    given = [s for s in torch.compiler.config.dynamic_sources.split(",") if s]
+    torch.compiler.config.dynamic_sources = ",".join(dict.fromkeys(given + list(DYNAMIC_SOURCES)))
+    # 16-bit models: inductor rounds every intermediate to the dtype where eager code does, as it
+    # would not by default: otherwise the one-token and tree graphs, fused differently, round some
+    # values differently and greedy tokens differ from ar's
+    options = {"guard_filter_fn": module_guards, "emulate_precision_casts": dtype in (torch.bfloat16, torch.float16),
+               **no_runtime_asserts(), **wrapper_options(device)}
+    return torch.compile(module, options=options)
 
 
 def compiled_graphs() -> int:

@@ -43,6 +43,11 @@ class Drafter(Protocol):
         """Top-k next tokens after each of `nodes` (one row per node, in the given order);
         with `full`, also the whole distribution (for drafting by sampling)."""
 
+    def warm_up(self) -> float:
+        """Build the compiled graphs of this drafter's model steps (a `--compile` run) before any clock
+        starts; the seconds that took when a graph was built, else 0.0 (also for drafters that run
+        no model, or run it eagerly)."""
+
     def without_model(self) -> "Drafter | None":
         """The part of this drafter that runs no model (itself for the n-gram drafter, the n-gram
         part of a hybrid), or None: what a policy that declines to pay for model forwards may

@@ -11,10 +11,17 @@ positions and its own ancestors (4-D mask, position = root position + depth). Af
 verification the tree's entries are dropped: the accepted tokens are fed again next time with
 the target's features, as in training. Under a KV window the head sees what the window lets
 the target see and evicts the same way.
+
+With `compile` (a `--compile` run) every head forward after the first of a sequence (which feeds
+the whole prompt, as the target's prefill does, eagerly) goes through the head's torch.compile
+wrapper (`FeatureHead.compiled`): one graph for one fed token and one for several, built by
+`warm_up` before any clock starts. Proposals never decide what is committed, so compiled and eager
+heads round differently without touching exactness.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -22,6 +29,7 @@ import torch
 from .. import cache as kv
 from ..featurehead import FeatureHead, check_head
 from ..kernels import PackedLinear, linear_kernel
+from ..runtime import compiled_graphs
 from ..tree import TreeBuilder, additive_mask
 from ..window import KVWindow
 from .base import Proposal
@@ -30,9 +38,10 @@ from .base import Proposal
 class FeatureDrafter:
     uses_target_hidden = True
 
-    def __init__(self, head: FeatureHead, target, window: KVWindow | None = None):
+    def __init__(self, head: FeatureHead, target, window: KVWindow | None = None, compile: bool = False):
         check_head(head, target)
         self.head = head
+        self.compile = compile  # head steps after the first of a sequence through torch.compile
         self.name = head.name
         self.embed = target.model.get_input_embeddings()
         # the sub-vocabulary's rows of the target's output layer [draft_vocab, hidden], as a linear layer
@@ -71,6 +80,36 @@ class FeatureDrafter:
 
     def without_model(self) -> None:
         return None  # every proposal is a head forward
+
+    @torch.no_grad()
+    def warm_up(self) -> float:
+        """With `compile`: run the head's compiled steps (one fed token, several) on a scratch cache, so
+        that graphs not built yet are built now; the seconds that took when a graph was built, else 0.0.
+        As `LoadedModel.warm_up`: a second round at another cache length and count where the first built
+        graphs (a torch that builds static graphs first builds the symbolic ones there)."""
+        if not self.compile:
+            return 0.0
+        start, graphs = time.perf_counter(), compiled_graphs()
+        cache, hidden = kv.new_cache(self.head.body), self.head.config.hidden_size
+        dtype, device = self.out_rows.dtype, self.out_rows.device
+
+        def feed(n: int, compiled: bool) -> None:
+            held = kv.length(cache)
+            allowed = torch.ones(n, held + n, dtype=torch.bool).tril(held)
+            self._head_forward(compiled, cache, torch.zeros(1, n, hidden, dtype=dtype, device=device),
+                               torch.zeros(n, hidden, dtype=dtype, device=device), list(range(held, held + n)),
+                               additive_mask(allowed, dtype, device))
+
+        feed(4, compiled=False)  # the eager first forward of a sequence
+        for context, sizes in ((4, (1, 2)), (5, (1, 3))):
+            if context == 5:
+                if compiled_graphs() == graphs:
+                    break
+                feed(1, compiled=False)
+            for n in sizes:
+                feed(n, compiled=True)
+                kv.crop(cache, context)
+        return time.perf_counter() - start if compiled_graphs() != graphs else 0.0
 
     def commit(self, tokens: list[int], path: list[int], hidden: torch.Tensor | None = None) -> None:
         """`hidden`: the target's features of the verified root and accepted path, in order."""
@@ -129,10 +168,18 @@ class FeatureDrafter:
         embeds = self.embed(torch.tensor([ids], device=device)).to(self.out_rows.dtype)
         mask = additive_mask(allowed, self.out_rows.dtype, device)
         self.calls += 1
-        with kv.advancing(self.cache, len(ids), self.head.name):
-            out = self.head(embeds, features.to(self.out_rows.dtype)[None], torch.tensor([positions], device=device),
-                            mask, self.cache)
-        return out[0]
+        return self._head_forward(self.compile and kv.length(self.cache) > 0, self.cache, embeds, features, positions,
+                                  mask)[0]
+
+    def _head_forward(self, compiled: bool, cache, embeds: torch.Tensor, features: torch.Tensor, positions: list[int],
+                      mask: torch.Tensor) -> torch.Tensor:
+        """One head forward on `cache` (compiled or eager), its inputs built alike for both callers
+        (`_run`, `warm_up`): a graph is guarded on how each input is made (a view or not), so the
+        warm-up's must be made as the run's are."""
+        head = self.head.compiled() if compiled else self.head
+        with kv.advancing(cache, len(positions), self.head.name):
+            return head(embeds=embeds, features=features.to(self.out_rows.dtype)[None],
+                        positions=torch.tensor([positions], device=embeds.device), mask=mask, cache=cache)
 
 
 # per head, its output layer for the target whose output weights it was gathered from (built once:

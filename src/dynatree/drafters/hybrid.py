@@ -53,6 +53,9 @@ class HybridDrafter:
             result.forwards = answer.forwards
         return result
 
+    def warm_up(self) -> float:
+        return self.lm.warm_up()
+
     def without_model(self) -> NgramDrafter:
         return self.ngram  # declining the model still leaves the free copying
 

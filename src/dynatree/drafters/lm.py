@@ -3,6 +3,9 @@
 Cache layout while a tree grows: [committed tokens | tree nodes fed so far, level by level].
 Each fed node attends to the committed tokens and to its own ancestors only (4-D mask,
 position = root position + depth), so every branch is drafted from its own context.
+With `compile` (a `--compile` run) every draft forward after the first of a sequence (the prompt's,
+eager as the target's prefill is) runs the draft's compiled steps (`LoadedModel.compiled`: one graph
+for one masked token, one for several), built by `warm_up` before any clock starts.
 After verification `commit` keeps the accepted path's entries (moved into place) and drops
 the rest: the cache survives across iterations and only new tokens are ever fed again.
 With a KV window the draft follows the same policy as the target: each query sees only
@@ -25,8 +28,9 @@ from .base import Proposal
 class LMDrafter:
     uses_target_hidden = False
 
-    def __init__(self, draft: LoadedModel, vocab_limit: int, window: KVWindow | None = None):
+    def __init__(self, draft: LoadedModel, vocab_limit: int, window: KVWindow | None = None, compile: bool = False):
         self.draft = draft
+        self.compile = compile  # draft forwards after the first of a sequence through torch.compile
         self.model = draft.model
         self.name = draft.name
         self.vocab_limit = vocab_limit  # only ids the target can score are proposed
@@ -59,6 +63,11 @@ class LMDrafter:
     def without_model(self) -> None:
         return None  # every proposal is a draft forward
 
+    def warm_up(self) -> float:
+        """With `compile`: the draft's compiled steps built now (`LoadedModel.warm_up`; every draft
+        forward passes a mask), else 0.0."""
+        return self.draft.warm_up(("masked-token", "tree")) if self.compile else 0.0
+
     def commit(self, tokens: list[int], path: list[int], hidden=None) -> None:
         committed_slots = len(self.slot_pos)
         fed = []
@@ -85,7 +94,8 @@ class LMDrafter:
         allowed = torch.cat([torch.ones(n, cached, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
         positions = list(range(start, end))
         logits = self.draft.forward(self.cache, self.draft.readable(self.tokens[start:end]), positions,
-                                    self._mask(allowed, positions, self.slot_pos + positions))
+                                    self._mask(allowed, positions, self.slot_pos + positions),
+                                    compiled=self.compile and kv.length(self.cache) > 0)
         self.slot_pos.extend(range(start, end))
         self.n_cached = end
         return logits[-1:]
@@ -106,7 +116,7 @@ class LMDrafter:
         positions = [root_pos + tree.depths[node] for node in nodes]
         key_pos = self.slot_pos + [pos for _, pos in sorted(self.slots.values())] + positions
         logits = self.draft.forward(self.cache, self.draft.readable([tree.tokens[node] for node in nodes]), positions,
-                                    self._mask(allowed, positions, key_pos))
+                                    self._mask(allowed, positions, key_pos), compiled=self.compile)
         for row, (node, pos) in enumerate(zip(nodes, positions)):
             self.slots[node] = (base + row, pos)
         return logits

@@ -53,6 +53,9 @@ class NgramDrafter:
     def without_model(self) -> NgramDrafter:
         return self  # lookups only
 
+    def warm_up(self) -> float:
+        return 0.0  # no model, nothing to compile
+
     def commit(self, tokens: list[int], path: list[int], hidden=None) -> None:
         self._extend(tokens[len(self.tokens) :])
 
