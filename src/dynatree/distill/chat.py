@@ -37,8 +37,11 @@ ASKS = (
 
 # Documents the target writes itself (`--self-documents`), and the conversations each becomes: the
 # long-input requests of Spec-Bench's weakest tasks for a feature head (summaries, facts and quotes over
-# an article; German-to-English translation), over text the target wrote, so none of it is benchmark
-# text. Each entry: (request that writes the document, conversations that use it; "{doc}" is the text).
+# an article or an encyclopedia text), over text the target wrote, so none of it is benchmark text.
+# Each entry: (request that writes the document, conversations that use it; "{doc}" is the text).
+# No German sentences for "Translate German to English": the embedded target does not write German
+# (0 of 11 tries were German sentences; docs/results/eagle-gpu/README.md), so its "translations" would
+# be of non-German text, unlike Spec-Bench's WMT sentences.
 DOCUMENT_KINDS = (
     ("Write a short news article of about 200 words about {topic}. Reply with the article only.",
      (["Summarize: {doc}"],
@@ -48,8 +51,6 @@ DOCUMENT_KINDS = (
      (["{doc}\nSummarize the text above in a few sentences.",
        "Quote the sentence of the text that matters most for your summary."],
       ["{doc}\nWhat is the main topic of the text above? Answer with reference to the text."])),
-    ("Write two sentences in German about {topic}. Reply with the German sentences only.",
-     (["Translate German to English: {doc}"],)),
 )
 
 

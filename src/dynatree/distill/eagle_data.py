@@ -9,10 +9,9 @@ template, to instruction prompts:
   specbench-asks  other requests over the same training questions' articles, passages, sentences
                and problems (chat.other_asks): summaries, facts, quotes, follow-up turns
   self         questions the target writes itself from topic seeds (sampled), then answers
-  documents    articles, encyclopedia text and German sentences the target writes itself from topic
-               seeds (sampled), each given back to it to summarize, quote or translate
-               (chat.DOCUMENT_KINDS): long inputs like Spec-Bench's summarization, RAG and
-               translation prompts, none of them benchmark text
+  documents    articles and encyclopedia text the target writes itself from topic seeds (sampled),
+               each given back to it to summarize or quote (chat.DOCUMENT_KINDS): long inputs
+               like Spec-Bench's summarization and RAG prompts, none of them benchmark text
   FILE         prompts of a file (`--prompts`): Spec-Bench question .jsonl, one
                {"prompt": ...} per line, or plain text with blank-line-separated paragraphs
 Answers are generated in batches; then one teacher-forced target pass over each whole
