@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -372,9 +373,10 @@ def _drafter(kind: str, target: LoadedModel, compile: bool):
 @pytest.mark.parametrize("kind", ["feature", "lm"])
 def test_compiled_drafters_build_their_graphs_before_the_clock_and_stay_exact(kind):
     """Under --compile the drafter's model steps are compiled too (all but the first forward of a
-    sequence, which feeds the prompt): their graphs (one masked token, several) are built by the
-    decoder's warm-up, none inside the timings, none on a second run; tokens stay plain greedy's
-    and the drafter proposes what its eager twin proposes."""
+    sequence, which feeds the prompt): their graphs (one fed token, several) are built by the
+    decoder's warm-up, none inside the timings, none on a second run; every later forward goes
+    through the compiled wrapper; tokens stay plain greedy's and the drafter proposes what its eager
+    twin proposes."""
     from dynatree import Decoder, make_config
     from dynatree.methods import METHODS
 
@@ -386,11 +388,15 @@ def test_compiled_drafters_build_their_graphs_before_the_clock_and_stay_exact(ki
     drafter = _drafter(kind, target, compile=True)
     before = runtime.compiled_graphs()
     decoder = Decoder(target, METHODS["fixed-tree"].policy_cls(config), drafter, compile=True)
-    first = decoder.generate(prompt, 30, ignore_eos=True)
+    decoder.prepare(prompt, 30)
     drafter_graphs = runtime.compiled_graphs() - before - 2  # the target's: one-token steps and trees
     assert drafter_graphs == 2 if PER_DIM_SOURCES else 2 <= drafter_graphs <= 4
+    with _spy_on_drafter_forwards(drafter) as (flags, through_wrapper):
+        first = decoder.generate(prompt, 30, ignore_eos=True)
     assert first.stats.compile_s > 0 and first.stats.graphs_compiled_while_timed == 0
     assert first.new_tokens == hf_greedy(target, prompt, 30)
+    assert len(flags) > 3 and flags[0] is False and all(flags[1:])  # the prompt eagerly, then compiled
+    assert len(through_wrapper) == len(flags) - 1
     again = Decoder(target, METHODS["fixed-tree"].policy_cls(config), drafter, compile=True).generate(prompt, 30, ignore_eos=True)
     assert again.stats.compile_s == 0.0 and again.stats.graphs_compiled_while_timed == 0
     assert again.new_tokens == first.new_tokens
@@ -400,6 +406,53 @@ def test_compiled_drafters_build_their_graphs_before_the_clock_and_stay_exact(ki
     assert eager.new_tokens == first.new_tokens
     assert (eager.stats.drafted_tokens, eager.stats.accepted_tokens) == (first.stats.drafted_tokens,
                                                                          first.stats.accepted_tokens)
+
+
+@contextlib.contextmanager
+def _spy_on_drafter_forwards(drafter):
+    """Inside the block, record for each forward of the drafter's model whether it was asked compiled
+    (`flags`), and each call that went through the compiled wrapper (`through`)."""
+    flags, through = [], []
+    feature = hasattr(drafter, "head")
+    owner, name = (drafter, "_head_forward") if feature else (drafter.draft, "forward")
+    forward = getattr(owner, name)
+    wrapper = drafter.head.compiled() if feature else drafter.draft.compiled()
+
+    def spy(*args, **kwargs):
+        flags.append(kwargs["compiled"])
+        return forward(*args, **kwargs)
+
+    def counting(**inputs):
+        through.append(1)
+        return wrapper(**inputs)
+    holder = drafter.head if feature else drafter.draft  # keeps the compiled wrapper in `_compiled`
+    setattr(owner, name, spy)
+    object.__setattr__(holder, "_compiled", counting)
+    try:
+        yield flags, through
+    finally:
+        delattr(owner, name)  # the class's method again
+        object.__setattr__(holder, "_compiled", wrapper)
+
+
+@pytest.mark.parametrize("draft,kv_window,prompt", [
+    ("ngram+head", None, [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]),
+    ("ngram+head", "4,24", [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]),
+    ("head", None, [5, 9]),  # the head's cache holds one entry after the prompt: that step stays eager
+])
+def test_compiled_feature_head_runs_build_nothing_while_timed(tmp_path, draft, kv_window, prompt):
+    """Through the API (`--draft ngram+HEAD --compile`), with a KV window, or after a 2-token prompt:
+    the head's graphs are all built before the clock, and the tokens are the eager run's."""
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-draft-target", eos_ids=[])
+    random_head(target.name, "head-api", 7, dtype=torch.float32).save(tmp_path / "head")
+    spec = draft.replace("head", str(tmp_path / "head"))
+    torch._dynamo.reset()
+    runs = [api.generate(method="dynatree", target=target, draft=spec, prompt_ids=prompt, max_new_tokens=30,
+                         ignore_eos=True, kv_window=kv_window, compile=compile) for compile in (True, False)]
+    assert runs[0].stats.graphs_compiled_while_timed == 0 and runs[0].stats.compile_s > 0
+    assert runs[0].new_token_ids == runs[1].new_token_ids
+    assert runs[0].stats.drafted_tokens > 0
 
 
 def test_a_compiled_head_computes_what_the_eager_head_does_and_copies_leave_it_behind():

@@ -148,7 +148,7 @@ def test_a_turn_asked_by_two_sources_is_kept_once(prompts):
     assert all(torch.equal(a, b) for a, b in zip(once["tokens"], twice["tokens"]))
 
 
-def test_self_written_documents_come_back_in_requests_to_summarize_quote_or_translate(tmp_path, monkeypatch):
+def test_self_written_documents_come_back_in_requests_to_summarize_or_quote(tmp_path, monkeypatch):
     """`--self-documents N`: the target writes N documents (sampled) from (topic, kind, use) seeds in
     blocks; each kept document comes back inside its seed's conversation (chat.DOCUMENT_KINDS), whose
     answers are then labelled like any other source's; a document outside DOCUMENT_CHARS is left out

@@ -241,9 +241,10 @@ def generate(
     the KV caches with attention sinks plus a window of recent tokens (see `window.py`).
     `sample=True` samples (temperature, then top-k, then top-p; seeded by `seed`) with lossless
     verification instead of greedy decoding (see `sampling.py`). `compile=True` runs the
-    target's decode steps through torch.compile (minutes to compile on first use, cached on
-    disk; see `LoadedModel.forward`; for hf-ar: transformers' generate() with a static cache and
-    its own compiled forward); None keeps the loaded target's own setting. `linear`
+    target's decode steps, and the draft model's or feature head's, through torch.compile (minutes
+    to compile on first use, cached on disk; see `LoadedModel.forward`; for hf-ar: transformers'
+    generate() with a static cache and its own compiled forward); None keeps the loaded target's
+    own setting. `linear`
     ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
     `weights` ("dense", "q4", "int8", "auto"; None: dense) is the format of a target loaded here
     (weights.py); drafts load dense, in the target's dtype.

@@ -90,9 +90,7 @@ class Decoder:
         measures the run itself (peak memory: `api.run`) calls it first, so that what it measures
         starts where the timings do."""
         hidden = self.drafter is not None and self.drafter.uses_target_hidden
-        self._compile_s = (self.target.warm_up(self._step_kinds(), hidden)
-                           + (self.drafter.warm_up() if self.drafter is not None else 0.0)
-                           if self.compile and max_new_tokens > 1 else 0.0)
+        self._compile_s = self._warm_up(hidden) if max_new_tokens > 1 else 0.0
         curve = None  # the target's verification cost (seconds)
         if self.policy.uses_cost_curve:
             curve = curve_for(self.target, list(prompt_ids), masked_token=self._masked_tokens, compiled=self.compile)
@@ -162,6 +160,12 @@ class Decoder:
             stats.wall_s = clock.elapsed()
             if compiled:
                 stats.compile_s, stats.graphs_compiled_while_timed = compile_s, compiled_graphs() - graphs
+
+    def _warm_up(self, hidden: bool) -> float:
+        """Build the compiled graphs this run will use: the target's when the run compiles, the drafter's
+        when it compiles its own steps (its `warm_up` is 0.0 otherwise); the seconds that took."""
+        seconds = self.target.warm_up(self._step_kinds(), hidden) if self.compile else 0.0
+        return seconds + (self.drafter.warm_up() if self.drafter is not None else 0.0)
 
     @property
     def _masked_tokens(self) -> bool:

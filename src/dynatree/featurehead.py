@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from .draftspec import HEAD_CONFIG_FILE
 from .errors import DynaTreeError
 from .kernels import use_packed_linears
-from .runtime import cache_kwarg, compile_module
+from .runtime import cache_kwarg, compile_steps
 
 CONFIG_FILE = HEAD_CONFIG_FILE
 WEIGHTS_FILE = "head.safetensors"
@@ -102,13 +102,21 @@ class FeatureHead(torch.nn.Module):
         return out.last_hidden_state
 
     def compiled(self):
-        """This head's forward through torch.compile (`runtime.compile_module`), built on first use
-        and kept on the head (outside its modules: state_dict and `.to()` do not see it)."""
+        """This head's forward through torch.compile (`head_step`, with `runtime.compile_steps`' options
+        for the head's dtype and device), built on first use and kept on the head outside its modules
+        (state_dict does not see it); called with the forward's arguments by keyword."""
         wrapper = self.__dict__.get("_compiled")
         if wrapper is None:
-            wrapper = compile_module(self, self.fc.weight.dtype, self.fc.weight.device)
+            step = compile_steps(head_step, self.fc.weight.dtype, self.fc.weight.device)
+
+            def wrapper(**inputs):
+                return step(self, inputs)
             object.__setattr__(self, "_compiled", wrapper)  # not registered as a submodule
         return wrapper
+
+    def _apply(self, fn, recurse=True):  # .to(), .float(), ...: a wrapper built for the old dtype or device goes
+        self.__dict__.pop("_compiled", None)
+        return super()._apply(fn, recurse)
 
     def __getstate__(self):  # copies and pickles leave the compiled wrapper behind (a copy compiles its own)
         state = super().__getstate__()
@@ -126,6 +134,13 @@ class FeatureHead(torch.nn.Module):
         state["vocab_ids"] = self.vocab_ids.int().cpu().contiguous()
         save_file(state, str(directory / WEIGHTS_FILE))
         (directory / CONFIG_FILE).write_text(json.dumps({**dataclasses.asdict(self.config), **(extra or {})}, indent=1))
+
+
+def head_step(head: FeatureHead, feature_head_step: dict) -> torch.Tensor:
+    """`head(**feature_head_step)`: what `FeatureHead.compiled` compiles. The inputs travel in one dict
+    under a name no other compiled function uses, so the dynamic sources that name them
+    (runtime.DYNAMIC_SOURCES: the fed tokens and the cache's entries symbolic) touch nothing else."""
+    return head(**feature_head_step)
 
 
 def load_head(directory, name: str | None = None, device="cpu", dtype=torch.float32, linear: str = "stock") -> FeatureHead:

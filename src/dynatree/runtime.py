@@ -32,7 +32,9 @@ RECOMPILE_LIMIT = 64
 # symbol, not one per layer) and a step's token count. Left to dynamo, each kind of step compiled twice:
 # once with static sizes, then again at the next step with these sizes symbolic.
 # Entries are regular expressions (an optional ":dim" suffix names one dimension). The setting is
-# process-wide: it adds these names to whatever the user set, and touches no other source.
+# process-wide: it adds these names to whatever the user set. Any compiled function's argument of the
+# same name would match (torch matches from the start of the source's name), hence the feature head's
+# inputs travel in one dict under a name only it uses (featurehead.head_step).
 DYNAMIC_SOURCES = (
     r"L\['kwargs'\]\['(cache|past_key_values)'\]\.layers\[\d+\]\.filled\.count",
     *(re.escape(f"L['kwargs']['{name}']") + f":{dim}"
@@ -40,10 +42,10 @@ DYNAMIC_SOURCES = (
     # per-layer-type masks of sliding-window models (see `LoadedModel.masks`)
     *(re.escape(f"L['kwargs']['attention_mask']['{kind}']") + f":{dim}"
       for kind in ("full_attention", "sliding_attention") for dim in (2, 3)),
-    # a feature head's step (featurehead.FeatureHead.forward, called by keyword): the tokens it feeds
-    *(re.escape(f"L['{name}']") + f":{dim}"
+    # a feature head's compiled step (featurehead.head_step): the tokens it feeds, its cache's entries
+    *(re.escape(f"L['feature_head_step']['{name}']") + f":{dim}"
       for name, dim in (("embeds", 1), ("features", 1), ("positions", 1), ("mask", 2), ("mask", 3))),
-    r"L\['cache'\]\.layers\[\d+\]\.filled\.count",
+    r"L\['feature_head_step'\]\['cache'\]\.layers\[\d+\]\.filled\.count",
 )
 # The kinds of decode step a compiled target builds one graph each for (see `LoadedModel.warm_up`):
 # one token without a mask (plain steps), a masked tree of 2+ tokens (sizes are symbolic, but
@@ -267,7 +269,7 @@ class LoadedModel:
         (docs/benchmarks.md has the measurements).
         """
         if self._compiled is None:
-            self._compiled = compile_module(self.model, self.dtype, self.device)
+            self._compiled = compile_steps(self.model, self.dtype, self.device)
         return self._compiled
 
     @torch.no_grad()
@@ -307,10 +309,11 @@ class LoadedModel:
             kv.crop(cache, context)
 
 
-def compile_module(module: torch.nn.Module, dtype: torch.dtype, device: torch.device):
-    """`module` wrapped in torch.compile as dynatree compiles decode steps (see `LoadedModel.compiled`):
-    DYNAMIC_SOURCES symbolic from the first graph, RECOMPILE_LIMIT, `module_guards`, no runtime asserts,
-    the C++ wrapper on a CPU. Used for targets and for feature heads (drafters/feature.py)."""
+def compile_steps(fn, dtype: torch.dtype, device: torch.device):
+    """`fn` (a module or a function) wrapped in torch.compile as dynatree compiles decode steps (see
+    `LoadedModel.compiled`): DYNAMIC_SOURCES symbolic from the first graph, RECOMPILE_LIMIT,
+    `module_guards`, no runtime asserts, the C++ wrapper on a CPU; `dtype`/`device` those of the weights.
+    Used for targets and draft LMs (`LoadedModel.compiled`) and feature heads (featurehead.head_step)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     given = [s for s in torch.compiler.config.dynamic_sources.split(",") if s]
     torch.compiler.config.dynamic_sources = ",".join(dict.fromkeys(given + list(DYNAMIC_SOURCES)))
@@ -319,7 +322,7 @@ def compile_module(module: torch.nn.Module, dtype: torch.dtype, device: torch.de
     # values differently and greedy tokens differ from ar's
     options = {"guard_filter_fn": module_guards, "emulate_precision_casts": dtype in (torch.bfloat16, torch.float16),
                **no_runtime_asserts(), **wrapper_options(device)}
-    return torch.compile(module, options=options)
+    return torch.compile(fn, options=options)
 
 
 def compiled_graphs() -> int:

@@ -1,4 +1,4 @@
-"""One feature-head step eager vs compiled (`runtime.compile_module`), the shipped head on random inputs at a
+"""One feature-head step eager vs compiled (`runtime.compile_steps`), the shipped head on random inputs at a
 300-token head cache, medians of 5 interleaved blocks of 20 calls; then with the 8192-row output layer and
 softmax in the compiled function too (2026-11-27; README.md beside this file).
 
@@ -7,12 +7,12 @@ softmax in the compiled function too (2026-11-27; README.md beside this file).
 import torch, time, statistics, sys
 from dynatree import cache as kv
 from dynatree.featurehead import load_head
-from dynatree.runtime import compile_module
+from dynatree.runtime import compile_steps
 from dynatree.tree import additive_mask
 torch.set_grad_enabled(False)
 dtype = getattr(torch, sys.argv[1])
 head = load_head("src/dynatree/drafts/smollm2-135m-eagle", dtype=dtype, linear="auto")
-comp = head.compiled()  # as a drafter compiles it (runtime.compile_module)
+comp = head.compiled()  # as a drafter compiles it (runtime.compile_steps)
 CTX = 300
 def setup():
     cache = kv.new_cache(head.body)
@@ -51,7 +51,7 @@ class Step(torch.nn.Module):
         f = s.head(embeds, features, positions, mask, cache)
         return f, torch.softmax(s.out(f).float(), -1)
 st = Step()
-cst = compile_module(st, dtype, torch.device("cpu"))
+cst = compile_steps(st, dtype, torch.device("cpu"))
 for n in (1, 3, 4):
     step(cst, cache, n)
 for n in (1, 2, 4, 8):

@@ -50,8 +50,8 @@ class ChatDataConfig:
                           "'specbench-asks' (other requests over their material), a file, or several joined by commas")
     holdout: int = option(10, "Spec-Bench questions per task left out of training (bench --n up to this stays unseen)")
     self_prompts: int = option(256, "extra questions the target writes itself from topic seeds, then answers")
-    self_documents: int = option(0, "documents (articles, encyclopedia text, German sentences) the target writes "
-                                 "itself from topic seeds, each then given back to it to summarize, quote or translate")
+    self_documents: int = option(0, "documents (articles, encyclopedia text) the target writes itself from topic "
+                                 "seeds, each then given back to it to summarize or quote")
     max_new_tokens: int = option(256, "longest answer per turn (EOS ends it sooner)")
     l_max: int = option(1024, "longest prompt (with history) in tokens; longer ones are left out")
     gen_batch: int = option(16, "conversations per batched target generation")

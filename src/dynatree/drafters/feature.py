@@ -13,7 +13,7 @@ the target's features, as in training. Under a KV window the head sees what the 
 the target see and evicts the same way.
 
 With `compile` (a `--compile` run) every head forward after the first of a sequence (which feeds
-the whole prompt, as the target's prefill does, eagerly) goes through the head's torch.compile
+the whole prompt, as the target's prefill does, eagerly) on a cache of 2+ entries goes through the head's torch.compile
 wrapper (`FeatureHead.compiled`): one graph for one fed token and one for several, built by
 `warm_up` before any clock starts. Proposals never decide what is committed, so compiled and eager
 heads round differently without touching exactness.
@@ -90,26 +90,31 @@ class FeatureDrafter:
         if not self.compile:
             return 0.0
         start, graphs = time.perf_counter(), compiled_graphs()
-        cache, hidden = kv.new_cache(self.head.body), self.head.config.hidden_size
-        dtype, device = self.out_rows.dtype, self.out_rows.device
-
-        def feed(n: int, compiled: bool) -> None:
-            held = kv.length(cache)
-            allowed = torch.ones(n, held + n, dtype=torch.bool).tril(held)
-            self._head_forward(compiled, cache, torch.zeros(1, n, hidden, dtype=dtype, device=device),
-                               torch.zeros(n, hidden, dtype=dtype, device=device), list(range(held, held + n)),
-                               additive_mask(allowed, dtype, device))
-
-        feed(4, compiled=False)  # the eager first forward of a sequence
-        for context, sizes in ((4, (1, 2)), (5, (1, 3))):
-            if context == 5:
-                if compiled_graphs() == graphs:
-                    break
-                feed(1, compiled=False)
-            for n in sizes:
-                feed(n, compiled=True)
-                kv.crop(cache, context)
+        cache = kv.new_cache(self.head.body)
+        self._scratch_forward(cache, 4, compiled=False)  # the eager first forward of a sequence
+        self._warm_steps(cache, 4, sizes=(1, 2))
+        if compiled_graphs() != graphs:  # a second round at another cache length and count
+            self._scratch_forward(cache, 1, compiled=False)
+            self._warm_steps(cache, 5, sizes=(1, 3))
+        if self.out_rows.device.type == "cuda":
+            torch.cuda.synchronize(self.out_rows.device)
         return time.perf_counter() - start if compiled_graphs() != graphs else 0.0
+
+    def _warm_steps(self, cache, context: int, sizes) -> None:
+        """A compiled head step of each of `sizes` fed tokens on top of `cache`'s `context` entries
+        (cropped back after each)."""
+        for n in sizes:
+            self._scratch_forward(cache, n, compiled=True)
+            kv.crop(cache, context)
+
+    def _scratch_forward(self, cache, n: int, compiled: bool) -> None:
+        """`n` zero tokens fed causally on top of `cache` (for `warm_up`)."""
+        held, hidden = kv.length(cache), self.head.config.hidden_size
+        dtype, device = self.out_rows.dtype, self.out_rows.device
+        allowed = torch.ones(n, held + n, dtype=torch.bool).tril(held)
+        self._head_forward(cache, torch.zeros(1, n, hidden, dtype=dtype, device=device),
+                           torch.zeros(n, hidden, dtype=dtype, device=device), list(range(held, held + n)),
+                           additive_mask(allowed, dtype, device), compiled=compiled)
 
     def commit(self, tokens: list[int], path: list[int], hidden: torch.Tensor | None = None) -> None:
         """`hidden`: the target's features of the verified root and accepted path, in order."""
@@ -168,11 +173,13 @@ class FeatureDrafter:
         embeds = self.embed(torch.tensor([ids], device=device)).to(self.out_rows.dtype)
         mask = additive_mask(allowed, self.out_rows.dtype, device)
         self.calls += 1
-        return self._head_forward(self.compile and kv.length(self.cache) > 0, self.cache, embeds, features, positions,
-                                  mask)[0]
+        # compiled after the sequence's first forward, on a cache of 2+ entries (the warm-up's graphs:
+        # dynamo would build another for a count of 1)
+        compiled = self.compile and kv.length(self.cache) >= 2
+        return self._head_forward(self.cache, embeds, features, positions, mask, compiled=compiled)[0]
 
-    def _head_forward(self, compiled: bool, cache, embeds: torch.Tensor, features: torch.Tensor, positions: list[int],
-                      mask: torch.Tensor) -> torch.Tensor:
+    def _head_forward(self, cache, embeds: torch.Tensor, features: torch.Tensor, positions: list[int],
+                      mask: torch.Tensor, compiled: bool) -> torch.Tensor:
         """One head forward on `cache` (compiled or eager), its inputs built alike for both callers
         (`_run`, `warm_up`): a graph is guarded on how each input is made (a view or not), so the
         warm-up's must be made as the run's are."""

@@ -3,8 +3,9 @@
 Cache layout while a tree grows: [committed tokens | tree nodes fed so far, level by level].
 Each fed node attends to the committed tokens and to its own ancestors only (4-D mask,
 position = root position + depth), so every branch is drafted from its own context.
-With `compile` (a `--compile` run) every draft forward after the first of a sequence (the prompt's,
-eager as the target's prefill is) runs the draft's compiled steps (`LoadedModel.compiled`: one graph
+With `compile` (a `--compile` run; by default the draft's own `compile` setting) every draft forward
+after the first of a sequence (the prompt's, eager as the target's prefill is) on a cache of 2+ entries
+runs the draft's compiled steps (`LoadedModel.compiled`: one graph
 for one masked token, one for several), built by `warm_up` before any clock starts.
 After verification `commit` keeps the accepted path's entries (moved into place) and drops
 the rest: the cache survives across iterations and only new tokens are ever fed again.
@@ -28,9 +29,11 @@ from .base import Proposal
 class LMDrafter:
     uses_target_hidden = False
 
-    def __init__(self, draft: LoadedModel, vocab_limit: int, window: KVWindow | None = None, compile: bool = False):
+    def __init__(self, draft: LoadedModel, vocab_limit: int, window: KVWindow | None = None,
+                 compile: bool | None = None):
         self.draft = draft
-        self.compile = compile  # draft forwards after the first of a sequence through torch.compile
+        # draft forwards after the first of a sequence through torch.compile (None: the draft's own setting)
+        self.compile = draft.compile if compile is None else compile
         self.model = draft.model
         self.name = draft.name
         self.vocab_limit = vocab_limit  # only ids the target can score are proposed
@@ -94,8 +97,7 @@ class LMDrafter:
         allowed = torch.cat([torch.ones(n, cached, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
         positions = list(range(start, end))
         logits = self.draft.forward(self.cache, self.draft.readable(self.tokens[start:end]), positions,
-                                    self._mask(allowed, positions, self.slot_pos + positions),
-                                    compiled=self.compile and kv.length(self.cache) > 0)
+                                    self._mask(allowed, positions, self.slot_pos + positions), compiled=self._compiled())
         self.slot_pos.extend(range(start, end))
         self.n_cached = end
         return logits[-1:]
@@ -116,10 +118,15 @@ class LMDrafter:
         positions = [root_pos + tree.depths[node] for node in nodes]
         key_pos = self.slot_pos + [pos for _, pos in sorted(self.slots.values())] + positions
         logits = self.draft.forward(self.cache, self.draft.readable([tree.tokens[node] for node in nodes]), positions,
-                                    self._mask(allowed, positions, key_pos), compiled=self.compile)
+                                    self._mask(allowed, positions, key_pos), compiled=self._compiled())
         for row, (node, pos) in enumerate(zip(nodes, positions)):
             self.slots[node] = (base + row, pos)
         return logits
+
+    def _compiled(self) -> bool:
+        """Whether the next forward is compiled: after the sequence's first, on a cache of 2+ entries (the
+        warm-up's graphs: dynamo would build another for a count of 1)."""
+        return self.compile and kv.length(self.cache) >= 2
 
     def _mask(self, allowed: torch.Tensor, query_pos: list[int], key_pos: list[int]) -> torch.Tensor:
         if self.window is not None:
