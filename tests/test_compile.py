@@ -395,7 +395,8 @@ def test_compiled_drafters_build_their_graphs_before_the_clock_and_stay_exact(ki
         first = decoder.generate(prompt, 30, ignore_eos=True)
     assert first.stats.compile_s > 0 and first.stats.graphs_compiled_while_timed == 0
     assert first.new_tokens == hf_greedy(target, prompt, 30)
-    assert len(flags) > 3 and flags[0] is False and all(flags[1:])  # the prompt eagerly, then compiled
+    compiled_flags = [c for _, c in flags]
+    assert len(flags) > 3 and compiled_flags[0] is False and all(compiled_flags[1:])  # the prompt eagerly, then compiled
     assert len(through_wrapper) == len(flags) - 1
     again = Decoder(target, METHODS["fixed-tree"].policy_cls(config), drafter, compile=True).generate(prompt, 30, ignore_eos=True)
     assert again.stats.compile_s == 0.0 and again.stats.graphs_compiled_while_timed == 0
@@ -410,17 +411,18 @@ def test_compiled_drafters_build_their_graphs_before_the_clock_and_stay_exact(ki
 
 @contextlib.contextmanager
 def _spy_on_drafter_forwards(drafter):
-    """Inside the block, record for each forward of the drafter's model whether it was asked compiled
-    (`flags`), and each call that went through the compiled wrapper (`through`)."""
+    """Inside the block, record for each forward of the drafter's model the entries its cache held and
+    whether it was asked compiled (`flags`: (entries, compiled) pairs), and each call that went through
+    the compiled wrapper (`through`)."""
     flags, through = [], []
     feature = hasattr(drafter, "head")
     owner, name = (drafter, "_head_forward") if feature else (drafter.draft, "forward")
     forward = getattr(owner, name)
     wrapper = drafter.head.compiled() if feature else drafter.draft.compiled()
 
-    def spy(*args, **kwargs):
-        flags.append(kwargs["compiled"])
-        return forward(*args, **kwargs)
+    def spy(cache, *args, **kwargs):
+        flags.append((kv.length(cache), kwargs["compiled"]))
+        return forward(cache, *args, **kwargs)
 
     def counting(**inputs):
         through.append(1)
@@ -435,27 +437,55 @@ def _spy_on_drafter_forwards(drafter):
         object.__setattr__(holder, "_compiled", wrapper)
 
 
-@pytest.mark.parametrize("draft,kv_window,prompt,sample", [
-    ("ngram+head", None, [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9], False),
-    ("ngram+head", "4,24", [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9], False),
-    ("head", None, [5, 9], False),  # the head's cache holds one entry after the prompt: that step stays eager
-    ("head", None, [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9], True),  # sampling: whole draft distributions
+@pytest.mark.parametrize("draft,kv_window,sample", [
+    ("ngram+head", None, False), ("ngram+head", "4,24", False),
+    ("head", None, True),  # sampling: whole draft distributions
 ])
-def test_compiled_feature_head_runs_build_nothing_while_timed(tmp_path, draft, kv_window, prompt, sample):
-    """Through the API (`--draft ngram+HEAD --compile`), with a KV window, after a 2-token prompt, or
-    sampling: the head's graphs are all built before the clock; greedy tokens are the eager run's."""
+def test_compiled_feature_head_runs_build_nothing_while_timed(tmp_path, draft, kv_window, sample):
+    """Through the API (`--draft ngram+HEAD --compile`), with a KV window, or sampling: the head's two
+    graphs are built with the target's two before the clock, none while timed; greedy tokens are the
+    eager run's."""
     base = tiny("llama", seed=4, dtype=torch.float32)
     target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-draft-target", eos_ids=[])
     random_head(target.name, "head-api", 7, dtype=torch.float32).save(tmp_path / "head")
     spec = draft.replace("head", str(tmp_path / "head"))
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]
     torch._dynamo.reset()
-    runs = [api.generate(method="dynatree", target=target, draft=spec, prompt_ids=prompt, max_new_tokens=30,
-                         ignore_eos=True, kv_window=kv_window, compile=compile, sample=sample, seed=3)
-            for compile in (True, False)]
-    assert runs[0].stats.graphs_compiled_while_timed == 0 and runs[0].stats.compile_s > 0
-    assert runs[0].stats.drafted_tokens > 0 and len(runs[0].new_token_ids) == 30
+    before = runtime.compiled_graphs()
+    run = functools.partial(api.generate, method="dynatree", target=target, draft=spec, prompt_ids=prompt,
+                            max_new_tokens=30, ignore_eos=True, kv_window=kv_window, sample=sample, seed=3)
+    compiled = run(compile=True)
+    built = runtime.compiled_graphs() - before
+    assert built == 4 if PER_DIM_SOURCES else 4 <= built <= 8  # the target's two kinds of step, the head's two
+    assert compiled.stats.graphs_compiled_while_timed == 0
+    assert compiled.stats.drafted_tokens > 0 and len(compiled.new_token_ids) == 30
     if not sample:  # (sampled drafts follow draft probabilities, which compiled rounding may move by 1e-7)
-        assert runs[0].new_token_ids == runs[1].new_token_ids
+        assert compiled.new_token_ids == run(compile=False).new_token_ids
+
+
+@pytest.mark.parametrize("kind", ["feature", "lm"])
+def test_after_a_one_token_prompt_steps_on_a_one_entry_cache_stay_eager(kind):
+    """After a 1-token prompt a feature head's cache holds one entry (the draft LM's two), and again
+    after each commit keeps one: forwards on a cache of one entry stay eager (dynamo would build a graph
+    for a count of 1 inside the timings), all others after the prompt's are compiled."""
+    from dynatree import Decoder, make_config
+    from dynatree.methods import METHODS
+
+    base = tiny("llama", seed=4, dtype=torch.float32)
+    target = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-draft-target", eos_ids=[])
+    torch._dynamo.reset()
+    drafter = _drafter(kind, target, compile=True)
+    decoder = Decoder(target, METHODS["fixed-tree"].policy_cls(make_config("fixed-tree", depth=3, branch=2, tau=0.0)),
+                      drafter, compile=True)
+    decoder.prepare([5], 20)
+    with _spy_on_drafter_forwards(drafter) as (flags, through_wrapper):
+        run = decoder.generate([5], 20, ignore_eos=True)
+    assert run.stats.graphs_compiled_while_timed == 0 and run.new_tokens == hf_greedy(target, [5], 20)
+    assert flags[0] == (0, False) and len(flags) > 3  # the prompt's forward, eager
+    assert all(compiled == (entries >= 2) for entries, compiled in flags[1:])
+    assert len(through_wrapper) == sum(compiled for _, compiled in flags)
+    if kind == "feature":
+        assert (1, False) in flags  # the case this test is for was reached
 
 
 def test_a_compiled_head_computes_what_the_eager_head_does_and_copies_leave_it_behind():

@@ -158,7 +158,7 @@ class Decoder:
                 yield Step(tree=tree, path=path, committed=committed)
         finally:
             stats.wall_s = clock.elapsed()
-            if compiled:
+            if compiled or compile_s > 0:  # (a drafter made to compile its own steps in an eager run too)
                 stats.compile_s, stats.graphs_compiled_while_timed = compile_s, compiled_graphs() - graphs
 
     def _warm_up(self, hidden: bool) -> float:

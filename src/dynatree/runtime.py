@@ -309,10 +309,19 @@ class LoadedModel:
             kv.crop(cache, context)
 
 
-def compile_steps(fn, dtype: torch.dtype, device: torch.device):
+def weight_guards(entries) -> list[bool]:
+    """`module_guards`, but the weights' shapes and strides stay guarded: for code shared by modules of
+    one class whose weights may differ in shape where nothing else guarded does (every feature head runs
+    `featurehead.head_step`; two heads of one width may differ in their MLP's). A head has a dozen
+    weights, so these guards cost little."""
+    return [keep or e.guard_type == "TENSOR_MATCH" for keep, e in zip(module_guards(entries), entries)]
+
+
+def compile_steps(fn, dtype: torch.dtype, device: torch.device, guard_filter=module_guards):
     """`fn` (a module or a function) wrapped in torch.compile as dynatree compiles decode steps (see
     `LoadedModel.compiled`): DYNAMIC_SOURCES symbolic from the first graph, RECOMPILE_LIMIT,
-    `module_guards`, no runtime asserts, the C++ wrapper on a CPU; `dtype`/`device` those of the weights.
+    `guard_filter` (`module_guards`, or `weight_guards`), no runtime asserts, the C++ wrapper on a CPU;
+    `dtype`/`device` those of the weights.
     Used for targets and draft LMs (`LoadedModel.compiled`) and feature heads (featurehead.head_step)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     given = [s for s in torch.compiler.config.dynamic_sources.split(",") if s]
@@ -320,7 +329,7 @@ def compile_steps(fn, dtype: torch.dtype, device: torch.device):
     # 16-bit models: inductor rounds every intermediate to the dtype where eager code does, as it
     # would not by default: otherwise the one-token and tree graphs, fused differently, round some
     # values differently and greedy tokens differ from ar's
-    options = {"guard_filter_fn": module_guards, "emulate_precision_casts": dtype in (torch.bfloat16, torch.float16),
+    options = {"guard_filter_fn": guard_filter, "emulate_precision_casts": dtype in (torch.bfloat16, torch.float16),
                **no_runtime_asserts(), **wrapper_options(device)}
     return torch.compile(fn, options=options)
 

@@ -30,6 +30,7 @@ class StoreMixed:
     def reset(self, tokens, hidden=None): self.lm.reset(tokens, hidden)
     def commit(self, tokens, path, hidden=None): self.lm.commit(tokens, path, hidden)
     def without_model(self): return None
+    def warm_up(self): return self.lm.warm_up()
     def propose(self, tree, nodes, k, full=False):
         ans = self.lm.propose(tree, nodes, k, full=True)
         ids, probs = ans.ids.clone(), ans.probs.clone()
