@@ -96,6 +96,7 @@ def test_compiled_steps_read_the_weights_on_every_call():
 @pytest.mark.skipif(not ON_CPU, reason="switches oneDNN's packed linears, which exist on the CPU only")
 def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_recompiles(monkeypatch):
     kept_types, dropped_types, dropped_type_matches = set(), set(), []
+    kept_shapes, dropped_shapes = [], []  # weights' shape checks (TENSOR_MATCH), by source name
     module_guards = runtime.module_guards
 
     def spy(entries):
@@ -105,6 +106,8 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
                 (kept_types if k else dropped_types).add(e.guard_type)
                 if not k and e.guard_type == "TYPE_MATCH":
                     dropped_type_matches.append((e.name, e.value if e.has_value else None))
+                if e.guard_type == "TENSOR_MATCH":
+                    (kept_shapes if k else dropped_shapes).append(e.name)
         return keep
 
     base = tiny("llama", seed=4, dtype=torch.float32)
@@ -116,13 +119,20 @@ def test_guards_on_module_internals_are_dropped_but_switching_kernels_still_reco
                                ignore_eos=True, compile=True).new_token_ids
     expected = hf_greedy(target, prompt, 6)
     assert run() == expected
-    # all four kinds occur on a transformers model, and the type checks of the modules' own dicts
-    assert dropped_types == runtime.SKIPPED_MODULE_GUARDS | {"TYPE_MATCH"}
+    # all three kinds occur on a transformers model, and the type and shape checks named below
+    assert dropped_types == runtime.SKIPPED_MODULE_GUARDS | {"TYPE_MATCH", "TENSOR_MATCH"}
+    # one shape check per weight role stays (the 2-layer model: its first layer's and the others'),
+    # each dropped one is a later layer's copy of a kept role
+    kept_roles = {runtime.weight_role(name) for name in kept_shapes}
+    assert len(kept_roles) == len(kept_shapes) and any("['0']" in name for name in kept_shapes)
+    assert dropped_shapes and all("['0']" not in name and runtime.weight_role(name) in kept_roles
+                                  for name in dropped_shapes)
     # ... and only those: each dropped type check guarded a dict that a module keeps as its own
     assert dropped_type_matches and all(isinstance(value, dict) and name.endswith(runtime.MODULE_DICTS)
                                         for name, value in dropped_type_matches)
     assert "CONSTANT_MATCH" in kept_types  # attribute values such as PackedLinear.enabled stay guarded
     assert "TYPE_MATCH" in kept_types  # the modules' own types stay guarded
+    assert "TENSOR_MATCH" in kept_types  # and weights' shapes (models of one class run one code)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     with stock_linears(target.model):  # enabled=False must fail a kept guard: a new graph on F.linear
         assert run() == expected
@@ -516,3 +526,73 @@ def test_a_compiled_head_computes_what_the_eager_head_does_and_copies_leave_it_b
     twin = copy.deepcopy(head)
     assert "_compiled" in head.__dict__ and "_compiled" not in twin.__dict__
     assert twin.compiled() is not head.compiled()
+
+
+def test_heads_that_differ_only_in_their_mlp_do_not_share_a_compiled_graph():
+    """Every head runs `featurehead.head_step`'s compiled code, and the head's guards keep its weights'
+    shapes (`runtime.module_guards`): a second head of the same width but another MLP size builds its
+    own graph and computes its own features, not the first head's graph on its weights."""
+    import dataclasses
+
+    from dynatree.featurehead import FeatureHead
+    from dynatree.tree import additive_mask
+
+    first = random_head("tiny", "head-mlp-64", 21, dtype=torch.float32)
+    cfg = dataclasses.replace(first.config, ffn=48)
+    second = FeatureHead(cfg, first.vocab_ids, name="head-mlp-48")
+    with torch.no_grad():
+        for p in second.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(22)))
+    second = second.eval()
+    torch._dynamo.reset()
+
+    def features(head, compiled: bool):
+        cache = kv.new_cache(head.body)
+        gen = torch.Generator().manual_seed(0)
+        out = None
+        with torch.no_grad():
+            for held, n in ((0, 6), (6, 1)):
+                allowed = torch.ones(n, held + n, dtype=torch.bool).tril(held)
+                with kv.advancing(cache, n, head.name):
+                    out = (head.compiled() if compiled and held else head)(
+                        embeds=torch.randn(1, n, 32, generator=gen), features=torch.randn(1, n, 32, generator=gen),
+                        positions=torch.tensor([list(range(held, held + n))]),
+                        mask=additive_mask(allowed, torch.float32, torch.device("cpu")), cache=cache)
+        return out
+
+    features(first, compiled=True)
+    graphs = runtime.compiled_graphs()
+    out = features(second, compiled=True)
+    assert runtime.compiled_graphs() > graphs  # its own graph
+    torch.testing.assert_close(out, features(second, compiled=False), rtol=1e-5, atol=1e-5)
+
+
+def test_two_models_of_one_class_that_differ_only_in_widths_do_not_share_a_graph():
+    """Under --compile a target and its draft LM (or two targets) of one class run the same code:
+    dynamo tells their graphs apart by the guards kept (`runtime.module_guards`), which must include
+    the weights' shapes. Two Llamas differing only in their MLP's width (same layers, heads, head
+    size): the second builds its own graph and decodes its own greedy tokens."""
+    from helpers import config, tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from dynatree.attention import use_gqa_attention
+    from dynatree.kernels import use_packed_linears
+
+    def llama(ffn: int, seed: int) -> LoadedModel:
+        cfg = config("llama")
+        cfg.intermediate_size = ffn
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg).float().eval()
+        use_gqa_attention(model)
+        use_packed_linears(model)
+        return LoadedModel(model=model, tokenizer=tokenizer(), name=f"tiny-llama-ffn{ffn}", eos_ids=[])
+
+    torch._dynamo.reset()
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]
+    first, second = llama(64, 31), llama(48, 32)
+    api.generate(method="ar", target=first, prompt_ids=prompt, max_new_tokens=8, ignore_eos=True, compile=True)
+    graphs = runtime.compiled_graphs()
+    record = api.generate(method="ar", target=second, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True,
+                          compile=True)
+    assert runtime.compiled_graphs() > graphs  # its own graph
+    assert record.new_token_ids == hf_greedy(second, prompt, 20)

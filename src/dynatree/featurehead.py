@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from .draftspec import HEAD_CONFIG_FILE
 from .errors import DynaTreeError
 from .kernels import use_packed_linears
-from .runtime import cache_kwarg, compile_steps, weight_guards
+from .runtime import cache_kwarg, compile_steps
 
 CONFIG_FILE = HEAD_CONFIG_FILE
 WEIGHTS_FILE = "head.safetensors"
@@ -107,8 +107,7 @@ class FeatureHead(torch.nn.Module):
         (state_dict does not see it); called with the forward's arguments by keyword."""
         wrapper = self.__dict__.get("_compiled")
         if wrapper is None:
-            # weights' shapes guarded: heads share head_step's code, and two may differ only in shapes
-            step = compile_steps(head_step, self.fc.weight.dtype, self.fc.weight.device, guard_filter=weight_guards)
+            step = compile_steps(head_step, self.fc.weight.dtype, self.fc.weight.device)
 
             def wrapper(**inputs):
                 return step(self, inputs)

@@ -98,8 +98,7 @@ def wrapper_options(device: torch.device) -> dict:
 
 
 # Guards dynamo need not check on the model's modules before every compiled call (see `module_guards`).
-SKIPPED_MODULE_GUARDS = frozenset({"EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT", "TENSOR_MATCH",
-                                   "DICT_NOT_CONTAINS"})
+SKIPPED_MODULE_GUARDS = frozenset({"EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN_GENERIC_DICT", "DICT_NOT_CONTAINS"})
 # nn.Module's own bookkeeping dicts, whose type dynamo checks on every module of the model before every
 # call (TYPE_MATCH: "is still a dict"). nn.Module makes them dicts; torch's containers may swap `_modules`
 # for an OrderedDict (deleting an item), which the traced code reads the same way; what they hold (keys,
@@ -111,18 +110,38 @@ def module_guards(entries) -> list[bool]:
     """torch.compile's `guard_filter_fn`: which guards to keep (see `LoadedModel.compiled`).
 
     Drops, on sources inside the model's modules only, the checks that no hooks were added,
-    that no instance attribute shadows a class one, the weights' shapes and strides (a loaded
-    model's weights keep their shapes and layout for its whole life; their values are read on every
-    call), and that each module's `_modules`/`_parameters`/`_buffers` is still a dict (what they
-    hold stays guarded): on SmolLM2's compiled q4 one-token step 2641 of 7423 guards stay. Kept: attribute values
-    (PackedLinear.enabled, the config's attention implementation, training), each module's type
-    (a submodule replaced by another kind recompiles), and every guard on the inputs (ids,
-    positions, mask, KV cache), so switching kernels or attention still recompiles.
+    that no instance attribute shadows a class one, that each module's `_modules`/`_parameters`/
+    `_buffers` is still a dict (what they hold stays guarded), and the shape checks of the weights of
+    repeated layers after the first of each role (`weight_role`). Kept: one shape check per weight
+    role (every model of one class runs the same code, so the weights' shapes are what tells apart the
+    graphs of a target and a draft LM, or of two feature heads, that differ only in widths: without
+    them one model ran the other's graph; checking every layer's copy cost 0.28 ms a step),
+    attribute values (PackedLinear.enabled, the config's attention implementation, training, each
+    layer list's length), each module's type (a submodule replaced by another kind recompiles), and
+    every guard on the inputs (ids, positions, mask, KV cache), so switching kernels or attention still
+    recompiles. On SmolLM2's compiled q4 one-token step 2661 of 7423 guards stay.
     """
-    return [not (e.orig_guard.source.is_unspecialized_nn_module()
-                 and (e.guard_type in SKIPPED_MODULE_GUARDS
-                      or (e.guard_type == "TYPE_MATCH" and e.name.endswith(MODULE_DICTS))))
-            for e in entries]
+    roles: set[str] = set()
+    keep = []
+    for e in entries:
+        if not e.orig_guard.source.is_unspecialized_nn_module():
+            keep.append(True)
+        elif e.guard_type == "TENSOR_MATCH":
+            role = weight_role(e.name)
+            keep.append(role not in roles)
+            roles.add(role)
+        else:
+            keep.append(not (e.guard_type in SKIPPED_MODULE_GUARDS
+                             or (e.guard_type == "TYPE_MATCH" and e.name.endswith(MODULE_DICTS))))
+    return keep
+
+
+def weight_role(name: str) -> str:
+    """A weight's source name with the indexes of repeated layers taken out: the same role in every
+    layer ("...['layers']._modules['3']._modules['mlp']..." -> "...['layers']._modules[*]._modules['mlp']...").
+    Layers of one model share their shapes; a model whose layers differ in width would be told apart
+    from another of its class by its first layer's shapes only."""
+    return re.sub(r"\['\d+'\]", "[*]", name)
 
 
 @dataclass(eq=False)
@@ -265,7 +284,8 @@ class LoadedModel:
         compiled twice, first with static sizes). The recompile limit is raised to
         RECOMPILE_LIMIT anyway, so switching kernels or attention never silently falls back to
         eager. Before every call dynamo checks its guards; `module_guards` leaves out those on the
-        modules' hooks, instance dicts, weight metadata and the types of their own dicts
+        modules' hooks, instance dicts, the types of their own dicts and the shape checks of repeated
+        layers' weights after the first layer's
         (docs/benchmarks.md has the measurements).
         """
         if self._compiled is None:
@@ -309,19 +329,10 @@ class LoadedModel:
             kv.crop(cache, context)
 
 
-def weight_guards(entries) -> list[bool]:
-    """`module_guards`, but the weights' shapes and strides stay guarded: for code shared by modules of
-    one class whose weights may differ in shape where nothing else guarded does (every feature head runs
-    `featurehead.head_step`; two heads of one width may differ in their MLP's). A head has a dozen
-    weights, so these guards cost little."""
-    return [keep or e.guard_type == "TENSOR_MATCH" for keep, e in zip(module_guards(entries), entries)]
-
-
-def compile_steps(fn, dtype: torch.dtype, device: torch.device, guard_filter=module_guards):
+def compile_steps(fn, dtype: torch.dtype, device: torch.device):
     """`fn` (a module or a function) wrapped in torch.compile as dynatree compiles decode steps (see
     `LoadedModel.compiled`): DYNAMIC_SOURCES symbolic from the first graph, RECOMPILE_LIMIT,
-    `guard_filter` (`module_guards`, or `weight_guards`), no runtime asserts, the C++ wrapper on a CPU;
-    `dtype`/`device` those of the weights.
+    `module_guards`, no runtime asserts, the C++ wrapper on a CPU; `dtype`/`device` those of the weights.
     Used for targets and draft LMs (`LoadedModel.compiled`) and feature heads (featurehead.head_step)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     given = [s for s in torch.compiler.config.dynamic_sources.split(",") if s]
@@ -329,7 +340,7 @@ def compile_steps(fn, dtype: torch.dtype, device: torch.device, guard_filter=mod
     # 16-bit models: inductor rounds every intermediate to the dtype where eager code does, as it
     # would not by default: otherwise the one-token and tree graphs, fused differently, round some
     # values differently and greedy tokens differ from ar's
-    options = {"guard_filter_fn": guard_filter, "emulate_precision_casts": dtype in (torch.bfloat16, torch.float16),
+    options = {"guard_filter_fn": module_guards, "emulate_precision_casts": dtype in (torch.bfloat16, torch.float16),
                **no_runtime_asserts(), **wrapper_options(device)}
     return torch.compile(fn, options=options)
 

@@ -1,8 +1,9 @@
 """Time dynamo's guard check of the compiled q4 one-token step (300-token context), by guard filter.
 
-  FILTER=shipped|previous|none python docs/results/guard-check/check.py
+  FILTER=shipped|no-weights|previous|none python docs/results/guard-check/check.py
 
-`shipped`: runtime.module_guards; `previous`: the filter before the modules' own dicts were dropped
+`shipped`: runtime.module_guards; `no-weights`: the same without the weights' TENSOR_MATCH guards (as
+shipped until stop 59); `previous`: the filter before the modules' own dicts were dropped
 (SKIPPED_MODULE_GUARDS only); `none`: dynamo's full guards. Prints how many guards the filter keeps
 and the median microseconds of 2000 calls of the cache entry's guard check on the step's own inputs.
 (README.md beside this file.)
@@ -25,6 +26,9 @@ shipped = runtime.module_guards
 def chosen(entries):
     if FILTER == "shipped":
         keep = shipped(entries)
+    elif FILTER == "no-weights":  # shipped until stop 59: the weights' shapes and strides dropped too
+        keep = [k and not (e.orig_guard.source.is_unspecialized_nn_module() and e.guard_type == "TENSOR_MATCH")
+                for k, e in zip(shipped(entries), entries)]
     elif FILTER == "previous":
         keep = [not (e.orig_guard.source.is_unspecialized_nn_module() and e.guard_type in runtime.SKIPPED_MODULE_GUARDS)
                 for e in entries]
