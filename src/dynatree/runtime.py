@@ -111,9 +111,10 @@ def module_guards(entries) -> list[bool]:
 
     Drops, on sources inside the model's modules only, the checks that no hooks were added,
     that no instance attribute shadows a class one, that each module's `_modules`/`_parameters`/
-    `_buffers` is still a dict (what they hold stays guarded), and the shape checks of the weights of
-    repeated layers after the first of each role (`weight_role`). Kept: one shape check per weight
-    role (every model of one class runs the same code, so the weights' shapes are what tells apart the
+    `_buffers` is still a dict (what they hold stays guarded), and the shape checks of repeated layers'
+    weights whose shape, strides, dtype and device equal those of the first of their role
+    (`weight_role`). Kept: the first shape check of each role and every one that differs from it
+    (every model of one class runs the same code, so the weights' shapes are what tells apart the
     graphs of a target and a draft LM, or of two feature heads, that differ only in widths: without
     them one model ran the other's graph; checking every layer's copy cost 0.28 ms a step),
     attribute values (PackedLinear.enabled, the config's attention implementation, training, each
@@ -121,15 +122,18 @@ def module_guards(entries) -> list[bool]:
     every guard on the inputs (ids, positions, mask, KV cache), so switching kernels or attention still
     recompiles. On SmolLM2's compiled q4 one-token step 2661 of 7423 guards stay.
     """
-    roles: set[str] = set()
+    first_of_role: dict[str, tuple] = {}  # role -> (shape, strides, dtype, device) of its first weight
     keep = []
     for e in entries:
         if not e.orig_guard.source.is_unspecialized_nn_module():
             keep.append(True)
         elif e.guard_type == "TENSOR_MATCH":
+            if not (e.has_value and isinstance(e.value, torch.Tensor)):
+                keep.append(True)
+                continue
+            meta = (tuple(e.value.shape), e.value.stride(), e.value.dtype, e.value.device)
             role = weight_role(e.name)
-            keep.append(role not in roles)
-            roles.add(role)
+            keep.append(first_of_role.setdefault(role, meta) is meta or first_of_role[role] != meta)
         else:
             keep.append(not (e.guard_type in SKIPPED_MODULE_GUARDS
                              or (e.guard_type == "TYPE_MATCH" and e.name.endswith(MODULE_DICTS))))
@@ -139,8 +143,9 @@ def module_guards(entries) -> list[bool]:
 def weight_role(name: str) -> str:
     """A weight's source name with the indexes of repeated layers taken out: the same role in every
     layer ("...['layers']._modules['3']._modules['mlp']..." -> "...['layers']._modules[*]._modules['mlp']...").
-    Layers of one model share their shapes; a model whose layers differ in width would be told apart
-    from another of its class by its first layer's shapes only."""
+    (Also merges the children of an nn.Sequential; harmless: a copy whose shape differs is kept.)
+    What is left unchecked: a model whose later layers differ from its first ones, compiled after one
+    of its class whose layers are uniform and the same as its first, would match that one's graph."""
     return re.sub(r"\['\d+'\]", "[*]", name)
 
 

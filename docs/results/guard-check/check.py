@@ -30,8 +30,8 @@ def chosen(entries):
         keep = [k and not (e.orig_guard.source.is_unspecialized_nn_module() and e.guard_type == "TENSOR_MATCH")
                 for k, e in zip(shipped(entries), entries)]
     elif FILTER == "previous":
-        keep = [not (e.orig_guard.source.is_unspecialized_nn_module() and e.guard_type in runtime.SKIPPED_MODULE_GUARDS)
-                for e in entries]
+        skipped = runtime.SKIPPED_MODULE_GUARDS | {"TENSOR_MATCH"}  # as it then was
+        keep = [not (e.orig_guard.source.is_unspecialized_nn_module() and e.guard_type in skipped) for e in entries]
     else:
         keep = [True] * len(entries)
     print(f"{FILTER}: {sum(keep)} of {len(entries)} guards kept")
