@@ -132,8 +132,8 @@ def module_guards(entries) -> list[bool]:
                 keep.append(True)
                 continue
             meta = (tuple(e.value.shape), e.value.stride(), e.value.dtype, e.value.device)
-            role = weight_role(e.name)
-            keep.append(first_of_role.setdefault(role, meta) is meta or first_of_role[role] != meta)
+            first = first_of_role.setdefault(weight_role(e.name), meta)
+            keep.append(first is meta or first != meta)  # its role's first check, or a copy of another shape
         else:
             keep.append(not (e.guard_type in SKIPPED_MODULE_GUARDS
                              or (e.guard_type == "TYPE_MATCH" and e.name.endswith(MODULE_DICTS))))
@@ -289,9 +289,8 @@ class LoadedModel:
         compiled twice, first with static sizes). The recompile limit is raised to
         RECOMPILE_LIMIT anyway, so switching kernels or attention never silently falls back to
         eager. Before every call dynamo checks its guards; `module_guards` leaves out those on the
-        modules' hooks, instance dicts, the types of their own dicts and the shape checks of repeated
-        layers' weights after the first layer's
-        (docs/benchmarks.md has the measurements).
+        modules' hooks, instance dicts, the types of their own dicts and the shape checks of later
+        layers' weights equal to the first layer's (docs/benchmarks.md has the measurements).
         """
         if self._compiled is None:
             self._compiled = compile_steps(self.model, self.dtype, self.device)
@@ -332,6 +331,12 @@ class LoadedModel:
                                                            torch.arange(context + n))
             self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden, compiled=True)
             kv.crop(cache, context)
+
+
+def compiles_on(cache) -> bool:
+    """Whether a drafter's step on `cache` may run compiled: on 2+ entries, the lengths its warm-up builds
+    graphs for (dynamo specialises an entry count of 1: another graph, built inside the timings)."""
+    return kv.length(cache) >= 2
 
 
 def compile_steps(fn, dtype: torch.dtype, device: torch.device):

@@ -13,9 +13,9 @@ the target's features, as in training. Under a KV window the head sees what the 
 the target see and evicts the same way.
 
 With `compile` (a `--compile` run) every head forward after the first of a sequence (which feeds
-the whole prompt, as the target's prefill does, eagerly) on a cache of 2+ entries goes through the head's torch.compile
-wrapper (`FeatureHead.compiled`): one graph for one fed token and one for several, built by
-`warm_up` before any clock starts. Proposals never decide what is committed, so compiled and eager
+the whole prompt, as the target's prefill does, eagerly) on a cache of 2+ entries
+(`runtime.compiles_on`) goes through the head's torch.compile wrapper (`FeatureHead.compiled`): one
+graph for one fed token and one for several, built by `warm_up` before any clock starts. Proposals never decide what is committed, so compiled and eager
 heads round differently without touching exactness.
 """
 
@@ -29,7 +29,7 @@ import torch
 from .. import cache as kv
 from ..featurehead import FeatureHead, check_head
 from ..kernels import PackedLinear, linear_kernel
-from ..runtime import compiled_graphs
+from ..runtime import compiled_graphs, compiles_on
 from ..tree import TreeBuilder, additive_mask
 from ..window import KVWindow
 from .base import Proposal
@@ -173,9 +173,7 @@ class FeatureDrafter:
         embeds = self.embed(torch.tensor([ids], device=device)).to(self.out_rows.dtype)
         mask = additive_mask(allowed, self.out_rows.dtype, device)
         self.calls += 1
-        # compiled after the sequence's first forward, on a cache of 2+ entries (the warm-up's graphs:
-        # dynamo would build another for a count of 1)
-        compiled = self.compile and kv.length(self.cache) >= 2
+        compiled = self.compile and compiles_on(self.cache)  # (never the sequence's first forward: an empty cache)
         return self._head_forward(self.cache, embeds, features, positions, mask, compiled=compiled)[0]
 
     def _head_forward(self, cache, embeds: torch.Tensor, features: torch.Tensor, positions: list[int],

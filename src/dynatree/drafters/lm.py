@@ -4,9 +4,9 @@ Cache layout while a tree grows: [committed tokens | tree nodes fed so far, leve
 Each fed node attends to the committed tokens and to its own ancestors only (4-D mask,
 position = root position + depth), so every branch is drafted from its own context.
 With `compile` (a `--compile` run; by default the draft's own `compile` setting) every draft forward
-after the first of a sequence (the prompt's, eager as the target's prefill is) on a cache of 2+ entries
-runs the draft's compiled steps (`LoadedModel.compiled`: one graph
-for one masked token, one for several), built by `warm_up` before any clock starts.
+after the first of a sequence (the prompt's, eager as the target's prefill is) on a cache of 2+
+entries (`runtime.compiles_on`) runs the draft's compiled steps (`LoadedModel.compiled`: one graph for
+one masked token, one for several), built by `warm_up` before any clock starts.
 After verification `commit` keeps the accepted path's entries (moved into place) and drops
 the rest: the cache survives across iterations and only new tokens are ever fed again.
 With a KV window the draft follows the same policy as the target: each query sees only
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .. import cache as kv
-from ..runtime import LoadedModel
+from ..runtime import LoadedModel, compiles_on
 from ..tree import TreeBuilder
 from ..window import KVWindow
 from .base import Proposal
@@ -124,9 +124,8 @@ class LMDrafter:
         return logits
 
     def _compiled(self) -> bool:
-        """Whether the next forward is compiled: after the sequence's first, on a cache of 2+ entries (the
-        warm-up's graphs: dynamo would build another for a count of 1)."""
-        return self.compile and kv.length(self.cache) >= 2
+        """Whether the next forward is compiled (never the sequence's first: an empty cache)."""
+        return self.compile and compiles_on(self.cache)
 
     def _mask(self, allowed: torch.Tensor, query_pos: list[int], key_pos: list[int]) -> torch.Tensor:
         if self.window is not None:
