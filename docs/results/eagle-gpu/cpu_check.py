@@ -1,7 +1,8 @@
 """Are the GPU's greedy answers the target's answers on this CPU? Regenerates the answers of a few
 turns from the GPU-built answers files (one at a time: no padding), greedy, float32, and reports how
 many tokens each keeps in common with the GPU's answer before the first difference.
-    python docs/results/eagle-gpu/cpu_check.py [N] > docs/results/eagle-gpu/cpu_check.json"""
+    python docs/results/eagle-gpu/cpu_check.py [N [LIST]] > docs/results/eagle-gpu/cpu_check.json
+LIST: a file naming the answers files to sample from (one name a line), e.g. one lease's new files."""
 import gzip
 import json
 import random
@@ -14,6 +15,9 @@ from dynatree.models import load_model
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 12
 files = sorted(p for p in Path("data/distill/smollm2-135m").glob("answers-*.json.gz")
                if json.loads(gzip.decompress(p.read_bytes()))["device"].startswith("cuda"))
+if len(sys.argv) > 2:
+    wanted = set(Path(sys.argv[2]).read_text().split())
+    files = [p for p in files if p.name in wanted]
 rng = random.Random(0)
 target = load_model("smollm2-135m", device="cpu", dtype="float32")
 rows = []
