@@ -279,6 +279,12 @@ def test_auto_is_q4_only_for_a_gguf_target_with_4_bit_layers_on_the_cpu(tmp_path
     assert resolve_auto("auto", None, cpu, None) == ("dense", None)  # not from a GGUF file
     _write_gguf(tmp_path / "dense.gguf", {"w": (np.ones((16, 32), dtype=np.float32), F32)})
     assert resolve_auto("auto", None, cpu, tmp_path / "dense.gguf") == ("dense", None)
+    for _ in range(2):  # with the row cache (as load_model passes it): written empty, then read back
+        assert resolve_auto("auto", None, cpu, tmp_path / "dense.gguf", cache_dir=tmp_path / "q4") == ("dense", None)
+    assert len(list((tmp_path / "q4").glob("dense-*.npz"))) == 1
+    with pytest.raises(DynaTreeError, match=r"dense\.gguf holds 1 F32: use --weights int8 or dense$"):
+        apply_weights(_fresh_llama(), "q4", cpu, tmp_path / "dense.gguf", "dense.gguf",
+                      resolve_auto("q4", None, cpu, tmp_path / "dense.gguf", cache_dir=tmp_path / "q4")[1])
     assert resolve_auto("int8", None, cpu, tmp_path / "tiny.gguf") == ("int8", None)
     loaded = load_model(str(saved_tiny), weights="auto")
     assert loaded.weights == "dense" and loaded.dtype == torch.float32

@@ -223,7 +223,8 @@ def _save_rows(rows: Q4Rows, target: Path) -> None:
         arrays[f"codes{i}"] = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
         arrays[f"scale{i}"], arrays[f"zero{i}"] = scale, zero
     digests = list(rows.index)
-    arrays["digests"] = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), -1)
+    # (a file without 4-bit tensors has no rows: the shapes must not be inferred from them)
+    arrays["digests"] = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), DIGEST_BYTES)
     arrays["where"] = np.array([rows.index[d] for d in digests], dtype=np.int64).reshape(len(digests), 2)
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     with open(tmp, "wb") as f:
@@ -289,8 +290,11 @@ def _parse_q4(raw: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.nd
     return q, d, np.zeros_like(d)
 
 
+DIGEST_BYTES = 16  # a row's digest (blake2b) in the q4 row index
+
+
 def _row_digests(values: np.ndarray) -> list[bytes]:
-    return [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in np.ascontiguousarray(values)]
+    return [hashlib.blake2b(row.tobytes(), digest_size=DIGEST_BYTES).digest() for row in np.ascontiguousarray(values)]
 
 
 def _linears(model: torch.nn.Module):
