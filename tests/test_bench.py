@@ -34,6 +34,10 @@ def test_jsonl_prompts(tmp_path):
     f.write_text('{"text": "no prompt field"}\n')
     with pytest.raises(DynaTreeError, match=r'p.jsonl:1: expected a JSON object with a "prompt" field'):
         data.load_texts(str(f), 1)
+    j = tmp_path / "p.json"  # read as text, its JSON would become one prompt: refused instead
+    j.write_text('[{"prompt": "What is the capital of France?"}]')
+    with pytest.raises(DynaTreeError, match=r'p\.json: a \.json file is not a prompts file; .* name it \.jsonl'):
+        data.load_texts(str(j), 1)
 
 
 def test_too_few_prompts_and_unknown_source(tmp_path):

@@ -262,6 +262,11 @@ def _hub_offline(datasets, offline: bool):
 
 
 def prompt_file(path: Path, min_chars: int) -> list[Prompt]:
+    """A prompts file: JSONL (`.jsonl`, one `{"prompt": ...}` object a line) or plain text (any other
+    name: paragraphs). A `.json` file is refused: read as text, its JSON would become one prompt."""
+    if path.suffix.lower() == ".json":
+        raise DynaTreeError(f"{path}: a .json file is not a prompts file; write one JSON object with a \"prompt\" "
+                            "field a line and name it .jsonl, or give plain text (paragraphs)")
     text = _read(path)
     if path.suffix == ".jsonl":
         prompts = []
