@@ -290,6 +290,31 @@ def test_auto_is_q4_only_for_a_gguf_target_with_4_bit_layers_on_the_cpu(tmp_path
     assert loaded.weights == "dense" and loaded.dtype == torch.float32
 
 
+def test_cached_rows_are_keyed_by_the_files_content_so_copies_share_one_entry(tmp_path):
+    """A reinstalled package or another virtual environment holds a copy of the same GGUF file at
+    another path (and time): it reuses the cache entry instead of adding one (the cache grew by a
+    converted model per copy when entries were keyed by path and modification time)."""
+    import hashlib
+    import os
+    import shutil
+
+    from dynatree.weights import file_key
+
+    _quantized_copy(_fresh_llama(), tmp_path / "tiny.gguf")
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(tmp_path / "tiny.gguf", tmp_path / "elsewhere" / "tiny.gguf")
+    os.utime(tmp_path / "elsewhere" / "tiny.gguf", (1, 1))
+    first = read_q4_rows(tmp_path / "tiny.gguf", tmp_path / "q4")
+    again = read_q4_rows(tmp_path / "elsewhere" / "tiny.gguf", tmp_path / "q4")
+    assert len(list((tmp_path / "q4").glob("*.npz"))) == 1 and again.index == first.index
+    want = hashlib.sha256((tmp_path / "tiny.gguf").read_bytes()).hexdigest()[:16]
+    assert file_key(tmp_path / "tiny.gguf") == want
+    assert len(list((tmp_path / "q4" / "keys").glob("*.key"))) == 2  # one per (path, size, time): read once each
+    _quantized_copy(_fresh_llama(seed=1), tmp_path / "elsewhere" / "tiny.gguf")  # other content: its own entry
+    read_q4_rows(tmp_path / "elsewhere" / "tiny.gguf", tmp_path / "q4")
+    assert len(list((tmp_path / "q4").glob("*.npz"))) == 2
+
+
 def test_auto_keeps_a_model_dense_when_no_layer_matches_but_q4_by_name_is_an_error(tmp_path):
     """A GGUF file with a 4-bit tensor that is no layer of the model: auto says why it stayed
     dense (and the model is the float32 one); --weights q4 refuses in one line."""
@@ -364,7 +389,7 @@ def test_the_files_4_bit_rows_are_cached_and_a_damaged_entry_is_rebuilt(tmp_path
     _quantized_copy(model, tmp_path / "tiny.gguf")
     fresh = read_q4_rows(tmp_path / "tiny.gguf")
     first = read_q4_rows(tmp_path / "tiny.gguf", tmp_path / "cache")
-    (entry,) = (tmp_path / "cache").iterdir()
+    (entry,) = (tmp_path / "cache").glob("*.npz")
     again = read_q4_rows(tmp_path / "tiny.gguf", tmp_path / "cache")
     for rows in (first, again):
         assert rows.index == fresh.index and rows.types == fresh.types

