@@ -13,7 +13,7 @@ from helpers import ARCHS, DEVICE, ON_CPU, VOCAB, hf_greedy, tiny, tiny_head
 from dynatree import DynaTreeError, Decoder, generate, make_config
 from dynatree import kernels
 from dynatree.drafters import FeatureDrafter, HybridDrafter, NgramDrafter
-from dynatree.featurehead import FeatureHead, check_head, load_head
+from dynatree.featurehead import FeatureHead, check_head, load_head, output_signature
 from dynatree.methods import METHODS
 from dynatree.window import KVWindow
 
@@ -174,6 +174,25 @@ def test_a_head_for_another_target_is_a_one_line_error(change, message):
     with pytest.raises(DynaTreeError, match=message) as err:
         check_head(other, tiny("llama"))
     assert "\n" not in str(err.value)
+
+
+def test_a_head_for_another_model_of_the_same_shape_and_tokenizer_is_a_one_line_error(tmp_path):
+    """Width, rows and tokenizer alike, weights not: the head's recorded output-layer signature
+    tells the models apart; the same model in another dtype passes; a head without a signature
+    (saved before it was recorded) is not checked for it."""
+    target, other = tiny("llama", seed=0), tiny("llama", seed=1)
+    head = tiny_head("llama")
+    signed = FeatureHead(dataclasses.replace(head.config, output_signature=output_signature(target.model)),
+                         head.vocab_ids, name="signed")
+    check_head(signed, target)
+    check_head(signed, tiny("llama", seed=0, dtype=torch.float32))
+    with pytest.raises(DynaTreeError, match=r"^feature head 'signed' was built for 'tiny-llama-0', a model with other "
+                                            r"weights than target 'tiny-llama-1' .*: train one for it with dynatree "
+                                            r"distill --kind eagle$"):
+        check_head(signed, other)
+    check_head(head, other)  # no signature recorded
+    signed.save(tmp_path / "h")  # the signature travels with the saved head
+    assert load_head(tmp_path / "h").config.output_signature == signed.config.output_signature
 
 
 def test_hf_assisted_refuses_a_feature_head(tmp_path):

@@ -46,12 +46,29 @@ class HeadConfig:
     ffn: int = 1536  # inner size of the decoder layer's MLP
     context: int = 8192  # longest position the head's rotary embedding is set up for
     rms_norm_eps: float = 1e-5
+    # norms of a few rows of the target's output layer (`output_signature`): another model with the
+    # same width and tokenizer has other weights; None in heads saved before it was recorded
+    output_signature: list[float] | None = None
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """SHA-1 of the tokenizer's (token, id) pairs: two tokenizers that map alike match."""
     items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     return hashlib.sha1(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
+
+
+SIGNATURE_ROWS = 64  # output-layer rows whose norms sign a target (spread over its vocabulary)
+SIGNATURE_TOLERANCE = 0.02  # relative: bfloat16 and q4 loads of one model stay far within it
+
+
+def output_signature(model) -> list[float]:
+    """Norms of `SIGNATURE_ROWS` rows of the model's output layer, spread evenly over its vocabulary,
+    in float32 rounded to 4 significant digits: the same model in any weight format (its output
+    layer is float32, bfloat16 or float16) gives the same list within `SIGNATURE_TOLERANCE`; a
+    model with other weights does not."""
+    weight = model.get_output_embeddings().weight.detach()
+    ids = torch.linspace(0, weight.shape[0] - 1, SIGNATURE_ROWS).round().long().to(weight.device)
+    return [float(f"{v:.4g}") for v in weight[ids].float().norm(dim=-1).tolist()]
 
 
 def target_features(model) -> tuple[int, int]:
@@ -167,7 +184,8 @@ def load_head(directory, name: str | None = None, device="cpu", dtype=torch.floa
 
 
 def check_head(head: FeatureHead, target) -> None:
-    """A head drafts only for the target it was built for: same width, output rows and tokenizer."""
+    """A head drafts only for the target it was built for: same width, output rows and tokenizer, and
+    (where the head recorded it) the same output layer's `output_signature`."""
     hidden, rows = target_features(target.model)
     cfg = head.config
     if cfg.hidden_size != hidden:
@@ -179,6 +197,13 @@ def check_head(head: FeatureHead, target) -> None:
     if cfg.tokenizer_sha1 != tokenizer_fingerprint(target.tokenizer):
         raise DynaTreeError(f"feature head {head.name!r} was built for another tokenizer ({cfg.target!r}) "
                             f"than target {target.name!r}'s")
+    if cfg.output_signature is not None:
+        have = output_signature(target.model)
+        off = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(have, cfg.output_signature))
+        if off > SIGNATURE_TOLERANCE:
+            raise DynaTreeError(f"feature head {head.name!r} was built for {cfg.target!r}, a model with other weights "
+                                f"than target {target.name!r} (same width and tokenizer; output-layer rows differ by "
+                                f"up to {off:.0%}): train one for it with dynatree distill --kind eagle")
     if int(head.vocab_ids.max()) >= rows or int(head.vocab_ids.min()) < 0:
         raise DynaTreeError(f"feature head {head.name!r} proposes token ids outside the target's output layer")
     if head.vocab_ids.device != target.device:
