@@ -210,7 +210,8 @@ def test_bad_input_is_one_line_error(capsys, saved_tiny, case):
 @pytest.mark.parametrize("target, message", [
     ("./no/such/model", "does not exist"),
     ("/tmp/definitely-missing-model.gguf", "does not exist"),
-    ("EleutherAI/pythia-70m", "hub is unreachable"),
+    ("EleutherAI/pythia-70m", "hub is unreachable and the model is not in the local cache; pass a local"),
+    ("smollm2-135n", "local cache; did you mean 'smollm2-135m'? pass a local directory"),  # a mistyped alias
 ])
 def test_missing_models(capsys, monkeypatch, target, message):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: the hub is unreachable

@@ -17,6 +17,7 @@ Every failure a user can cause ends in a one-line `DynaTreeError`.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib.util
 import os
 import shutil
@@ -240,12 +241,13 @@ def _from_pretrained(spec, directory, gguf_file, local_only, dtype):
         if not hub_reachable():
             raise DynaTreeError(
                 f"cannot download {spec!r}: the Hugging Face hub is unreachable and the model is not in the "
-                f"local cache; pass a local directory or .gguf file, or use the embedded {DEFAULT_TARGET!r}"
+                f"local cache; {_alias_hint(spec)}pass a local directory or .gguf file, or use the embedded "
+                f"{DEFAULT_TARGET!r}"
             )
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=local_only)
     except (OSError, ValueError) as exc:
-        raise DynaTreeError(f"cannot load model {spec!r}: {first_line(exc)}") from None
+        raise DynaTreeError(f"cannot load model {spec!r}: {_alias_hint(spec)}{first_line(exc)}") from None
     if getattr(config, "is_encoder_decoder", False):
         raise DynaTreeError(f"{spec!r} is an encoder-decoder model ({config.model_type}); dynatree needs a causal LM")
     architectures = getattr(config, "architectures", None) or []
@@ -275,6 +277,13 @@ def _is_causal_lm_class(name: str) -> bool:
 
     known = {n for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for n in ([v] if isinstance(v, str) else v)}
     return name in known or name.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def _alias_hint(spec: str) -> str:
+    """ "did you mean 'smollm2-135m-eagle'? " when `spec` is one typo from an embedded alias, else "": a
+    mistyped alias reaches the hub as an id, whose error alone does not say what was meant."""
+    close = difflib.get_close_matches(spec, [*EMBEDDED, *EMBEDDED_DRAFTS], n=1, cutoff=0.85)
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
