@@ -50,6 +50,9 @@ def test_other_accelerators_are_refused_in_one_line():
     for name in ("mps", "xpu"):
         with pytest.raises(DynaTreeError, match=f"device '{name}' is not supported; choose cpu, cuda"):
             resolve_device(name)
+    for name in ("tpu", "cuda:x"):  # not torch device names: the same choices, not torch's own list
+        with pytest.raises(DynaTreeError, match=f"^unknown device '{name}'; choose cpu, cuda, cuda:N or auto$"):
+            resolve_device(name)
 
 
 def test_a_model_on_cuda_0_is_where_cuda_says():

@@ -65,8 +65,8 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
-    except RuntimeError as exc:
-        raise DynaTreeError(f"unknown device {name!r}: {exc}") from None
+    except RuntimeError:
+        raise DynaTreeError(f"unknown device {name!r}; choose cpu, cuda, cuda:N or auto") from None
     if device.type not in ("cpu", "cuda"):
         raise DynaTreeError(f"device {name!r} is not supported; choose cpu, cuda, cuda:N or auto")
     if device.type == "cuda" and not torch.cuda.is_available():
