@@ -169,6 +169,10 @@ def cmd_generate(args) -> int:
     if args.compare is not None and not compared:
         raise DynaTreeError("--compare needs a comma-separated list of methods, got an empty one")
     methods = [args.method] + compared
+    repeated = sorted({m for m in methods if methods.count(m) > 1})
+    if repeated:  # (one run per method: a repeat would be dropped, and with it the table)
+        raise DynaTreeError(f"--compare repeats {', '.join(repeated)} (--method {args.method} runs already); name "
+                            "each method once")
     given = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
     for method in methods:
         get_method(method)  # an unknown method fails before the checks below name it
