@@ -62,6 +62,11 @@ class Request:
         config = make_config(self.method, **self.options)
         _positive_int("max_new_tokens (--max-new-tokens)", self.max_new_tokens)
         _positive_int("ngram_max (--ngram-max)", self.ngram_max)
+        for name, flag in (("ignore_eos", "--ignore-eos"), ("chat", "--chat"), ("sample", "--sample")):
+            if not isinstance(getattr(self, name), bool):  # ("yes" or 0 would be read as a truth value)
+                raise DynaTreeError(f"{name} ({flag}) must be True or False, got {getattr(self, name)!r}")
+        if self.compile is not None and not isinstance(self.compile, bool):
+            raise DynaTreeError(f"compile (--compile) must be True, False or None, got {self.compile!r}")
         if not is_int(self.seed):
             raise DynaTreeError(f"seed (--seed) must be an integer, got {self.seed!r}")
         if self.prompt is not None and self.prompt_ids is not None:
