@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = Parser(prog="dynatree", description="Exact tree-based speculative decoding for HuggingFace causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    methods = "\n".join(f"  {m.name:12s} {m.summary}" for m in METHODS.values())
+    width = max(len(name) for name in METHODS)
+    methods = "\n".join(f"  {m.name:{width}s}  {m.summary}" for m in METHODS.values())
     gen = sub.add_parser(
         "generate",
         help="decode one prompt",

@@ -50,7 +50,7 @@ def add_distill_command(sub) -> None:
         if len(per_kind) == len(KINDS) and len(set(map(repr, defaults.values()))) == 1:
             shown = f"[{first.default}]"
         else:
-            shown = "[" + ", ".join(f"{k}: {v}" for k, v in defaults.items()) + "]"
+            shown = "[" + ", ".join(f"{k}: {v if v != '' else 'none'}" for k, v in defaults.items()) + "]"
         help_text = f"{first.metadata['help']} {shown}"
         if kind_type is bool:
             g.add_argument(cli_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
