@@ -64,3 +64,9 @@ def test_a_model_on_cuda_0_is_where_cuda_says():
     if torch.cuda.is_available():  # 'cuda' alone is the current device
         here = torch.device("cuda", torch.cuda.current_device())
         assert same_device(torch.device("cuda"), here)
+
+
+def test_a_loaded_models_repr_is_one_line_naming_it():
+    """Printed whole, the module tree and the tokenizer's added tokens ran to about 60 lines."""
+    text = repr(tiny("llama"))
+    assert text.startswith("LoadedModel(name='tiny-llama-0'") and "\n" not in text and "weights='dense'" in text

@@ -153,8 +153,9 @@ def weight_role(name: str) -> str:
 class LoadedModel:
     """A causal LM ready for decoding, with what the engine needs to know about it."""
 
-    model: torch.nn.Module  # a transformers *ForCausalLM in eval mode
-    tokenizer: object  # its tokenizer (PreTrainedTokenizerBase)
+    # (neither in the repr: printed whole, the module tree and every added token ran to ~60 lines)
+    model: torch.nn.Module = field(repr=False)  # a transformers *ForCausalLM in eval mode
+    tokenizer: object = field(repr=False)  # its tokenizer (PreTrainedTokenizerBase)
     name: str  # the spec the user gave (alias, path or hub id)
     eos_ids: list[int] = field(default_factory=list)  # tokens that end generation
     compile: bool = False  # run decode steps (not prefills) through torch.compile; may be switched per run
