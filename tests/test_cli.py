@@ -195,8 +195,9 @@ BAD_INPUTS = {
     "two without --sample": (["w5", "--top-k", "3", "--top-p", "0.5"], "--top-k, --top-p apply only with --sample"),
     "padded draft spec": (["w5", "--draft", " ngram+ "], "needs a draft model after 'ngram+'"),
     "blank compare": (["w5", "--compare", " , "], "--compare needs a comma-separated list"),
-    "compare with itself": (["w5", "--method", "ar", "--compare", "ar"], "--compare repeats ar (--method ar runs"),
-    "compare twice": (["w5", "--compare", "ar,linear,ar"], "--compare repeats ar "),
+    "compare with itself": (["w5", "--method", "ar", "--compare", "ar"],
+                            "--compare repeats ar (--method ar runs already); name each method once"),
+    "compare twice": (["w5", "--compare", "ar,linear,ar"], "--compare repeats ar; name each method once"),
 }
 
 

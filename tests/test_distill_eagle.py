@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from dynatree.cli import main
 from dynatree.distill.chat import instruction_prompts
 from dynatree.distill.eagle_data import EagleConfig, build_data
 from dynatree.distill.eagle_train import _pass_mask, distill_eagle, pass_mask_for
-from dynatree.featurehead import load_head
+from dynatree.featurehead import check_head, load_head, output_signature
 from dynatree.runtime import LoadedModel
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }} w3 {% endfor %}{% if add_generation_prompt %}w4 {% endif %}"
@@ -367,6 +368,7 @@ def test_training_fits_the_data_and_the_head_drafts_exactly(tmp_path, prompts):
     assert last > first + 0.08 and summary["history"][-1]["train_agreement_moving_avg"][1] > 0.2
     head = load_head(out, dtype=torch.float32)
     assert head.config.draft_vocab == 60
+    assert head.config.output_signature == output_signature(target.model)  # what check_head compares
     prompt = target.tokenizer("w9 w10 w11 w4", add_special_tokens=False).input_ids
     record = generate(prompt_ids=prompt, method="dynatree", target=target, draft=str(out), max_new_tokens=20,
                       ignore_eos=True)
@@ -382,6 +384,17 @@ def test_training_fits_the_data_and_the_head_drafts_exactly(tmp_path, prompts):
     assert torch.equal(cont.vocab_ids, head.vocab_ids)
     for (name, a), (_, b) in zip(head.state_dict().items(), cont.state_dict().items()):
         torch.testing.assert_close(a, b, msg=name)
+    # ... also a head of another model of the target's shape (its signature differs), signed anew
+    foreign = tmp_path / "foreign"
+    shutil.copytree(out, foreign)
+    config = json.loads((foreign / "feature_head.json").read_text())
+    config["output_signature"] = [2 * v for v in config["output_signature"]]
+    (foreign / "feature_head.json").write_text(json.dumps(config))
+    with pytest.raises(DynaTreeError, match="a model with other weights"):
+        check_head(load_head(foreign), target)
+    distill_eagle(target, tmp_path / "from-foreign", EagleConfig(**{**SMALL, "prompts": str(prompts), "steps": 1,
+                                                                   "init_head": str(foreign)}), progress=False)
+    assert load_head(tmp_path / "from-foreign").config.output_signature == output_signature(target.model)
     with pytest.raises(DynaTreeError, match="not a feature-head directory"):
         EagleConfig(init_head=str(tmp_path)).validate()
 

@@ -185,12 +185,14 @@ def test_a_head_for_another_model_of_the_same_shape_and_tokenizer_is_a_one_line_
     signed = FeatureHead(dataclasses.replace(head.config, output_signature=output_signature(target.model)),
                          head.vocab_ids, name="signed")
     check_head(signed, target)
-    check_head(signed, tiny("llama", seed=0, dtype=torch.float32))
+    for dtype in (torch.float32, torch.bfloat16):  # the same model in other formats
+        check_head(signed, tiny("llama", seed=0, dtype=dtype))
     with pytest.raises(DynaTreeError, match=r"^feature head 'signed' was built for 'tiny-llama-0', a model with other "
                                             r"weights than target 'tiny-llama-1' .*: train one for it with dynatree "
                                             r"distill --kind eagle$"):
         check_head(signed, other)
     check_head(head, other)  # no signature recorded
+    check_head(signed, other, same_weights=False)  # a head continued on another model of its shape (--init-head)
     signed.save(tmp_path / "h")  # the signature travels with the saved head
     assert load_head(tmp_path / "h").config.output_signature == signed.config.output_signature
 

@@ -309,7 +309,7 @@ def test_cached_rows_are_keyed_by_the_files_content_so_copies_share_one_entry(tm
     assert len(list((tmp_path / "q4").glob("*.npz"))) == 1 and again.index == first.index
     want = hashlib.sha256((tmp_path / "tiny.gguf").read_bytes()).hexdigest()[:16]
     assert file_key(tmp_path / "tiny.gguf") == want
-    assert len(list((tmp_path / "q4" / "keys").glob("*.key"))) == 2  # one per (path, size, time): read once each
+    assert len(list((tmp_path / "keys").glob("*.key"))) == 2  # one per (path, size, time): read once each
     _quantized_copy(_fresh_llama(seed=1), tmp_path / "elsewhere" / "tiny.gguf")  # other content: its own entry
     read_q4_rows(tmp_path / "elsewhere" / "tiny.gguf", tmp_path / "q4")
     assert len(list((tmp_path / "q4").glob("*.npz"))) == 2
@@ -395,7 +395,9 @@ def test_the_files_4_bit_rows_are_cached_and_a_damaged_entry_is_rebuilt(tmp_path
         assert rows.index == fresh.index and rows.types == fresh.types
         for mine, theirs in zip((rows.codes, rows.scale, rows.zero), (fresh.codes, fresh.scale, fresh.zero)):
             assert len(mine) == len(theirs) and all(np.array_equal(a, b) for a, b in zip(mine, theirs))
-    entry.write_bytes(b"not a cache entry")
-    rebuilt = read_q4_rows(tmp_path / "tiny.gguf", tmp_path / "cache")
-    assert rebuilt.index == fresh.index and np.array_equal(rebuilt.codes[0], fresh.codes[0])
-    assert entry.stat().st_size > 100  # rewritten
+    whole = entry.read_bytes()
+    for damage in (b"not a cache entry", whole[: len(whole) // 2]):  # garbage; a half-written zip (BadZipFile)
+        entry.write_bytes(damage)
+        rebuilt = read_q4_rows(tmp_path / "tiny.gguf", tmp_path / "cache")
+        assert rebuilt.index == fresh.index and np.array_equal(rebuilt.codes[0], fresh.codes[0])
+        assert entry.stat().st_size == len(whole)  # rewritten

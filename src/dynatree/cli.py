@@ -172,8 +172,8 @@ def cmd_generate(args) -> int:
     methods = [args.method] + compared
     repeated = sorted({m for m in methods if methods.count(m) > 1})
     if repeated:  # (one run per method: a repeat would be dropped, and with it the table)
-        raise DynaTreeError(f"--compare repeats {', '.join(repeated)} (--method {args.method} runs already); name "
-                            "each method once")
+        already = f" (--method {args.method} runs already)" if args.method in repeated else ""
+        raise DynaTreeError(f"--compare repeats {', '.join(repeated)}{already}; name each method once")
     given = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
     for method in methods:
         get_method(method)  # an unknown method fails before the checks below name it

@@ -226,7 +226,13 @@ def _converted_gguf_dir(gguf: Path, label: str) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: a crash never leaves a half-written checkpoint behind
+    try:
+        tmp.rename(out)  # atomic: a crash never leaves a half-written checkpoint behind
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "config.json").exists():
+            raise
+        # another process (a copy of the same file: entries are keyed by content) finished first
     return out
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,11 +231,12 @@ def read_q4_rows(path: Path, cache_dir: Path | None = None) -> Q4Rows:
     later loads skip reading the file, whose metadata alone (SmolLM2's tokenizer) takes ~3 s."""
     cached = None
     if cache_dir is not None:
-        cached = Path(cache_dir) / f"{Path(path).stem}-{file_key(Path(path), Path(cache_dir) / 'keys')}.npz"
+        # (the digest memo beside the cache folder: the cache root's, which the converted models use too)
+        cached = Path(cache_dir) / f"{Path(path).stem}-{file_key(Path(path), Path(cache_dir).parent / 'keys')}.npz"
         if cached.exists():
             try:
                 return _load_rows(cached)
-            except (OSError, ValueError, KeyError, EOFError):
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
                 pass  # a damaged entry is read again from the file and rewritten
     rows = _read_rows(path)
     if cached is not None:

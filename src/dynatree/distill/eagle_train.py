@@ -222,8 +222,8 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
     start_from = None
     if cfg.init_head:  # continue an existing head: its sub-vocabulary too
         start_from = load_head(Path(cfg.init_head).expanduser(), name=cfg.init_head, device=target.device)
-        check_head(start_from, target)
-        start_from.config.output_signature = output_signature(target.model)  # (a head saved before it had none)
+        check_head(start_from, target, same_weights=False)  # (a head of another model of this shape may start it)
+        start_from.config.output_signature = output_signature(target.model)  # trained for this target from now on
         head_vocab = start_from.vocab_ids.cpu()
     else:
         head_vocab = counts.argsort(descending=True)[: min(cfg.draft_vocab, target.vocab_size)].sort().values
