@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..featurehead import output_signature
 from .common import record
 
 
 def write_head(head, target, out: Path, cfg, info: dict, final: dict, history: list, timings: dict,
                command: list[str] | None) -> dict:
-    """Save the head and its record; return the summary written to out/distill.json."""
+    """Save the head and its record, signed for `target` (`output_signature`: whether it was new or
+    continued from another model's head); return the summary written to out/distill.json."""
+    head.config.output_signature = output_signature(target.model)
     summary = record("eagle", target, cfg, command, parameters=sum(p.numel() for p in head.parameters()), data=info,
                      held_out=final, history=history, timings=timings)
     head.eval().save(out, extra={"trained": {"held_out": final, "steps": cfg.steps}})

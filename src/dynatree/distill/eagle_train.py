@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DynaTreeError
-from ..featurehead import (FeatureHead, HeadConfig, check_head, load_head, output_signature, target_features,
-                           tokenizer_fingerprint)
+from ..featurehead import FeatureHead, HeadConfig, check_head, load_head, target_features, tokenizer_fingerprint
 from ..runtime import LoadedModel
 from .common import batches, lr_at, resumed, save_atomic
 from .eagle_data import EagleConfig, build_data
@@ -43,7 +42,6 @@ def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> 
                                   or tcfg.num_attention_heads),
         ffn=cfg.ffn or getattr(tcfg, "intermediate_size", 4 * hidden),
         context=target.context_length or 8192, rms_norm_eps=getattr(tcfg, "rms_norm_eps", 1e-5),
-        output_signature=output_signature(target.model),
     )
     torch.manual_seed(cfg.seed)
     head = FeatureHead(config, vocab_ids, name="feature-head")
@@ -222,8 +220,8 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
     start_from = None
     if cfg.init_head:  # continue an existing head: its sub-vocabulary too
         start_from = load_head(Path(cfg.init_head).expanduser(), name=cfg.init_head, device=target.device)
-        check_head(start_from, target, same_weights=False)  # (a head of another model of this shape may start it)
-        start_from.config.output_signature = output_signature(target.model)  # trained for this target from now on
+        check_head(start_from, target, same_weights=False)  # (a head of another model of this shape may start it;
+        # write_head signs the result for this target)
         head_vocab = start_from.vocab_ids.cpu()
     else:
         head_vocab = counts.argsort(descending=True)[: min(cfg.draft_vocab, target.vocab_size)].sort().values
