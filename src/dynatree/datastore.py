@@ -18,7 +18,6 @@ stored (`tokens.npy`); the keys are rebuilt on loading (one sort, ~0.1 s per mil
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import numpy as np
 from .draftspec import STORE_CONFIG_FILE as CONFIG_FILE  # what makes a directory a datastore
 from .draftspec import spec_path
 from .errors import DynaTreeError
+from .files import replaced_atomically, write_text_atomic
 
 TOKENS_FILE = "tokens.npy"
 MAX_ORDER = 4  # longest n-gram looked up (measured: orders 5-6 add nothing on chat, docs/results/drafting-levers)
@@ -176,9 +176,6 @@ def save_datastore(store: Datastore, out: Path, record: dict | None = None) -> N
     `record` (how it was built) is saved beside its info."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f"{TOKENS_FILE}.tmp{os.getpid()}.npy"
-    np.save(tmp, store.tokens[: store.info.tokens], allow_pickle=False)
-    tmp.replace(out / TOKENS_FILE)
-    tmp = out / f"{CONFIG_FILE}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps({**asdict(store.info), "built": record or {}}, indent=1))
-    tmp.replace(out / CONFIG_FILE)
+    with replaced_atomically(out / TOKENS_FILE, suffix=".npy") as tmp:  # np.save appends .npy to other names
+        np.save(tmp, store.tokens[: store.info.tokens], allow_pickle=False)
+    write_text_atomic(out / CONFIG_FILE, json.dumps({**asdict(store.info), "built": record or {}}, indent=1))

@@ -32,6 +32,7 @@ from .attention import use_gqa_attention, use_slot_alibi
 from .draftspec import STORE_CONFIG_FILE
 from .embedded import DEFAULT_TARGET, EMBEDDED, EMBEDDED_DRAFTS, EmbeddedModel
 from .errors import DynaTreeError, first_line
+from .files import temporary_beside
 from .kernels import check_linear_kernel, packing_problem, use_packed_linears
 from .probe import check_tree_exact
 from .runtime import LoadedModel
@@ -222,7 +223,7 @@ def _converted_gguf_dir(gguf: Path, label: str) -> Path:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantized.state_dict())
     plain.generation_config = quantized.generation_config
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp = temporary_beside(out)  # a directory: renamed onto `out` below, which may exist already
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

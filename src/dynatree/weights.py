@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ import torch
 
 from .attention import can_use_exact_attention, use_exact_attention
 from .errors import DynaTreeError, first_line
+from .files import replaced_atomically, write_text_atomic
 
 WEIGHT_FORMATS = {
     "auto": "q4 for a target from a GGUF file with 4-bit layers, on the CPU, in bfloat16 or no --dtype; else dense",
@@ -83,9 +83,7 @@ def file_key(path: Path, memo: Path | None = None) -> str:
     if known is not None:
         try:
             known.parent.mkdir(parents=True, exist_ok=True)
-            tmp = known.with_name(known.name + f".tmp{os.getpid()}")
-            tmp.write_text(key)
-            tmp.rename(known)
+            write_text_atomic(known, key)
         except OSError:
             pass  # a read-only cache: hashed again next time
     return key
@@ -255,10 +253,8 @@ def _save_rows(rows: Q4Rows, target: Path) -> None:
     # (a file without 4-bit tensors has no rows: the shapes must not be inferred from them)
     arrays["digests"] = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), DIGEST_BYTES)
     arrays["where"] = np.array([rows.index[d] for d in digests], dtype=np.int64).reshape(len(digests), 2)
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with replaced_atomically(target) as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)
-    tmp.rename(target)
 
 
 def _load_rows(path: Path) -> Q4Rows:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from dynatree.distill.chat import chat_ids, generate_batched
-from dynatree.distill.common import write_atomic
+from dynatree.files import write_text_atomic
 from dynatree.distill.eagle_data import (DOCUMENT_TOKENS, QUESTION_TOKENS, ChatDataConfig, _chunk_key, _part_path,
                                          answered_turns, chat_chunks, document_blocks, document_path, document_requests,
                                          document_seed, document_texts, question_blocks, question_path,
@@ -69,7 +69,7 @@ def write_blocks(what: str, target, blocks, requests, path_of, seed_of, max_new:
         answers = generate_batched(target, prompts, max_new, len(prompts), sample=True, seed=seed_of(group[0][0]))
         k = 0
         for _, asked, path in group:
-            write_atomic(path, json.dumps(texts_of(target, answers[k: k + len(asked)])))
+            write_text_atomic(path, json.dumps(texts_of(target, answers[k: k + len(asked)])))
             k += len(asked)
             written += 1
         print(f"{what}: {written}/{len(missing)} blocks written, {time.perf_counter() - T0:.0f} s", flush=True)

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 
 from ..errors import DynaTreeError
+from ..files import write_text_atomic
 
 STATS = ["tokens_per_s", "ttft_s", "tpot_s", "acceptance_rate", "tokens_per_iter", "mean_generated_len", "accepted_len",
          "iterations", "new_tokens", "wall_s", "peak_mem_mb", "drafted_tokens", "accepted_tokens",
@@ -188,9 +188,7 @@ def save(results: dict, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    os.replace(tmp, path)  # never a half-written results.json
+    write_text_atomic(path, json.dumps(results, indent=1))  # never a half-written results.json
     return path
 
 

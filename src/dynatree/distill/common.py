@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import random
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DynaTreeError
+from ..files import replaced_atomically
 
 
 def lr_at(step: int, cfg, floor: float = 0.1) -> float:
@@ -46,15 +46,9 @@ def batches(items: list, batch_size: int, step: int, rng: random.Random):
 
 
 def save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    tmp.replace(path)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """torch.save(obj, path), atomic (`files.replaced_atomically`): a run killed mid-save keeps its last checkpoint."""
+    with replaced_atomically(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def resumed(ckpt_path: Path, cfg) -> dict:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import random
 import sys
 import zlib
@@ -36,9 +35,10 @@ import torch
 from ..config import option, positive, require
 from ..draftspec import is_head_dir
 from ..errors import DynaTreeError
+from ..files import write_bytes_atomic, write_text_atomic
 from ..runtime import LoadedModel
 from .chat import ASKS, DOCUMENT_KINDS, SPECULATE_FROM, TOPICS, chat_ids, generate_batched, instruction_sources
-from .common import save_atomic, write_atomic
+from .common import save_atomic
 
 
 @dataclass
@@ -161,7 +161,7 @@ def sampled_blocks(target: LoadedModel, blocks, requests, path_of, seed_of, max_
             texts = texts_of(target, generate_batched(target, prompts, max_new, cfg.gen_batch, bar, sample=True,
                                                       seed=seed_of(block)))
             if path is not None:
-                write_atomic(path, json.dumps(texts))
+                write_text_atomic(path, json.dumps(texts))
         out.append(texts)
     return out
 
@@ -269,9 +269,7 @@ def write_answers(path: Path, target: LoadedModel, sequences: list[list[int]], s
               "device": str(target.device), "versions": machine["versions"], "cpu": machine["cpu"],
               "answers": f"greedy; on a CPU prompts of {SPECULATE_FROM}+ tokens by exact linear n-gram speculation",
               "sequences": sequences, "answer_from": starts}
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_bytes(gzip.compress(json.dumps(record, separators=(",", ":")).encode(), mtime=0))
-    tmp.replace(path)
+    write_bytes_atomic(path, gzip.compress(json.dumps(record, separators=(",", ":")).encode(), mtime=0))
 
 
 def read_answers(path: Path, target_name: str) -> tuple[list[list[int]], list[int]]:
