@@ -596,3 +596,46 @@ def test_two_models_of_one_class_that_differ_only_in_widths_do_not_share_a_graph
                           compile=True)
     assert runtime.compiled_graphs() > graphs  # its own graph
     assert record.new_token_ids == hf_greedy(second, prompt, 20)
+
+
+def test_a_model_whose_later_layers_differ_does_not_run_a_uniform_models_graph():
+    """`runtime.module_guards` leaves out the shape checks of later layers' weights equal to the first
+    layer's. A second Llama whose first layer has the shapes of a uniform one compiled earlier, but whose
+    second layer's MLP is narrower, would pass that graph's guards and run it on its own weights; loading
+    it for compiling keeps every check from then on and rebuilds the graphs: it decodes its own greedy tokens."""
+    from helpers import config, tokenizer
+    from transformers import AutoModelForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    from dynatree.attention import use_gqa_attention
+    from dynatree.kernels import use_packed_linears
+
+    def llama(seed: int, narrow_second_mlp: bool) -> LoadedModel:
+        cfg = config("llama")
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg).float().eval()
+        if narrow_second_mlp:
+            cfg.intermediate_size = 40
+            model.model.layers[1].mlp = LlamaMLP(cfg).float().eval()
+        use_gqa_attention(model)
+        use_packed_linears(model)
+        return LoadedModel(model=model, tokenizer=tokenizer(), name=f"tiny-llama-{seed}", eos_ids=[])
+
+    torch._dynamo.reset()
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]
+    uniform, mixed = llama(41, False), llama(42, True)
+    assert not runtime.layers_differ(uniform.model) and runtime.layers_differ(mixed.model)
+    try:
+        api.generate(method="ar", target=uniform, prompt_ids=prompt, max_new_tokens=8, ignore_eos=True, compile=True)
+        graphs = runtime.compiled_graphs()
+        record = api.generate(method="dynatree", draft="ngram", target=mixed, prompt_ids=prompt, max_new_tokens=20,
+                              ignore_eos=True, compile=True)
+        assert runtime.compiled_graphs() > graphs  # its own graphs
+        assert record.new_token_ids == hf_greedy(mixed, prompt, 20)
+        # and the uniform model, compiled again with every check, still decodes its own tokens
+        again = api.generate(method="ar", target=uniform, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True,
+                             compile=True)
+        assert again.new_token_ids == hf_greedy(uniform, prompt, 20)
+    finally:
+        runtime.keep_every_layer_check(False)  # the other tests' graphs check as shipped
+        torch._dynamo.reset()

@@ -106,6 +106,47 @@ SKIPPED_MODULE_GUARDS = frozenset({"EMPTY_NN_MODULE_HOOKS_DICT", "NOT_PRESENT_IN
 MODULE_DICTS = ("._modules", "._parameters", "._buffers")
 
 
+# Set once the process has a model whose repeated layers differ (`note_layers`): from then on
+# `module_guards` keeps the shape check of every layer's tensors, not only the first of each role's.
+_every_layer_check = False
+
+
+def keep_every_layer_check(on: bool = True) -> None:
+    """Switch `module_guards` to keep (or, `on=False`, to drop again) the shape checks of later layers'
+    tensors equal to the first layer's. Graphs built under the other setting are discarded
+    (torch._dynamo.reset): compiled wrappers rebuild theirs on their next call, with these guards."""
+    global _every_layer_check
+    if on != _every_layer_check:
+        _every_layer_check = on
+        torch._dynamo.reset()
+
+
+def layers_differ(module: torch.nn.Module) -> bool:
+    """Whether two tensors of `module` in the same role of its repeated layers (their names with the
+    layer indexes taken out, as in `weight_role`) differ in shape, strides, dtype or device, such as a
+    model whose later layers have another MLP width. Parameters, buffers and tensors kept as plain
+    attributes (PackedLinear's packed weights) all count: dynamo guards each of them."""
+    first: dict[str, tuple] = {}
+    for name, sub in module.named_modules():
+        role = re.sub(r"(?:^|(?<=\.))\d+(?=\.|$)", "*", name)
+        tensors = {**sub._parameters, **sub._buffers, **{k: v for k, v in vars(sub).items() if isinstance(v, torch.Tensor)}}
+        for attr, t in tensors.items():
+            if t is not None:
+                meta = (tuple(t.shape), t.stride(), t.dtype, t.device)
+                if first.setdefault(f"{role}.{attr}", meta) != meta:
+                    return True
+    return False
+
+
+def note_layers(module: torch.nn.Module) -> None:
+    """Called for every model (LoadedModel) and compiled feature head: where `module`'s layers differ,
+    keep every layer's shape checks in this process from now on (`keep_every_layer_check`). Without
+    them it would pass the guards of a graph built for a uniform model of its class whose layers have
+    its first layer's shapes, and run that graph on its own weights."""
+    if not _every_layer_check and layers_differ(module):
+        keep_every_layer_check(True)
+
+
 def module_guards(entries) -> list[bool]:
     """torch.compile's `guard_filter_fn`: which guards to keep (see `LoadedModel.compiled`).
 
@@ -133,7 +174,8 @@ def module_guards(entries) -> list[bool]:
                 continue
             meta = (tuple(e.value.shape), e.value.stride(), e.value.dtype, e.value.device)
             first = first_of_role.setdefault(weight_role(e.name), meta)
-            keep.append(first is meta or first != meta)  # its role's first check, or a copy of another shape
+            # its role's first check, or a copy of another shape, or every check (`note_layers`)
+            keep.append(first is meta or first != meta or _every_layer_check)
         else:
             keep.append(not (e.guard_type in SKIPPED_MODULE_GUARDS
                              or (e.guard_type == "TYPE_MATCH" and e.name.endswith(MODULE_DICTS))))
@@ -144,8 +186,8 @@ def weight_role(name: str) -> str:
     """A weight's source name with the indexes of repeated layers taken out: the same role in every
     layer ("...['layers']._modules['3']._modules['mlp']..." -> "...['layers']._modules[*]._modules['mlp']...").
     (Also merges the children of an nn.Sequential; harmless: a copy whose shape differs is kept.)
-    What is left unchecked: a model whose later layers differ from its first ones, compiled after one
-    of its class whose layers are uniform and the same as its first, would match that one's graph."""
+    A model whose later layers differ from its first ones would match the graph of a uniform model of
+    its class with its first layer's shapes: `note_layers` then keeps every check in the process."""
     return re.sub(r"\['\d+'\]", "[*]", name)
 
 
@@ -165,6 +207,9 @@ class LoadedModel:
     gguf: Path | None = None  # the GGUF file the model was converted from (q4 weights, llamacpp-ar), if any
     row_dependent: list[str] = field(default_factory=list)  # low-bit: dense layers not row-wise (weights.py)
     _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
+
+    def __post_init__(self):
+        note_layers(self.model)  # (at load, before any run warms its graphs: see `note_layers`)
 
     @property
     def device(self) -> torch.device:
