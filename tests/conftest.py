@@ -31,6 +31,16 @@ def inductor_runtime_asserts_on(monkeypatch):
     monkeypatch.setattr(runtime, "no_runtime_asserts", lambda: {})
 
 
+@pytest.fixture(autouse=True)
+def layer_checks_as_shipped():
+    """No test leaves the process keeping every layer's shape checks (runtime.note_layers): a model of the
+    suite whose layers differ would otherwise switch them on for every later test, unnoticed."""
+    from dynatree import runtime
+
+    yield
+    assert not runtime._every_layer_check, "a test loaded a model whose layers differ and left every check on"
+
+
 @pytest.fixture(scope="session")
 def saved_tiny(tmp_path_factory):
     """A tiny Llama saved as a checkpoint directory, for CLI and loader tests."""

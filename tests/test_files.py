@@ -33,14 +33,14 @@ def test_a_failed_write_keeps_the_old_file_and_removes_its_temporary(tmp_path):
     assert path.read_text() == "old"
 
 
-def test_writers_in_two_threads_use_two_temporaries(tmp_path):
+def test_two_writers_use_two_temporaries_beside_the_file(tmp_path):
     path = tmp_path / "digest"
-    names = []
+    names = [temporary_beside(path)]
     thread = threading.Thread(target=lambda: names.append(temporary_beside(path)))
     thread.start()
     thread.join()
     names.append(temporary_beside(path))
-    assert names[0] != names[1] and all(n.parent == tmp_path for n in names)
+    assert len(set(names)) == 3 and all(n.parent == tmp_path and n.name.startswith("digest.tmp") for n in names)
 
 
 def test_numpy_writes_to_the_temporary_it_is_given(tmp_path):

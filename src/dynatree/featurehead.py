@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from .draftspec import HEAD_CONFIG_FILE
 from .errors import DynaTreeError
 from .kernels import use_packed_linears
-from .runtime import cache_kwarg, compile_steps, note_layers
+from .runtime import cache_kwarg, compile_steps
 
 CONFIG_FILE = HEAD_CONFIG_FILE
 WEIGHTS_FILE = "head.safetensors"
@@ -124,7 +124,6 @@ class FeatureHead(torch.nn.Module):
         (state_dict does not see it); called with the forward's arguments by keyword."""
         wrapper = self.__dict__.get("_compiled")
         if wrapper is None:
-            note_layers(self)
             step = compile_steps(head_step, self.fc.weight.dtype, self.fc.weight.device)
 
             def wrapper(**inputs):

@@ -1,25 +1,27 @@
 """Writing a file so that no reader ever sees half of it.
 
-Caches (converted checkpoints, q4 rows, file digests), datastores, training data, checkpoints and
-bench results are all written the same way: into a temporary name beside the destination, then moved
-onto it in one step (`os.replace`, atomic on one file system). The temporary name carries the process
-and thread, so two writers of the same file (two processes converting the same GGUF, say) never write
-into one temporary; the last to finish wins with a whole file either way."""
+What other processes may read or write at the same time, or what a killed run must not leave half
+written, goes this way: the caches (converted checkpoints' directory name, q4 rows, file digests),
+datastores, distillation data and training checkpoints, and a bench's results.json. Into a temporary
+name beside the destination, then moved onto it in one step (`os.replace`, atomic on one file
+system). The temporary name carries the process id and random bytes, so two writers of the same file
+(two processes converting the same GGUF, say, or two threads) never write into one temporary; the last
+to finish wins with a whole file either way."""
 
 from __future__ import annotations
 
 import os
-import threading
+import secrets
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 
 def temporary_beside(path: Path, suffix: str = "") -> Path:
-    """A name in `path`'s directory that no other process or thread writing `path` uses; `suffix` is
+    """A new name in `path`'s directory, which no other writer of `path` uses; `suffix` is
     appended for writers that insist on an extension (numpy adds `.npy` to names without it)."""
     path = Path(path)
-    return path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}{suffix}")
+    return path.with_name(f"{path.name}.tmp{os.getpid()}-{secrets.token_hex(4)}{suffix}")
 
 
 @contextmanager

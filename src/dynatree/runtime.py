@@ -121,28 +121,48 @@ def keep_every_layer_check(on: bool = True) -> None:
         torch._dynamo.reset()
 
 
+def _tensor_meta(t: torch.Tensor) -> tuple:
+    strides = t.stride() if t.layout == torch.strided else None  # (oneDNN's opaque packed weights have none)
+    return tuple(t.shape), strides, t.dtype, t.device
+
+
 def layers_differ(module: torch.nn.Module) -> bool:
-    """Whether two tensors of `module` in the same role of its repeated layers (their names with the
-    layer indexes taken out, as in `weight_role`) differ in shape, strides, dtype or device, such as a
-    model whose later layers have another MLP width. Parameters, buffers and tensors kept as plain
-    attributes (PackedLinear's packed weights) all count: dynamo guards each of them."""
-    first: dict[str, tuple] = {}
+    """Whether two tensors of `module` in the same role differ in shape, strides, dtype or device, a role
+    being what `weight_role` makes of dynamo's names for them: the name with every numeric index taken
+    out (the layer of a ModuleList, the child of an nn.Sequential), kept apart by where the module
+    holds the tensor (parameter, buffer, plain attribute, or an item of a list, tuple or dict
+    attribute), as dynamo's sources are. True for a model whose later layers have another MLP width,
+    say, and, conservatively, for a Sequential whose children differ."""
+    first: dict[tuple, tuple] = {}
+
+    def differs(key: tuple, t) -> bool:
+        if not isinstance(t, torch.Tensor):
+            return False
+        meta = _tensor_meta(t)
+        return first.setdefault(key, meta) != meta
+
     for name, sub in module.named_modules():
         role = re.sub(r"(?:^|(?<=\.))\d+(?=\.|$)", "*", name)
-        tensors = {**sub._parameters, **sub._buffers, **{k: v for k, v in vars(sub).items() if isinstance(v, torch.Tensor)}}
-        for attr, t in tensors.items():
-            if t is not None:
-                meta = (tuple(t.shape), t.stride(), t.dtype, t.device)
-                if first.setdefault(f"{role}.{attr}", meta) != meta:
-                    return True
+        for kind, held in (("parameter", sub._parameters), ("buffer", sub._buffers)):
+            if any(differs((role, kind, attr), t) for attr, t in held.items()):
+                return True
+        for attr, value in vars(sub).items():
+            items = value.items() if isinstance(value, dict) else (
+                enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)])
+            if attr not in ("_parameters", "_buffers", "_modules") and any(
+                    differs((role, "attribute", attr, re.sub(r"^\d+$", "*", str(i))), t) for i, t in items):
+                return True
     return False
 
 
 def note_layers(module: torch.nn.Module) -> None:
-    """Called for every model (LoadedModel) and compiled feature head: where `module`'s layers differ,
-    keep every layer's shape checks in this process from now on (`keep_every_layer_check`). Without
-    them it would pass the guards of a graph built for a uniform model of its class whose layers have
-    its first layer's shapes, and run that graph on its own weights."""
+    """Called for every model when it is wrapped (`LoadedModel`, at load, before any run warms its
+    graphs): where `module`'s layers differ (`layers_differ`), keep every layer's shape checks in this
+    process from now on (`keep_every_layer_check`, which drops the graphs built so far: a compiled
+    run in another thread at that moment rebuilds its graphs). Without them such a model would pass
+    the guards of a graph built for a uniform model of its class whose layers have its first layer's
+    shapes, and run that graph on its own weights (tests catch that by inductor's size asserts, which
+    shipped graphs leave out). Feature heads have one layer: nothing to note."""
     if not _every_layer_check and layers_differ(module):
         keep_every_layer_check(True)
 
@@ -157,7 +177,8 @@ def module_guards(entries) -> list[bool]:
     (`weight_role`). Kept: the first shape check of each role and every one that differs from it
     (every model of one class runs the same code, so the weights' shapes are what tells apart the
     graphs of a target and a draft LM, or of two feature heads, that differ only in widths: without
-    them one model ran the other's graph; checking every layer's copy cost 0.28 ms a step),
+    them one model ran the other's graph; checking every layer's copy cost 0.28 ms a step; all kept
+    in a process that has a model whose layers differ: `note_layers`),
     attribute values (PackedLinear.enabled, the config's attention implementation, training, each
     layer list's length), each module's type (a submodule replaced by another kind recompiles), and
     every guard on the inputs (ids, positions, mask, KV cache), so switching kernels or attention still
@@ -185,9 +206,9 @@ def module_guards(entries) -> list[bool]:
 def weight_role(name: str) -> str:
     """A weight's source name with the indexes of repeated layers taken out: the same role in every
     layer ("...['layers']._modules['3']._modules['mlp']..." -> "...['layers']._modules[*]._modules['mlp']...").
-    (Also merges the children of an nn.Sequential; harmless: a copy whose shape differs is kept.)
-    A model whose later layers differ from its first ones would match the graph of a uniform model of
-    its class with its first layer's shapes: `note_layers` then keeps every check in the process."""
+    (Also merges the children of an nn.Sequential: a copy whose shape differs is kept.) A model
+    whose later layers differ from its first ones would match the graph of a uniform model of its
+    class with its first layer's shapes: `note_layers` then keeps every check in the process."""
     return re.sub(r"\['\d+'\]", "[*]", name)
 
 
@@ -336,7 +357,8 @@ class LoadedModel:
         RECOMPILE_LIMIT anyway, so switching kernels or attention never silently falls back to
         eager. Before every call dynamo checks its guards; `module_guards` leaves out those on the
         modules' hooks, instance dicts, the types of their own dicts and the shape checks of later
-        layers' weights equal to the first layer's (docs/benchmarks.md has the measurements).
+        layers' weights equal to the first layer's, unless the process has a model whose layers
+        differ (`note_layers`) (docs/benchmarks.md has the measurements).
         """
         if self._compiled is None:
             self._compiled = compile_steps(self.model, self.dtype, self.device)
