@@ -550,6 +550,9 @@ def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
      "--depth 3 conflicts with preset 'fixed-sweep': its variant 'D=4 B=2 tau=0.01' sets depth=4"),
     (["bench", "--sample", "--greedy"], "not allowed with argument"),
     (["bench", "--preset", "draft", "--target", "EleutherAI/pythia-2.8b"], "the draft preset needs a draft LM"),
+    (["bench", "--methods", "ar,dynatree", "--draft", "ngram,x", "--headline", "dynatree"],
+     "--headline 'dynatree' is not a variant of this run; its rows: 'ar', 'dynatree[ngram]', 'dynatree[x]'"),
+    (["bench", "--preset", "main", "--headline", "dynatree"], "--headline applies to --methods runs: preset 'main'"),
 ])
 def test_bench_bad_input(capsys, argv, message):
     code = main(argv)
@@ -568,6 +571,26 @@ def test_cost_aware_given_to_a_preset_relabels_its_rows(monkeypatch):
     seen.clear()  # the perf preset's own compiled cost-aware rows keep their one suffix
     assert main(["bench", "--preset", "perf", "--draft", "ngram"]) == 0
     assert "dynatree +cost-aware +compile" in seen and not [k for k in seen if k.count("+cost-aware") > 1]
+
+
+def test_a_custom_method_list_declares_its_headline_before_the_run(monkeypatch, saved_tiny, prompt_file, tmp_path):
+    """`--methods ... --headline LABEL`: the row declared before the run is recorded (results.json's
+    `declared`) and the report leads with it; without --headline a custom list declares none."""
+    seen = {}
+    monkeypatch.setattr(commands, "_execute", lambda args, experiment, variants, protocol, headline: seen.update(
+        headline=headline) or 0)
+    assert main(["bench", "--methods", "ar,dynatree", "--draft", "ngram", "--cost-aware", "--compile",
+                 "--headline", "dynatree +cost-aware"]) == 0
+    assert seen["headline"] == "dynatree +cost-aware"
+    assert main(["bench", "--methods", "ar,dynatree"]) == 0 and seen["headline"] is None
+    monkeypatch.undo()
+    out = tmp_path / "run"
+    assert main(["bench", "--target", str(saved_tiny), "--methods", "ar,linear,dynatree", "--headline", "linear",
+                 "--dataset", str(prompt_file), "--n", "2", "--warmup", "0", "--max-new-tokens", "4", "--no-ppl",
+                 "--no-progress", "--out", str(out)]) == 0
+    assert results.load(out)["declared"] == "linear"
+    assert ("- declared configuration (before the run, the headline; every other row is for comparison): `linear`"
+            in (out / "report.md").read_text())
 
 
 def test_method_variants_label_cost_aware_rows_as_presets_do():

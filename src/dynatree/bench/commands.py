@@ -71,6 +71,9 @@ def add_bench_commands(sub) -> None:
                                        "writes results.json, report.md and plots.")
     bench.add_argument("--preset", default="main", help=f"{', '.join(PRESETS)} [main]")
     bench.add_argument("--methods", metavar="M1,M2", help="run these methods instead of the preset's variants ('ar' is added)")
+    bench.add_argument("--headline", metavar="LABEL",
+                       help="with --methods: the variant declared before the run, by its label as the report prints it "
+                            "(e.g. 'dynatree[ngram] +cost-aware'); the report leads with it [none] (presets declare their own)")
     add_model_args(bench, DRAFT_HELP)
     _protocol_args(bench)
     bench.set_defaults(method_fields=method_options(bench), run=cmd_bench)
@@ -241,9 +244,23 @@ def cmd_bench(args) -> int:
     if unused:
         raise DynaTreeError(f"option --{unused[0].replace('_', '-')} applies to none of the methods in this run")
     _check_drafts_used(args, drafts, variant_list)
-    headline = None if args.methods is not None else declared(args.preset, variant_list)
+    headline = _headline(args, variant_list)
     return _execute(args, experiment, variant_list, _protocol(args, args.preset if not args.methods else "main"),
                     headline)
+
+
+def _headline(args, variant_list: list[Variant]) -> str | None:
+    """The configuration declared before the run: a preset's own (presets.declared), or with --methods the
+    one --headline names (none if not given); a label not among the run's rows is a one-line error."""
+    if args.methods is None:
+        if args.headline is not None:
+            raise DynaTreeError(f"--headline applies to --methods runs: preset {args.preset!r} declares its own headline")
+        return declared(args.preset, variant_list)
+    labels = [v.label for v in variant_list]
+    if args.headline is not None and args.headline not in labels:
+        raise DynaTreeError(f"--headline {args.headline!r} is not a variant of this run; its rows: "
+                            + ", ".join(repr(label) for label in labels))
+    return args.headline
 
 
 def cmd_sweep(args) -> int:

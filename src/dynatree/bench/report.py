@@ -283,7 +283,7 @@ def declared_line(results: dict) -> str:
     """The configuration declared before the run and its figures, or that none was (a sweep)."""
     label = results.get("declared")
     if label is None:
-        return ("- declared configuration: none (a sweep or a custom method list): every row is one variant "
+        return ("- declared configuration: none (a sweep, or a custom method list without --headline): every row is one variant "
                 "among others, none is a headline")
     mine = [a for a in results.get("aggregates", []) if a["variant"] == label]
     figures = "; ".join(f"{a['dataset']}, T = {a['max_new_tokens']}: {_speedup(a)} over `{a['reference']}`"

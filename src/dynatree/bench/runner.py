@@ -65,7 +65,7 @@ def run(
     (checked against the target here); a spec not in it ('ngram') is loaded by each request.
     `texts` maps each data set to its prompts when already loaded (else loaded here).
     `declared` is the label of the configuration declared before the run (presets.declared), the
-    report's headline; None: none (a sweep or a custom method list).
+    report's headline; None: none (a sweep, or a custom method list without --headline).
     """
     drafts = {spec: _draft_for(spec, d, target) for spec, d in drafts.items()}
     protocol.validate()
