@@ -552,7 +552,15 @@ def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
     (["bench", "--preset", "draft", "--target", "EleutherAI/pythia-2.8b"], "the draft preset needs a draft LM"),
     (["bench", "--methods", "ar,dynatree", "--draft", "ngram,x", "--headline", "dynatree"],
      "--headline 'dynatree' is not a variant of this run; its rows: 'ar', 'dynatree[ngram]', 'dynatree[x]'"),
-    (["bench", "--preset", "main", "--headline", "dynatree"], "--headline applies to --methods runs: preset 'main'"),
+    (["bench", "--preset", "main", "--headline", "dynatree"],
+     "--headline applies to --methods runs: preset 'main' declares its own headline"),
+    (["bench", "--preset", "fixed-sweep", "--headline", "x"],
+     "--headline applies to --methods runs: preset 'fixed-sweep' is a sweep and declares none"),
+    (["bench", "--methods", "ar,dynatree", "--headline", "ar"], "--headline 'ar' is a reference row"),
+    (["bench", "--methods", "hf-ar,hf-lookup", "--compile", "--headline", "hf-ar"],  # labelled as the report prints it
+     "--headline 'hf-ar' is not a variant of this run; its rows: 'ar', 'hf-ar +compile', 'hf-lookup'"),
+    (["bench", "--methods", "hf-ar,hf-lookup", "--compile", "--headline", "hf-ar +compile"],
+     "--headline 'hf-ar +compile' is a reference row"),
 ])
 def test_bench_bad_input(capsys, argv, message):
     code = main(argv)
@@ -582,6 +590,8 @@ def test_a_custom_method_list_declares_its_headline_before_the_run(monkeypatch, 
     assert main(["bench", "--methods", "ar,dynatree", "--draft", "ngram", "--cost-aware", "--compile",
                  "--headline", "dynatree +cost-aware"]) == 0
     assert seen["headline"] == "dynatree +cost-aware"
+    assert main(["bench", "--methods", "hf-ar,hf-lookup", "--compile", "--headline", "hf-lookup"]) == 0
+    assert seen["headline"] == "hf-lookup"
     assert main(["bench", "--methods", "ar,dynatree"]) == 0 and seen["headline"] is None
     monkeypatch.undo()
     out = tmp_path / "run"

@@ -643,3 +643,28 @@ def test_a_model_whose_later_layers_differ_does_not_run_a_uniform_models_graph()
         assert again.new_token_ids == hf_greedy(uniform, prompt, 20)
     finally:
         runtime.keep_every_layer_check(False)  # the other tests' graphs check as shipped
+        torch._dynamo.reset()
+
+
+def test_layer_roles_are_compared_as_dynamos_guards_name_them():
+    """`runtime.layers_differ` compares tensors that `module_guards` would merge into one role: the layers
+    of a ModuleList, a ParameterList's items, digit-keyed dict items; not a tuple's positions (dynamo
+    keeps `attr[0]` and `attr[1]` apart), nor a parameter and a plain attribute of the same name."""
+    class Layer(torch.nn.Module):
+        def __init__(self, width: int):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, width)
+            self.pair = (torch.zeros(3), torch.zeros(5, 2))  # (weight, scale): different shapes by design
+
+    class Model(torch.nn.Module):
+        def __init__(self, widths, params=((2,), (2,)), table=None):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(Layer(w) for w in widths)
+            self.extra = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(s)) for s in params)
+            self.table = table or {}
+
+    assert not runtime.layers_differ(Model([8, 8, 8]))
+    assert runtime.layers_differ(Model([8, 8, 6]))  # a later layer of another width
+    assert runtime.layers_differ(Model([8, 8], params=((2,), (3,))))  # ParameterList items merge as _parameters['*']
+    assert runtime.layers_differ(Model([8], table={"0": torch.zeros(2), "1": torch.zeros(3)}))
+    assert not runtime.layers_differ(Model([8], table={"cos": torch.zeros(2), "sin": torch.zeros(3)}))

@@ -128,11 +128,12 @@ def _tensor_meta(t: torch.Tensor) -> tuple:
 
 def layers_differ(module: torch.nn.Module) -> bool:
     """Whether two tensors of `module` in the same role differ in shape, strides, dtype or device, a role
-    being what `weight_role` makes of dynamo's names for them: the name with every numeric index taken
-    out (the layer of a ModuleList, the child of an nn.Sequential), kept apart by where the module
-    holds the tensor (parameter, buffer, plain attribute, or an item of a list, tuple or dict
-    attribute), as dynamo's sources are. True for a model whose later layers have another MLP width,
-    say, and, conservatively, for a Sequential whose children differ."""
+    being what `weight_role` makes of dynamo's names for them: numeric module names (the layers of a
+    ModuleList, the children of an nn.Sequential), parameter and buffer names (a ParameterList's) and
+    dict keys taken out, list and tuple positions kept, and kept apart by where the module holds the
+    tensor (parameter, buffer, plain attribute, item of a list, tuple or dict attribute), as dynamo's
+    sources are. True for a model whose later layers have another MLP width, say, and, conservatively,
+    for a Sequential whose children differ."""
     first: dict[tuple, tuple] = {}
 
     def differs(key: tuple, t) -> bool:
@@ -141,16 +142,24 @@ def layers_differ(module: torch.nn.Module) -> bool:
         meta = _tensor_meta(t)
         return first.setdefault(key, meta) != meta
 
+    def index(key) -> str:
+        return re.sub(r"^\d+$", "*", str(key))
+
     for name, sub in module.named_modules():
         role = re.sub(r"(?:^|(?<=\.))\d+(?=\.|$)", "*", name)
         for kind, held in (("parameter", sub._parameters), ("buffer", sub._buffers)):
-            if any(differs((role, kind, attr), t) for attr, t in held.items()):
+            if any(differs((role, kind, index(attr)), t) for attr, t in held.items()):
                 return True
         for attr, value in vars(sub).items():
-            items = value.items() if isinstance(value, dict) else (
-                enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)])
-            if attr not in ("_parameters", "_buffers", "_modules") and any(
-                    differs((role, "attribute", attr, re.sub(r"^\d+$", "*", str(i))), t) for i, t in items):
+            if attr in ("_parameters", "_buffers", "_modules"):
+                continue
+            if isinstance(value, dict):  # dynamo: attr['key'], merged by weight_role where the key is a number
+                items = [((role, "attribute", attr, index(k)), t) for k, t in value.items()]
+            elif isinstance(value, (list, tuple)):  # dynamo: attr[i], which weight_role keeps apart
+                items = [((role, "attribute", attr, i), t) for i, t in enumerate(value)]
+            else:
+                items = [((role, "attribute", attr), value)]
+            if any(differs(key, t) for key, t in items):
                 return True
     return False
 
@@ -193,7 +202,7 @@ def module_guards(entries) -> list[bool]:
             if not (e.has_value and isinstance(e.value, torch.Tensor)):
                 keep.append(True)
                 continue
-            meta = (tuple(e.value.shape), e.value.stride(), e.value.dtype, e.value.device)
+            meta = _tensor_meta(e.value)
             first = first_of_role.setdefault(weight_role(e.name), meta)
             # its role's first check, or a copy of another shape, or every check (`note_layers`)
             keep.append(first is meta or first != meta or _every_layer_check)

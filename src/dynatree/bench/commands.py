@@ -73,7 +73,8 @@ def add_bench_commands(sub) -> None:
     bench.add_argument("--methods", metavar="M1,M2", help="run these methods instead of the preset's variants ('ar' is added)")
     bench.add_argument("--headline", metavar="LABEL",
                        help="with --methods: the variant declared before the run, by its label as the report prints it "
-                            "(e.g. 'dynatree[ngram] +cost-aware'); the report leads with it [none] (presets declare their own)")
+                            "(e.g. 'dynatree +cost-aware'; with several drafters 'dynatree[ngram] +cost-aware'); "
+                            "the report leads with it [none] (presets declare their own)")
     add_model_args(bench, DRAFT_HELP)
     _protocol_args(bench)
     bench.set_defaults(method_fields=method_options(bench), run=cmd_bench)
@@ -253,13 +254,18 @@ def _headline(args, variant_list: list[Variant]) -> str | None:
     """The configuration declared before the run: a preset's own (presets.declared), or with --methods the
     one --headline names (none if not given); a label not among the run's rows is a one-line error."""
     if args.methods is None:
+        own = declared(args.preset, variant_list)
         if args.headline is not None:
-            raise DynaTreeError(f"--headline applies to --methods runs: preset {args.preset!r} declares its own headline")
-        return declared(args.preset, variant_list)
+            raise DynaTreeError(f"--headline applies to --methods runs: preset {args.preset!r} "
+                                + ("declares its own headline" if own else "is a sweep and declares none"))
+        return own
     labels = [v.label for v in variant_list]
     if args.headline is not None and args.headline not in labels:
         raise DynaTreeError(f"--headline {args.headline!r} is not a variant of this run; its rows: "
                             + ", ".join(repr(label) for label in labels))
+    if args.headline is not None and variant_list[labels.index(args.headline)].method in ("ar", "hf-ar"):
+        raise DynaTreeError(f"--headline {args.headline!r} is a reference row (the speedups are over it): "
+                            "declare a method that speeds it up")
     return args.headline
 
 
