@@ -224,7 +224,6 @@ def _converted_gguf_dir(gguf: Path, label: str) -> Path:
     plain.load_state_dict(quantized.state_dict())
     plain.generation_config = quantized.generation_config
     tmp = temporary_beside(out)  # a directory: renamed onto `out` below, which may exist already
-    shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     try:

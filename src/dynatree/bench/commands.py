@@ -13,7 +13,7 @@ from ..sampling import sampling_config
 from ..methods import get_method, make_config
 from ..prompts import DATASETS, L_MAX, SPEC_BENCH_TASKS
 from .presets import PRESETS, dataset_default, declared, method_variants, protocol_defaults, sampling_defaults, variants
-from .results import at, datasets, load, marked_lossy, settings
+from .results import PLAIN_METHODS, at, datasets, load, marked_lossy, settings
 from .plan import Protocol, Variant, check_variants
 
 DRAFT_HELP = ("comma-separated drafters: 'ngram', draft model specs sharing the target's tokenizer, feature heads "
@@ -263,7 +263,7 @@ def _headline(args, variant_list: list[Variant]) -> str | None:
     if args.headline is not None and args.headline not in labels:
         raise DynaTreeError(f"--headline {args.headline!r} is not a variant of this run; its rows: "
                             + ", ".join(repr(label) for label in labels))
-    if args.headline is not None and variant_list[labels.index(args.headline)].method in ("ar", "hf-ar"):
+    if args.headline is not None and variant_list[labels.index(args.headline)].method in PLAIN_METHODS:
         raise DynaTreeError(f"--headline {args.headline!r} is a reference row (the speedups are over it): "
                             "declare a method that speeds it up")
     return args.headline

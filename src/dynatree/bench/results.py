@@ -40,6 +40,9 @@ def _setting(r: dict) -> tuple:
     return r.get("dataset"), r["max_new_tokens"], r["l_max"]
 
 
+PLAIN_METHODS = ("ar", "hf-ar")  # plain decoding, ours and transformers': the references speedups are over
+
+
 def references(records: list[dict]) -> dict[str, str]:
     """Each variant's plain-decoding reference in the same implementation (see the module docstring)."""
     variants = {r["variant"]: r for r in records}
@@ -54,7 +57,7 @@ def references(records: list[dict]) -> dict[str, str]:
             hf_ar.setdefault(r.get("compile", False), v)
     out = {}
     for v, r in variants.items():
-        if r["method"] in ("ar", "hf-ar"):  # plain decoding itself: against ours, plain
+        if r["method"] in PLAIN_METHODS:  # plain decoding itself: against ours, plain
             out[v] = plain
         elif r["method"].startswith("hf-"):
             out[v] = hf_ar.get(r.get("compile", False)) or hf_ar.get(False) or plain
