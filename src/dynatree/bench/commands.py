@@ -14,7 +14,7 @@ from ..methods import get_method, make_config
 from ..prompts import DATASETS, L_MAX, SPEC_BENCH_TASKS
 from .presets import PRESETS, dataset_default, declared, method_variants, protocol_defaults, sampling_defaults, variants
 from .results import PLAIN_METHODS, at, datasets, load, marked_lossy, settings
-from .plan import Protocol, Variant, check_variants
+from .plan import Protocol, Variant, check_declared, check_variants
 
 DRAFT_HELP = ("comma-separated drafters: 'ngram', draft model specs sharing the target's tokenizer, feature heads "
               "(smollm2-135m-eagle, or a directory from distill --kind eagle), and/or 'ngram+DRAFT' (n-gram copying "
@@ -259,11 +259,8 @@ def _headline(args, variant_list: list[Variant]) -> str | None:
             raise DynaTreeError(f"--headline applies to --methods runs: preset {args.preset!r} "
                                 + ("declares its own headline" if own else "is a sweep and declares none"))
         return own
-    labels = [v.label for v in variant_list]
-    if args.headline is not None and args.headline not in labels:
-        raise DynaTreeError(f"--headline {args.headline!r} is not a variant of this run; its rows: "
-                            + ", ".join(repr(label) for label in labels))
-    if args.headline is not None and variant_list[labels.index(args.headline)].method in PLAIN_METHODS:
+    check_declared(args.headline, variant_list, "--headline")
+    if args.headline is not None and next(v for v in variant_list if v.label == args.headline).method in PLAIN_METHODS:
         raise DynaTreeError(f"--headline {args.headline!r} is a reference row (the speedups are over it): "
                             "declare a method that speeds it up")
     return args.headline

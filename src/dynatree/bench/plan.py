@@ -86,6 +86,15 @@ def _is_task(name: str) -> bool:
     return True
 
 
+def check_declared(label: str | None, variants: list[Variant], what: str = "the declared configuration") -> None:
+    """A declared headline (`label`, None for none) must be one of the run's rows: else a one-line error
+    naming them; `what` names where the label came from (the CLI says --headline)."""
+    labels = [v.label for v in variants]
+    if label is not None and label not in labels:
+        raise DynaTreeError(f"{what} {label!r} is not a variant of this run; its rows: "
+                            + ", ".join(repr(known) for known in labels))
+
+
 def check_variants(variants: list[Variant]) -> None:
     labels = [v.label for v in variants]
     if len(set(labels)) != len(labels):

@@ -41,7 +41,7 @@ from ..peers import check_assisted, universal_assisted
 from ..quality import teacher_forced
 from . import draftcheck
 from ..prompts import Prompt, load_texts, tokenize
-from .plan import Protocol, Variant, check_variants  # noqa: F401 (re-exported)
+from .plan import Protocol, Variant, check_declared, check_variants  # noqa: F401 (re-exported)
 from .results import aggregate, save
 
 SCHEMA = 1
@@ -70,8 +70,7 @@ def run(
     drafts = {spec: _draft_for(spec, d, target) for spec, d in drafts.items()}
     protocol.validate()
     check_variants(variants)
-    if declared is not None and declared not in {v.label for v in variants}:
-        raise DynaTreeError(f"the declared configuration {declared!r} is not a variant of this run")
+    check_declared(declared, variants)
     texts = texts if texts is not None else load_all(protocol)
     results = {
         "schema": SCHEMA,
