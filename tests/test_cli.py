@@ -299,6 +299,12 @@ def test_entry_point_exits_nonzero_without_traceback(saved_tiny):
     ({"prompt_ids": [5], "kv_window": KVWindow(4, 2)}, r"--kv-window sink \(4\) must be smaller"),
     ({"prompt_ids": [5], "method": "hf-ar", "kv_window": "1,4"}, r"kv_window \(--kv-window\) is not available"),
     ({"prompt_ids": [5], "device": 1.5}, r"device \(--device\) must be a string"),
+    ({"prompt": "   "}, "the prompt is empty"),
+    ({"prompt_ids": [5], "dtype": "float8"}, "unknown dtype 'float8'; choose one of float32"),
+    # a loaded target is used as it was loaded: another dtype or linear kernel is an error, not ignored
+    ({"prompt_ids": [5], "dtype": "float32"}, r"dtype 'float32' given, but the target is already loaded in float64"),
+    ({"prompt_ids": [5], "linear": "onednn"},
+     r"linear 'onednn' given, but the target is already loaded with 'stock' linear layers"),
 ])
 def test_python_api_names_every_bad_argument(kwargs, message):
     """Issue 37: the API's bad arguments are DynaTreeErrors naming the argument, never raw exceptions."""
@@ -307,6 +313,27 @@ def test_python_api_names_every_bad_argument(kwargs, message):
 
     with pytest.raises(DynaTreeError, match=message):
         api.generate(target=tiny("llama"), **{"method": "ar", "max_new_tokens": 2, **kwargs})
+
+
+def test_a_loaded_targets_own_dtype_and_linear_kernel_may_be_named(capsys):
+    from dynatree import api
+
+    target = tiny("llama")
+    named = api.generate(prompt_ids=[5, 6], method="ar", target=target, max_new_tokens=3, dtype="float64", linear="stock")
+    plain = api.generate(prompt_ids=[5, 6], method="ar", target=target, max_new_tokens=3)
+    assert named.new_token_ids == plain.new_token_ids and named.run.dtype == "float64"
+
+
+def test_an_empty_prompt_is_refused_before_any_model_loads(monkeypatch):
+    from dynatree import api
+    from dynatree.errors import DynaTreeError
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded for an empty prompt")
+
+    monkeypatch.setattr(api, "load_model", no_loading)
+    with pytest.raises(DynaTreeError, match="the prompt is empty"):
+        api.generate(" \n", target="no/such-model")
 
 
 def test_api_target_of_another_type_and_a_prompt_the_target_cannot_read():

@@ -195,61 +195,67 @@ def test_seed_reproduces_sampled_answers(server):
     assert first == want.new_token_ids
 
 
-BAD = [
-    ("/v1/chat/completions", "{not json", "not valid JSON"),
+BAD = [  # (path, body, what the message says, the `param` it names)
+    ("/v1/chat/completions", "{not json", "not valid JSON", None),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "colour": 1},
-     "unknown field 'colour'"),
+     "unknown field 'colour'", "colour"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "max_tokens": -3},
-     "max_tokens"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "n": 2}, "n must be 1"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": []}, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}]}, "missing field 'model'"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "w5"}]}, "messages.0.role"),
+     "max_tokens", "max_tokens"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "n": 2}, "n must be 1", "n"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": []}, "messages", "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}]}, "missing field 'model'", "model"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "w5"}]}, "messages.0.role", "messages.0.role"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "top_p": 0},
-     "top_p"),
+     "top_p", "top_p"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
-                              "presence_penalty": 0.5}, "presence_penalty is not supported"),
+                              "presence_penalty": 0.5}, "presence_penalty is not supported", "presence_penalty"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
-                              "dynatree": {"method": "beam-search"}}, "beam-search"),
+                              "dynatree": {"method": "beam-search"}}, "beam-search", "dynatree.method"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
-                              "dynatree": {"method": "hf-ar"}}, "transformers' own generate()"),
+                              "dynatree": {"method": "hf-ar"}}, "transformers' own generate()", "dynatree.method"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
-                              "dynatree": {"method": "fixed-tree", "depth": -1}}, "depth"),
+                              "dynatree": {"method": "fixed-tree", "depth": -1}}, "depth", "dynatree"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
-                              "dynatree": {"colour": 3}}, "--colour does not apply"),
+                              "dynatree": {"colour": 3}}, "--colour does not apply", "dynatree"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "max_tokens": 500},
-     "exceeds this server's limit 200"),
+     "exceeds this server's limit 200", "max_tokens"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5 " * 520}]},
-     "fills the context length 512"),
-    ("/v1/completions", {"model": MODEL, "prompt": "w5 " * 400, "max_tokens": 150}, "exceeds the context length 512"),
-    ("/v1/completions", {"model": MODEL, "prompt": ""}, "the prompt is empty"),
-    ("/v1/completions", {"model": MODEL, "prompt": [5, 999]}, "not a token id"),
-    ("/v1/completions", {"model": MODEL, "prompt": ["w5", "w6"]}, "one prompt per request"),
-    ("/v1/completions", {"model": MODEL, "prompt": "w5", "stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop"),
-    ("/v1/completions", {"model": MODEL, "prompt": "w5", "echo": True}, "echo is not supported"),
-    ("/v1/completions", {"model": MODEL, "prompt": "w5", "temperature": "0.5"}, "temperature"),
-    ("/v1/completions", {"model": MODEL, "prompt": "w5", "max_tokens": True}, "max_tokens"),
-    ("/v1/completions", {"model": MODEL, "prompt": "w5", "seed": 2**64}, "seed"),
-    ("/v1/completions", '{"model": "tiny-chat", "prompt": "w5", "temperature": NaN}', "temperature"),
-    ("/v1/completions", {"model": MODEL, "prompt": "w5", "logit_bias": {"5": 3}}, "logit_bias is not supported"),
-    ("/v1/completions", {"model": MODEL, "prompt": "w5", "dynatree": {"eta_depth": 1e400}}, "finite"),
+     "fills the context length 512", "messages"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5 " * 400, "max_tokens": 150}, "exceed the context length 512", "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": ""}, "the prompt is empty", "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": [5, 999]}, "not a token id", "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": ["w5", "w6"]}, "one prompt per request", "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop", "stop"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "echo": True}, "echo is not supported", "echo"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "temperature": "0.5"}, "temperature", "temperature"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "max_tokens": True}, "max_tokens", "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "seed": 2**64}, "seed", "seed"),
+    ("/v1/completions", '{"model": "tiny-chat", "prompt": "w5", "temperature": NaN}', "temperature", "temperature"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "logit_bias": {"5": 3}}, "logit_bias is not supported", "logit_bias"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "dynatree": {"eta_depth": 1e400}}, "finite", "dynatree.eta_depth"),
     ("/v1/completions", {"model": MODEL, "prompt": "w5", "dynatree": {"method": "fixed-tree", "n_max": 10**7}},
-     "beyond this server's limit"),
+     "beyond this server's limit", "dynatree.n_max"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5", "tool_calls": [{}]}]},
-     "tool_calls is not supported"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": None}]}, "needs content"),
+     "tool_calls is not supported", "messages.0"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": None}]}, "needs content", "messages.0"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "max_tokens": 5,
-                              "max_completion_tokens": 6}, "disagree"),
-    ("/v1/chat/completions", "", "no JSON body"),
+                              "max_completion_tokens": 6}, "disagree", "max_completion_tokens"),
+    ("/v1/chat/completions", "", "no JSON body", None),
+    ("/v1/completions", "[1, 2]", "must be a JSON object", None),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                              "stream_options": {"include_usage": True}}, "applies only with stream", "stream_options"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                              "max_completion_tokens": 500}, "exceeds this server's limit 200", "max_completion_tokens"),
 ]
 
 
-@pytest.mark.parametrize("path,body,message", BAD, ids=[b[2] for b in BAD])
-def test_bad_requests_get_400_and_the_server_keeps_serving(server, path, body, message):
+@pytest.mark.parametrize("path,body,message,param", BAD, ids=[b[2] for b in BAD])
+def test_bad_requests_get_400_and_the_server_keeps_serving(server, path, body, message, param):
     response = server.post(path, body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert message in error["message"] and error["type"] == "invalid_request_error"
+    assert error["param"] == param
     assert "\n" not in error["message"]
     ok = server.client.completions.create(model=MODEL, prompt="w5 w6", max_tokens=3, temperature=0)
     assert ok.choices[0].text
@@ -317,8 +323,29 @@ def test_health_and_the_log_say_when_greedy_speculation_may_differ_from_ar(capsy
 def test_unknown_model_and_path_are_404_in_openai_format(server):
     with pytest.raises(openai.NotFoundError, match="not served here"):
         server.client.completions.create(model="gpt-4", prompt="w5", max_tokens=3)
+    before = server.metric('dynatree_requests_total{endpoint="other",status="404"}')
     response = httpx.get(server.url + "/v1/embeddings")
     assert response.status_code == 404 and "error" in response.json()
+    httpx.get(server.url + "/v1/random-path-1")  # every unknown path counts under one label
+    assert server.metric('dynatree_requests_total{endpoint="other",status="404"}') == before + 2
+    wrong_method = httpx.get(server.url + "/v1/completions")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "invalid_request_error"
+    assert server.metric('dynatree_requests_total{endpoint="/v1/completions",status="405"}') >= 1
+
+
+def test_null_means_the_default_for_openai_nullable_fields(server):
+    """Clients that send every field, the unset ones as null, get the defaults (OpenAI's fields are nullable)."""
+    nulls = {"temperature": None, "top_p": None, "n": None, "stream": None, "presence_penalty": None,
+             "frequency_penalty": None, "stop": None, "seed": None, "max_tokens": 4}
+    chat = server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5 w6"}], **nulls})
+    text = server.post("/v1/completions", {"model": MODEL, "prompt": "w5 w6", "echo": None, **nulls})
+    assert chat.status_code == 200 and text.status_code == 200, (chat.text, text.text)
+    assert chat.json()["object"] == "chat.completion"  # not streamed: stream null is false
+    assert chat.json()["dynatree"]["sampling"] is not None  # temperature null is OpenAI's default, 1: sampled
+    # a null for a field a chat request does not have stays an unknown field
+    echo = server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                                                "echo": None})
+    assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo"
 
 
 def gated(engine: Engine) -> threading.Event:
@@ -469,6 +496,18 @@ def test_serve_cli_refuses_bad_settings_before_loading(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
+
+
+def test_serve_help_offers_only_what_the_server_runs(capsys):
+    """The hf-* baselines' options (the server refuses those methods) are not among serve's flags."""
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = capsys.readouterr().out
+    assert "--d0" in text and "--budget" in text  # dynatree's and wetap's options
+    for flag in ("--num-assistant-tokens", "--prompt-lookup-num-tokens", "--max-matching-ngram-size", "hf-ar"):
+        assert flag not in text
+    assert main(["serve", "--num-assistant-tokens", "3"]) == 2
+    assert "unrecognized arguments: --num-assistant-tokens" in capsys.readouterr().err
 
 
 def test_serve_cli_busy_port_is_one_line_error(capsys):

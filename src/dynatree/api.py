@@ -20,7 +20,7 @@ from .llamacpp import LlamaCppArConfig, LlamaCppLookupConfig, gguf_format, llama
 from .weights import inexact_greedy
 from .llamacpp import check_target as check_llamacpp
 from .methods import get_method, is_lossy
-from .models import DEFAULT_TARGET, load_model, resolve_device, same_device
+from .models import DEFAULT_TARGET, load_model, resolve_device, resolve_dtype, same_device
 from .runtime import LoadedModel
 from .peers import hf_generate, universal_assisted
 from .prompts import encode_prompt
@@ -150,6 +150,13 @@ def prepare(request: Request | Checked) -> Prepared:
         if r.device is not None and not same_device(resolve_device(r.device), tgt.device):
             raise DynaTreeError(f"device {r.device!r} given, but the target is already loaded on {tgt.device}; "
                                 "load it there (load_model(..., device=...)) or leave device out")
+        if r.dtype is not None and resolve_dtype(r.dtype) != tgt.dtype:
+            raise DynaTreeError(f"dtype {r.dtype!r} given, but the target is already loaded in "
+                                f"{str(tgt.dtype).removeprefix('torch.')}; load it so (load_model(..., dtype=...)) "
+                                "or leave dtype out")
+        if r.linear != "auto" and r.linear != tgt.linear:
+            raise DynaTreeError(f"linear {r.linear!r} given, but the target is already loaded with {tgt.linear!r} "
+                                "linear layers; load it so (load_model(..., linear=...)) or leave linear out")
     else:
         tgt = load_model(r.target, device=r.device or "cpu", dtype=r.dtype, linear=r.linear, weights=r.weights or "dense")
     compile = tgt.compile if r.compile is None else r.compile
@@ -247,7 +254,9 @@ def generate(
     own setting. `linear`
     ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
     `weights` ("dense", "q4", "int8", "auto"; None: dense) is the format of a target loaded here
-    (weights.py); drafts load dense, in the target's dtype.
+    (weights.py); drafts load dense, in the target's dtype. With a loaded target, `device`,
+    `dtype`, `weights` and `linear` other than their defaults must be what it was loaded with
+    (an error says so; nothing is converted behind the caller's back).
     """
     request = Request(prompt=prompt, method=method, options=options, target=target, draft=draft,
                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, chat=chat,

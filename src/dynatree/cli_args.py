@@ -34,13 +34,17 @@ class Parser(argparse.ArgumentParser):
         raise DynaTreeError(message)
 
 
-def method_options(parser: argparse.ArgumentParser, as_lists: bool = False) -> dict[str, list[str]]:
+def method_options(parser: argparse.ArgumentParser, as_lists: bool = False,
+                   baselines: bool = True) -> dict[str, list[str]]:
     """Add one flag per config field of every method; return field name -> methods using it.
 
-    With `as_lists`, every flag takes a comma-separated list of values (for sweeps).
+    With `as_lists`, every flag takes a comma-separated list of values (for sweeps); without
+    `baselines`, only dynatree's own methods' fields (not those of the hf-* and llama.cpp baselines).
     """
     fields: dict[str, list[tuple[str, dataclasses.Field]]] = {}
     for method in METHODS.values():
+        if not baselines and method.policy_cls is None:
+            continue
         for f in dataclasses.fields(method.config_cls):
             fields.setdefault(f.name, []).append((method.name, f))
     title = "method options, each a comma-separated list of values to sweep" if as_lists else "method options"
@@ -79,7 +83,8 @@ def _list_of(kind: type):
     return parse
 
 
-def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
+def add_model_args(parser: argparse.ArgumentParser, draft_help: str, baselines: bool = True) -> None:
+    """The model flags; without `baselines` (the server) the help leaves out what only hf-* use."""
     parser.add_argument(
         "--target", default=DEFAULT_TARGET,
         help=f"target model: hub id, local directory, .gguf file or an embedded alias ({', '.join(EMBEDDED)}) [{DEFAULT_TARGET}]",
@@ -87,7 +92,8 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
     parser.add_argument("--draft", default=None, help=draft_help)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
     parser.add_argument("--dtype", default=None,
-                        help="float32, bfloat16, float16 or float64 [float32; bfloat16 with low-bit --weights]")
+                        help="float32, bfloat16, float16 or float64 [float32; bfloat16 where --weights is or "
+                             "resolves to q4/int8, as auto does for the embedded default target]")
     parser.add_argument("--weights", default="auto", choices=WEIGHT_FORMATS,
                         help="the target's weight format: dense (--dtype), q4 (a GGUF file's own 4-bit weights, "
                              "e.g. the embedded model's), int8 (quantized per channel at load), auto (q4 for a "
@@ -99,9 +105,9 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str) -> None:
                              "stock kernels; auto = onednn on the CPU unless the second copy of the weights takes "
                              "over a quarter of the RAM (hf-* always run stock) [auto]")
     parser.add_argument("--compile", action="store_true",
-                        help="run the target's and the draft's decode steps through torch.compile (our methods, and "
-                             "hf-ar with a static cache; the first steps compile for minutes, later runs reuse the "
-                             "on-disk cache) [off]")
+                        help="run the target's and the draft's decode steps through torch.compile ("
+                             + ("our methods, and hf-ar with a static cache; " if baselines else "")
+                             + "the first steps compile for minutes, later runs reuse the on-disk cache) [off]")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

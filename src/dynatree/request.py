@@ -21,6 +21,7 @@ from .errors import DynaTreeError
 from .featurehead import FeatureHead
 from .kernels import check_linear_kernel
 from .methods import Method, get_method, make_config
+from .models import resolve_dtype
 from .runtime import LoadedModel
 from .sampling import SamplingConfig, sampling_config
 from .weights import weights_dtype
@@ -73,6 +74,10 @@ class Request:
             raise DynaTreeError("give either prompt (text) or prompt_ids (token ids), not both")
         if self.prompt_ids is None and not isinstance(self.prompt, str):
             raise DynaTreeError(f"prompt must be a string (or give prompt_ids), got {type(self.prompt).__name__}")
+        if self.prompt_ids is None and not self.prompt.strip():
+            raise DynaTreeError("the prompt is empty")  # before any model loads (encode_prompt says so too)
+        if self.dtype is not None:
+            resolve_dtype(self.dtype)  # an unknown name, before any model loads
         if isinstance(self.kv_window, KVWindow):
             window = self.kv_window.validated()
         elif self.kv_window is None or isinstance(self.kv_window, str):

@@ -19,9 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from ..errors import DynaTreeError
-from .engine import Engine, Finished, Job, QueueFull
+from .engine import Engine, Finished, Job, QueueFull, RequestError
 from .protocol import ChatRequest, CompletionRequest, error_body, validation_message
 
+ROUTES = ("/health", "/v1/models", "/metrics", "/v1/chat/completions", "/v1/completions")  # what create_app serves
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
@@ -78,6 +79,8 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
+        path = request.url.path  # unknown paths share one label: a scanner must not add a series per path
+        metrics.requests.labels(path if path in ROUTES else "other", str(exc.status_code)).inc()
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind)
 
@@ -121,7 +124,9 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
                                  "model_not_found"))
         try:
             prepared = engine.prepare(body, engine.prompt_ids(body))
-        except DynaTreeError as exc:
+        except RequestError as exc:
+            return answer(_error(400, str(exc), param=exc.param))
+        except DynaTreeError as exc:  # a check outside the request's fields
             return answer(_error(400, str(exc)))
         job = Job(prepared, body.stops, asyncio.get_running_loop())
         try:

@@ -25,7 +25,7 @@ def add_serve_command(sub) -> None:
                     "and its options with an extra field, e.g. \"dynatree\": {\"method\": \"fixed-tree\", "
                     "\"depth\": 6}; the flags below set the defaults.")
     p.add_argument("--method", default="dynatree", help="method of requests that name none [dynatree]")
-    add_model_args(p, DRAFT_HELP)
+    add_model_args(p, DRAFT_HELP, baselines=False)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
     p.add_argument("--port", type=int, default=8000, help="port [8000]")
     p.add_argument("--queue", type=int, default=16, help="requests that may wait while one decodes [16]")
@@ -36,7 +36,7 @@ def add_serve_command(sub) -> None:
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="report ready without decoding a warm-up prompt (the first request then compiles and "
                         "measures)")
-    p.set_defaults(method_fields=method_options(p), run=cmd_serve)
+    p.set_defaults(method_fields=method_options(p, baselines=False), run=cmd_serve)
 
 
 def settings_from(args):

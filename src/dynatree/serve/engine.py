@@ -57,6 +57,15 @@ class ServeSettings:
     warmup: bool = True  # decode one short prompt before reporting ready (compiles graphs, measures costs)
 
 
+class RequestError(DynaTreeError):
+    """A bad request found when it is prepared against the loaded models: a 400 naming `param`, the
+    request field at fault (OpenAI's error object), or None where no one field is."""
+
+    def __init__(self, message: str, param: str | None):
+        super().__init__(message)
+        self.param = param
+
+
 class QueueFull(Exception):
     """The FIFO queue holds `settings.queue` waiting requests already."""
 
@@ -160,52 +169,76 @@ class Engine:
         tok = self.tokenizer
         if isinstance(request, CompletionRequest):
             if isinstance(request.prompt, str):
-                return encode_prompt(tok, request.prompt)
-            return list(request.prompt)  # token ids, checked by api.prepare
+                try:
+                    return encode_prompt(tok, request.prompt)
+                except DynaTreeError as exc:
+                    raise RequestError(str(exc), "prompt") from None
+            readable = min(self.target.vocab_size, self.target.embedding_rows)  # rows the target can read
+            for i, token in enumerate(request.prompt):
+                if not 0 <= token < readable:
+                    raise RequestError(f"prompt[{i}] = {token} is not a token id of {self.model_id!r} "
+                                       f"(0..{readable - 1})", "prompt")
+            return list(request.prompt)
         if not getattr(tok, "chat_template", None):
-            raise DynaTreeError(f"{self.model_id!r} has no chat template: use /v1/completions with plain text")
+            raise RequestError(f"{self.model_id!r} has no chat template: use /v1/completions with plain text", "messages")
         try:
             return encode_messages(tok, [m.as_template_message() for m in request.messages])
-        except DynaTreeError:
-            raise
+        except DynaTreeError as exc:
+            raise RequestError(str(exc), "messages") from None
         except Exception as exc:  # noqa: BLE001 (jinja2's errors: templates that reject roles or their order)
-            raise DynaTreeError(f"the chat template of {self.model_id!r} rejects these messages: "
-                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+            raise RequestError(f"the chat template of {self.model_id!r} rejects these messages: "
+                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
+                               "messages") from None
 
     def prepare(self, request: ChatRequest | CompletionRequest, ids: list[int]) -> api.Prepared:
-        """A validated decode of `request` (any bad value is a DynaTreeError: a 400)."""
+        """A validated decode of `request` (any bad value is a RequestError naming its field: a 400)."""
         extra = dict(request.dynatree or {})
         method = extra.pop("method", None)
         options = {str(k).replace("-", "_"): v for k, v in extra.items()}
         for name, value in options.items():
             if isinstance(value, float) and not math.isfinite(value):
-                raise DynaTreeError(f"dynatree.{name} must be a finite number, got {value}")
+                raise RequestError(f"dynatree.{name} must be a finite number, got {value}", f"dynatree.{name}")
             if isinstance(value, int) and not isinstance(value, bool) and abs(value) > OPTION_LIMIT:
-                raise DynaTreeError(f"dynatree.{name} = {value} is beyond this server's limit of {OPTION_LIMIT} "
-                                    "(tree sizes and depths are bounded per request)")
+                raise RequestError(f"dynatree.{name} = {value} is beyond this server's limit of {OPTION_LIMIT} "
+                                   "(tree sizes and depths are bounded per request)", f"dynatree.{name}")
         if method is not None and not isinstance(method, str):
-            raise DynaTreeError(f"dynatree.method must be a method name, got {method!r}")
+            raise RequestError(f"dynatree.method must be a method name, got {method!r}", "dynatree.method")
         if method is None or method == self.settings.method:  # the server's options, overridden per request
             method, options = self.settings.method, {**self.settings.options, **options}
         context = self.target.context_length
         room = None if context is None else context - len(ids)
+        prompt_field = "messages" if isinstance(request, ChatRequest) else "prompt"
         if room is not None and room < 1:
-            raise DynaTreeError(f"the prompt ({len(ids)} tokens) fills the context length {context} of {self.model_id!r}")
+            raise RequestError(f"the prompt ({len(ids)} tokens) fills the context length {context} of {self.model_id!r}",
+                               prompt_field)
         limit = self.settings.max_tokens
+        asked = ("max_completion_tokens" if isinstance(request, ChatRequest) and request.max_completion_tokens
+                 is not None else "max_tokens")  # the field the client set
         if request.max_tokens is not None and request.max_tokens > limit:
-            raise DynaTreeError(f"max_tokens {request.max_tokens} exceeds this server's limit {limit} (--max-tokens)")
+            raise RequestError(f"{asked} {request.max_tokens} exceeds this server's limit {limit} (--max-tokens)", asked)
+        if request.max_tokens is not None and room is not None and request.max_tokens > room:
+            raise RequestError(f"{asked} {request.max_tokens} and the prompt's {len(ids)} tokens exceed the context "
+                               f"length {context} of {self.model_id!r}", asked)
         max_tokens = request.max_tokens or (limit if room is None else min(limit, room))
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         sample = request.temperature >= GREEDY_BELOW
         sampling = dict(sample=True, temperature=request.temperature, top_k=request.top_k,
                         top_p=request.top_p) if sample else {}
-        return self._prepare(ids, method, options, max_tokens, seed, **sampling)
+        try:
+            return self._prepare(ids, method, options, max_tokens, seed, **sampling)
+        except RequestError:
+            raise
+        except DynaTreeError as exc:  # the method and its options (the prompt was checked above)
+            raise RequestError(str(exc), "dynatree") from None
 
     def _prepare(self, ids, method, options, max_new_tokens, seed, **sampling) -> api.Prepared:
-        spec = get_method(method)
+        try:
+            spec = get_method(method)
+        except DynaTreeError as exc:
+            raise RequestError(str(exc), "dynatree.method") from None
         if spec.policy_cls is None:
-            raise DynaTreeError(f"{method!r} runs {spec.baseline}, a benchmark baseline; the server "
-                                "decodes with dynatree's methods (ar, linear, dynatree, ...)")
+            raise RequestError(f"{method!r} runs {spec.baseline}, a benchmark baseline; the server "
+                               "decodes with dynatree's methods (ar, linear, dynatree, ...)", "dynatree.method")
         return api.prepare(Request(method=method, options=options, target=self.target,
                                    draft=self.draft if spec.draft != "none" else None, prompt_ids=ids,
                                    max_new_tokens=max_new_tokens, seed=seed, ngram_max=self.settings.ngram_max,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` strings
 
@@ -70,6 +70,11 @@ class StreamOptions(_Strict):
     include_usage: bool = False  # a last chunk with `usage` before [DONE]
 
 
+# OpenAI's nullable fields whose default is not null: a null there means the default (clients that send
+# every field, unset ones as null, must not get a 400 for it)
+NULL_MEANS_DEFAULT = ("temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty", "echo")
+
+
 class _Request(_Strict):
     """Fields chat and text completions share."""
 
@@ -94,6 +99,13 @@ class _Request(_Strict):
     store: bool | None = None
     dynatree: dict[str, Any] | None = None  # {"method": NAME, OPTION: VALUE, ...} as the CLI's flags
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data):
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (v is None and k in NULL_MEANS_DEFAULT and k in cls.model_fields)}
+        return data
+
     @field_validator("n")
     @classmethod
     def _one_choice(cls, n: int) -> int:
@@ -111,21 +123,42 @@ class _Request(_Strict):
             raise ValueError("stop strings must not be empty")
         return stops
 
-    @model_validator(mode="after")
-    def _unsupported(self):
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ValueError(f"{name} is not supported: it changes the target's distribution, which "
-                                 "tree verification keeps exact (leave it 0)")
-        if self.logprobs not in (None, False, 0) or self.top_logprobs not in (None, 0):
+    # what dynatree cannot honour, checked field by field so that the error names its `param`
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float, info: ValidationInfo) -> float:
+        if value:
+            raise ValueError(f"{info.field_name} is not supported: it changes the target's distribution, which "
+                             "tree verification keeps exact (leave it 0)")
+        return value
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value):
+        if value not in (None, False, 0):
             raise ValueError("logprobs are not supported by this server")
-        if self.logit_bias:
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value):
+        if value:
             raise ValueError("logit_bias is not supported: it changes the target's distribution")
-        if self.response_format not in (None, {"type": "text"}):
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format(cls, value):
+        if value not in (None, {"type": "text"}):
             raise ValueError("response_format other than text is not supported by this server")
-        if self.stream_options is not None and not self.stream:
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _with_stream(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("stream", False):
             raise ValueError("stream_options applies only with stream: true")
-        return self
+        return value
 
     @property
     def stops(self) -> list[str]:
@@ -138,11 +171,17 @@ class ChatRequest(_Request):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
 
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _agrees(cls, value, info: ValidationInfo):
+        given = info.data.get("max_tokens")
+        if value is not None and given is not None and given != value:
+            raise ValueError("max_tokens and max_completion_tokens disagree; give one of them")
+        return value
+
     @model_validator(mode="after")
     def _one_limit(self):
         if self.max_completion_tokens is not None:
-            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
-                raise ValueError("max_tokens and max_completion_tokens disagree; give one of them")
             self.max_tokens = self.max_completion_tokens
         return self
 
@@ -165,13 +204,19 @@ class CompletionRequest(_Request):
             raise ValueError("the prompt is empty")
         return prompt
 
-    @model_validator(mode="after")
-    def _no_echo(self):
-        if self.echo:
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
             raise ValueError("echo is not supported by this server")
-        if self.suffix:
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value):
+        if value:
             raise ValueError("suffix (insertion) is not supported by this server")
-        return self
+        return value
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -188,8 +233,11 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     message = first.get("msg", "invalid request").removeprefix("Value error, ")
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
+    if first.get("type") in ("model_type", "model_attributes_type", "dict_type") and not loc:
+        return ("the request body must be a JSON object (sent with Content-Type: application/json)", None)
     if first.get("type") == "extra_forbidden":
         return f"unknown field {param!r}", param
     if first.get("type") == "missing":
         return (f"missing field {param!r}", param) if param else ("the request has no JSON body", None)
-    return (f"{param}: {message}" if param else message), param
+    named = param and not message.startswith(param.split(".")[0])  # "n: n must be 1" reads twice
+    return (f"{param}: {message}" if named else message), param
