@@ -346,6 +346,13 @@ def test_null_means_the_default_for_openai_nullable_fields(server):
     echo = server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
                                                 "echo": None})
     assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo"
+    # OpenAI's nullable fields the server has no use for: null is accepted, a value stays a 400
+    unused = {"tools": None, "tool_choice": None, "best_of": None, "service_tier": None, "reasoning_effort": None}
+    assert server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                                                "max_tokens": 2, **unused}).status_code == 200
+    tools = server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                                                 "tools": [{"type": "function"}]})
+    assert tools.status_code == 400 and tools.json()["error"]["param"] == "tools"
 
 
 def gated(engine: Engine) -> threading.Event:
@@ -516,6 +523,35 @@ def test_serve_cli_busy_port_is_one_line_error(capsys):
         busy.listen(1)
         assert main(["serve", "--port", str(busy.getsockname()[1])]) == 2
     assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+
+
+def test_a_draft_with_a_shorter_context_bounds_the_requests_that_use_it():
+    """The room for new tokens is the shortest context among the models a request's method runs,
+    and a request over it is a 400 naming its field and the model, not an error from deep inside."""
+    from dynatree.serve.engine import RequestError
+    from dynatree.serve.protocol import ChatRequest
+
+    short = LoadedModel(model=tiny("llama", seed=1, context=64).model, tokenizer=TARGET.tokenizer, name="short-draft",
+                        eos_ids=[EOS])
+    engine = Engine(ServeSettings(target=TARGET, draft=short, method="linear", warmup=False))
+    engine.load()
+    assert engine.state == "ready", engine.error
+    words = " ".join(f"w{5 + i % 40}" for i in range(40))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": words}]}
+    ids = engine.prompt_ids(ChatRequest(**body))
+    assert 40 < len(ids) < 64
+    default = engine.prepare(ChatRequest(**body), ids)  # no max_tokens: what fits the draft's context
+    assert len(ids) + default.max_new_tokens == 64
+    with pytest.raises(RequestError, match="exceed the context length 64 of 'short-draft'") as err:
+        engine.prepare(ChatRequest(**body, max_tokens=30), ids)
+    assert err.value.param == "max_tokens"
+    plain = engine.prepare(ChatRequest(**body, max_tokens=30, dynatree={"method": "ar"}), ids)  # ar runs no draft
+    assert plain.max_new_tokens == 30 and plain.draft is None
+    with pytest.raises(RequestError, match="fills the context length 64 of 'short-draft'") as err:
+        long_ids = ids + ids
+        engine.prepare(ChatRequest(**body), long_ids)
+    assert err.value.param == "messages"
+    engine.close()
 
 
 def test_a_target_that_fails_to_load_reports_failed():

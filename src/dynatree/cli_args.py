@@ -103,7 +103,7 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str, baselines: 
     parser.add_argument("--linear", default="auto", choices=LINEAR_KERNELS,
                         help="linear layers of our methods' models: oneDNN on weights packed once, or PyTorch's "
                              "stock kernels; auto = onednn on the CPU unless the second copy of the weights takes "
-                             "over a quarter of the RAM (hf-* always run stock) [auto]")
+                             "over a quarter of the RAM" + (" (hf-* always run stock)" if baselines else "") + " [auto]")
     parser.add_argument("--compile", action="store_true",
                         help="run the target's and the draft's decode steps through torch.compile ("
                              + ("our methods, and hf-ar with a static cache; " if baselines else "")

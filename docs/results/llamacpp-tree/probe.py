@@ -2,7 +2,9 @@
 
   python docs/results/llamacpp-tree/probe.py exact [long]   oracle trees over 120 greedy tokens, every accepted row's
                                                             logits against one-token decoding's, bit for bit
-  python docs/results/llamacpp-tree/probe.py time           ms per pass of n tokens: random trees, chains, stars
+  python docs/results/llamacpp-tree/probe.py single         one tree pass (a root, a distractor, a chain of two) against
+                                                            one-token decoding, bit for bit
+  python docs/results/llamacpp-tree/probe.py time           ms per pass of n tokens: random trees and chains
 
 A tree is given to llama.cpp as sequences: each leaf is a sequence id, a node belongs to the sequences of the
 leaves below it (its attention uses its first one), the committed cells belong to every leaf sequence
@@ -224,6 +226,17 @@ if __name__ == "__main__":
                     out, mism, worst, iters = speculate(fa, prompt, toks, rows, 120, order, random.Random(seed))
                     print(json.dumps(dict(fa=fa, order=order, seed=seed, same_tokens=out == toks, logit_rows_differing=mism,
                                           worst=worst, iters=iters)), flush=True)
+    elif what == "single":
+        toks, rows = reference(True, prompt, 3)
+        ctx = make_ctx(True); mem = L.llama_get_memory(ctx)
+        P = len(prompt)
+        prefill(ctx, prompt)
+        for s in (1, 2):
+            L.llama_memory_seq_cp(mem, 0, s, -1, -1)
+        # root (both leaves), a distractor child (leaf 2), the true child and grandchild (leaf 1)
+        decode(ctx, [toks[0], 7, toks[1], toks[2]], [P, P + 1, P + 1, P + 2], [[1, 2], [2], [1], [1]], [True] * 4)
+        diffs = [float(np.abs(logits(ctx, i) - rows[j]).max()) for i, j in ((0, 0), (2, 1), (3, 2))]
+        print(json.dumps(dict(flash_attn=True, max_abs_diff_per_row=diffs, bit_equal=all(d == 0 for d in diffs))))
     elif what == "time":
         for fa in (False, True):
             print(json.dumps(dict(kind="random tree, every row's logits", flash_attn=fa, prompt=len(prompt),

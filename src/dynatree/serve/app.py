@@ -22,7 +22,6 @@ from ..errors import DynaTreeError
 from .engine import Engine, Finished, Job, QueueFull, RequestError
 from .protocol import ChatRequest, CompletionRequest, error_body, validation_message
 
-ROUTES = ("/health", "/v1/models", "/metrics", "/v1/chat/completions", "/v1/completions")  # what create_app serves
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
@@ -80,7 +79,8 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
         path = request.url.path  # unknown paths share one label: a scanner must not add a series per path
-        metrics.requests.labels(path if path in ROUTES else "other", str(exc.status_code)).inc()
+        known = path in {route.path for route in app.routes}
+        metrics.requests.labels(path if known else "other", str(exc.status_code)).inc()
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind)
 

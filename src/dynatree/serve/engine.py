@@ -22,7 +22,7 @@ from ..request import Request
 from ..result import Result
 from ..draftload import Draft, load_draft
 from ..errors import DynaTreeError
-from ..methods import get_method
+from ..methods import Method, get_method
 from ..models import DEFAULT_TARGET, load_model
 from ..prompts import encode_messages, encode_prompt
 from ..runtime import LoadedModel
@@ -165,30 +165,35 @@ class Engine:
 
     # -- requests -----------------------------------------------------------------------------
     def prompt_ids(self, request: ChatRequest | CompletionRequest) -> list[int]:
-        """The request's prompt as token ids (chat messages through the chat template)."""
+        """The request's prompt as token ids (chat messages through the chat template), every id one
+        the target can read (a RequestError naming `prompt` or `messages` otherwise)."""
+        tok, field = self.tokenizer, "messages" if isinstance(request, ChatRequest) else "prompt"
+        if isinstance(request, CompletionRequest) and not isinstance(request.prompt, str):
+            ids, given = list(request.prompt), True  # token ids, as the client sent them
+        else:
+            given = False
+            try:
+                ids = encode_prompt(tok, request.prompt) if field == "prompt" else self._chat_ids(request)
+            except DynaTreeError as exc:
+                raise RequestError(str(exc), field) from None
+        readable = min(self.target.vocab_size, self.target.embedding_rows)  # rows the target can read
+        for i, token in enumerate(ids):
+            if not 0 <= token < readable:
+                where = f"prompt[{i}] = {token} is not" if given else f"the prompt encodes to token {token}, not"
+                raise RequestError(f"{where} a token id {self.model_id!r} can read (0..{readable - 1})", field)
+        return ids
+
+    def _chat_ids(self, request: ChatRequest) -> list[int]:
         tok = self.tokenizer
-        if isinstance(request, CompletionRequest):
-            if isinstance(request.prompt, str):
-                try:
-                    return encode_prompt(tok, request.prompt)
-                except DynaTreeError as exc:
-                    raise RequestError(str(exc), "prompt") from None
-            readable = min(self.target.vocab_size, self.target.embedding_rows)  # rows the target can read
-            for i, token in enumerate(request.prompt):
-                if not 0 <= token < readable:
-                    raise RequestError(f"prompt[{i}] = {token} is not a token id of {self.model_id!r} "
-                                       f"(0..{readable - 1})", "prompt")
-            return list(request.prompt)
         if not getattr(tok, "chat_template", None):
-            raise RequestError(f"{self.model_id!r} has no chat template: use /v1/completions with plain text", "messages")
+            raise DynaTreeError(f"{self.model_id!r} has no chat template: use /v1/completions with plain text")
         try:
             return encode_messages(tok, [m.as_template_message() for m in request.messages])
-        except DynaTreeError as exc:
-            raise RequestError(str(exc), "messages") from None
+        except DynaTreeError:
+            raise
         except Exception as exc:  # noqa: BLE001 (jinja2's errors: templates that reject roles or their order)
-            raise RequestError(f"the chat template of {self.model_id!r} rejects these messages: "
-                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
-                               "messages") from None
+            raise DynaTreeError(f"the chat template of {self.model_id!r} rejects these messages: "
+                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
 
     def prepare(self, request: ChatRequest | CompletionRequest, ids: list[int]) -> api.Prepared:
         """A validated decode of `request` (any bad value is a RequestError naming its field: a 400)."""
@@ -205,11 +210,16 @@ class Engine:
             raise RequestError(f"dynatree.method must be a method name, got {method!r}", "dynatree.method")
         if method is None or method == self.settings.method:  # the server's options, overridden per request
             method, options = self.settings.method, {**self.settings.options, **options}
-        context = self.target.context_length
+        spec = self._spec(method)
+        # the shortest context among the models this method runs (the draft's may be shorter than the target's)
+        models = [self.target, *([self.draft.model] if spec.draft != "none" and self.draft is not None
+                                 and self.draft.model is not None else [])]
+        limits = [(m.context_length, m.name) for m in models if m.context_length is not None]
+        context, holder = min(limits) if limits else (None, None)
         room = None if context is None else context - len(ids)
         prompt_field = "messages" if isinstance(request, ChatRequest) else "prompt"
         if room is not None and room < 1:
-            raise RequestError(f"the prompt ({len(ids)} tokens) fills the context length {context} of {self.model_id!r}",
+            raise RequestError(f"the prompt ({len(ids)} tokens) fills the context length {context} of {holder!r}",
                                prompt_field)
         limit = self.settings.max_tokens
         asked = ("max_completion_tokens" if isinstance(request, ChatRequest) and request.max_completion_tokens
@@ -218,20 +228,16 @@ class Engine:
             raise RequestError(f"{asked} {request.max_tokens} exceeds this server's limit {limit} (--max-tokens)", asked)
         if request.max_tokens is not None and room is not None and request.max_tokens > room:
             raise RequestError(f"{asked} {request.max_tokens} and the prompt's {len(ids)} tokens exceed the context "
-                               f"length {context} of {self.model_id!r}", asked)
+                               f"length {context} of {holder!r}", asked)
         max_tokens = request.max_tokens or (limit if room is None else min(limit, room))
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         sample = request.temperature >= GREEDY_BELOW
         sampling = dict(sample=True, temperature=request.temperature, top_k=request.top_k,
                         top_p=request.top_p) if sample else {}
-        try:
-            return self._prepare(ids, method, options, max_tokens, seed, **sampling)
-        except RequestError:
-            raise
-        except DynaTreeError as exc:  # the method and its options (the prompt was checked above)
-            raise RequestError(str(exc), "dynatree") from None
+        return self._prepare(ids, method, options, max_tokens, seed, **sampling)
 
-    def _prepare(self, ids, method, options, max_new_tokens, seed, **sampling) -> api.Prepared:
+    def _spec(self, method: str) -> Method:
+        """A method the server decodes with (RequestError naming `dynatree.method` otherwise)."""
         try:
             spec = get_method(method)
         except DynaTreeError as exc:
@@ -239,10 +245,24 @@ class Engine:
         if spec.policy_cls is None:
             raise RequestError(f"{method!r} runs {spec.baseline}, a benchmark baseline; the server "
                                "decodes with dynatree's methods (ar, linear, dynatree, ...)", "dynatree.method")
-        return api.prepare(Request(method=method, options=options, target=self.target,
-                                   draft=self.draft if spec.draft != "none" else None, prompt_ids=ids,
-                                   max_new_tokens=max_new_tokens, seed=seed, ngram_max=self.settings.ngram_max,
-                                   kv_window=self.window, compile=self.settings.compile and spec.compilable, **sampling))
+        return spec
+
+    def _prepare(self, ids, method, options, max_new_tokens, seed, **sampling) -> api.Prepared:
+        """The engine's Request for a decode: its checks (the method's options: RequestError naming
+        `dynatree`), then `api.prepare` against the loaded models (an error there names no field)."""
+        spec = self._spec(method)
+        request = Request(method=method, options=options, target=self.target,
+                          draft=self.draft if spec.draft != "none" else None, prompt_ids=ids,
+                          max_new_tokens=max_new_tokens, seed=seed, ngram_max=self.settings.ngram_max,
+                          kv_window=self.window, compile=self.settings.compile and spec.compilable, **sampling)
+        try:
+            checked = request.check()
+        except DynaTreeError as exc:
+            raise RequestError(str(exc), "dynatree") from None
+        try:
+            return api.prepare(checked)
+        except DynaTreeError as exc:
+            raise RequestError(str(exc), None) from None
 
     def submit(self, job: Job) -> None:
         """Queue a job; QueueFull when `settings.queue` jobs wait already."""

@@ -9,6 +9,7 @@ nothing here (`user`) are accepted; fields whose non-default values dynatree can
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -73,6 +74,10 @@ class StreamOptions(_Strict):
 # OpenAI's nullable fields whose default is not null: a null there means the default (clients that send
 # every field, unset ones as null, must not get a 400 for it)
 NULL_MEANS_DEFAULT = ("temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty", "echo")
+# OpenAI's nullable fields this server has no use for: null (unused) is dropped; any other value is still an
+# unknown field (a 400), never silently ignored
+NULL_MEANS_UNUSED = ("best_of", "service_tier", "tools", "tool_choice", "parallel_tool_calls", "functions",
+                     "function_call", "prediction", "modalities", "reasoning_effort", "audio", "web_search_options")
 
 
 class _Request(_Strict):
@@ -103,7 +108,8 @@ class _Request(_Strict):
     @classmethod
     def _nulls_are_defaults(cls, data):
         if isinstance(data, dict):
-            return {k: v for k, v in data.items() if not (v is None and k in NULL_MEANS_DEFAULT and k in cls.model_fields)}
+            return {k: v for k, v in data.items()
+                    if not (v is None and (k in NULL_MEANS_UNUSED or k in NULL_MEANS_DEFAULT and k in cls.model_fields))}
         return data
 
     @field_validator("n")
@@ -239,5 +245,5 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
         return f"unknown field {param!r}", param
     if first.get("type") == "missing":
         return (f"missing field {param!r}", param) if param else ("the request has no JSON body", None)
-    named = param and not message.startswith(param.split(".")[0])  # "n: n must be 1" reads twice
+    named = param and not re.match(rf"{re.escape(param)}\b", message)  # "n: n must be 1" reads twice
     return (f"{param}: {message}" if named else message), param
