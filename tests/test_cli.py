@@ -350,6 +350,35 @@ def test_api_target_of_another_type_and_a_prompt_the_target_cannot_read():
         api.generate(prompt_ids=[5, 70], method="ar", target=short, max_new_tokens=2)
 
 
+@pytest.mark.parametrize("draft,message", [
+    ("no-such-owner/no-such-draft", "cannot download 'no-such-owner/no-such-draft': the Hugging Face hub is unreachable"),
+    ("ngram+smollm2-135m-eagel", "did you mean 'smollm2-135m-eagle'?"),
+    ("./no/such/draft", "model path './no/such/draft' does not exist"),
+])
+def test_a_draft_that_names_nothing_is_refused_before_the_target_loads(capsys, monkeypatch, draft, message):
+    """A mistyped --draft must not cost the target's load (seconds to minutes) before it is reported."""
+    from dynatree import models
+
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the target loaded before the draft's check"))
+    for argv in (["generate", "w5", "--method", "dynatree", "--draft", draft], ["serve", "--draft", draft]):
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_findable_draft_passes_the_early_check(monkeypatch, saved_tiny):
+    from dynatree import models
+    from dynatree.errors import DynaTreeError
+
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
+    for spec in ("smollm2-135m-eagle", "smollm2-135m-draft", str(saved_tiny)):
+        models.check_findable(spec)  # aliases and existing paths: nothing to download
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: True)
+    models.check_findable("some-owner/some-draft")  # a hub id the hub may have: left to the load
+    with pytest.raises(DynaTreeError, match="neither an alias .* nor a hub id"):
+        models.check_findable("not a repo id")
+
+
 def test_the_equals_hint_only_for_values_that_start_with_a_dash(capsys, saved_tiny):
     code, _, err = run_cli(capsys, "generate", "w5", "--target", str(saved_tiny), "--draft", "--sample")
     assert code == 2 and "expected one argument" in err and "=VALUE" not in err, err

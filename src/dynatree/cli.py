@@ -161,7 +161,7 @@ def cmd_generate(args) -> int:
     from .draftload import load_draft
     from .peers import universal_note
     from .methods import make_config
-    from .models import load_model
+    from .models import check_findable, load_model
     from .weights import inexact_greedy
     from .request import Request
 
@@ -209,6 +209,9 @@ def cmd_generate(args) -> int:
         reason = lossy_reason(checked[method].config) if args.sample else None
         if reason:
             print(f"note: {method}: {reason}", file=sys.stderr)
+    draft_model = parse_draft(args.draft).model
+    if drafting and draft_model is not None:
+        check_findable(draft_model)  # a mistyped --draft is named before the target loads, not after
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
     if not args.sample and any(METHODS[m].policy_cls is not None and METHODS[m].draft != "none" for m in methods):
         reason = inexact_greedy(target.dtype, target.weights, target.row_dependent)

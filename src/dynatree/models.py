@@ -170,10 +170,36 @@ def _locate(spec: str) -> tuple[str, str | None, bool, Path | None]:
         return str(path), None, True, None
     if path.exists():
         raise DynaTreeError(f"model file {spec!r} is neither a directory nor a .gguf file")
-    looks_like_path = spec.startswith(("/", ".", "~")) or spec.endswith(".gguf") or spec.count("/") > 1
-    if looks_like_path:
+    if _looks_like_path(spec):
         raise DynaTreeError(f"model path {spec!r} does not exist")
     return spec, None, False, None
+
+
+def _looks_like_path(spec: str) -> bool:
+    """A spec that can only mean a file or directory (a hub id is 'name' or 'owner/name')."""
+    return spec.startswith(("/", ".", "~")) or spec.endswith(".gguf") or spec.count("/") > 1
+
+
+def check_findable(spec: str) -> None:
+    """Fail at once, loading nothing, when a model spec can name nothing here: a path that does not
+    exist, or a hub id neither in the local Hugging Face cache nor downloadable (the hub unreachable).
+    The CLI and the server ask this of a draft model before loading the target (which takes seconds to
+    minutes), so a mistyped --draft is not reported only after it; what the spec holds is checked by
+    the load itself."""
+    if spec in EMBEDDED or spec in EMBEDDED_DRAFTS or Path(spec).expanduser().exists():
+        return
+    if _looks_like_path(spec):
+        raise DynaTreeError(f"model path {spec!r} does not exist")
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = isinstance(try_to_load_from_cache(spec, "config.json"), str)
+    except ValueError:  # not a valid repository id either
+        raise DynaTreeError(f"{spec!r} is neither an alias ({', '.join([*EMBEDDED, *EMBEDDED_DRAFTS])}), "
+                            f"a file or directory, nor a hub id; {_alias_hint(spec)}".rstrip("; ")) from None
+    if not cached and not hub_reachable():
+        raise DynaTreeError(f"cannot download {spec!r}: the Hugging Face hub is unreachable and the model is not in "
+                            f"the local cache; {_alias_hint(spec)}pass a local directory or .gguf file")
 
 
 def _embedded_gguf(emb: EmbeddedModel) -> Path:

@@ -42,6 +42,7 @@ def add_serve_command(sub) -> None:
 def settings_from(args):
     """ServeSettings from parsed arguments, every value checked before any model loads."""
     from ..draftspec import parse as parse_draft
+    from ..models import check_findable
     from ..window import KVWindow
     from .engine import ServeSettings
 
@@ -51,7 +52,9 @@ def settings_from(args):
                             f"{spec.baseline}")
     options = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
     make_config(args.method, **options)  # unknown or bad options fail here, named
-    parse_draft(args.draft)
+    draft_model = parse_draft(args.draft).model
+    if draft_model is not None:
+        check_findable(draft_model)  # a mistyped --draft is named before the target loads, not after
     KVWindow.parse(args.kv_window)
     weights_dtype(args.weights, args.dtype)  # q4/int8 + other --dtype: error
     for flag, value, low in (("--port", args.port, 0), ("--queue", args.queue, 1), ("--max-tokens", args.max_tokens, 1),
