@@ -361,7 +361,8 @@ def test_a_draft_that_names_nothing_is_refused_before_the_target_loads(capsys, m
 
     monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the target loaded before the draft's check"))
-    for argv in (["generate", "w5", "--method", "dynatree", "--draft", draft], ["serve", "--draft", draft]):
+    for argv in (["generate", "w5", "--method", "dynatree", "--draft", draft], ["serve", "--draft", draft],
+                 ["bench", "--methods", "dynatree", "--draft", draft, "--dataset", "specbench", "--n", "1"]):
         code, _, err = run_cli(capsys, *argv)
         assert code == 2 and message in err and err.count("\n") == 1, err
 

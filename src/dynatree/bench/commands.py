@@ -160,7 +160,7 @@ def _given_options(args) -> dict:
 def _execute(args, experiment: str, variant_list: list[Variant], protocol: Protocol,
              headline: str | None = None) -> int:
     from ..draftload import Draft, load_draft, load_store
-    from ..models import load_model
+    from ..models import check_findable, load_model
     from . import report, runner
     drafts = [parse(d) for d in _drafts(args)]  # a bad spec fails before any model loads
     check_variants(variant_list)
@@ -168,6 +168,9 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     texts = runner.load_all(protocol)  # fail fast, before loading models
     out = args.out or Path("runs") / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_out_dir(out)
+    for spec in drafts:
+        if spec.model is not None:
+            check_findable(spec.model)  # a mistyped draft is named before the target loads
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
     loaded, models, stores = {}, {}, {}
     for spec in drafts:
