@@ -161,7 +161,7 @@ def prepare(request: Request | Checked) -> Prepared:
         tgt = load_model(r.target, device=r.device or "cpu", dtype=r.dtype, linear=r.linear, weights=r.weights or "dense")
     compile = tgt.compile if r.compile is None else r.compile
     draft = _method_draft(r.method, r.draft, tgt, r.linear)
-    readable = min(tgt.vocab_size, tgt.embedding_rows)  # every prompt token must be a row the target reads
+    readable = tgt.prompt_id_bound  # every prompt token must be a row the target reads
     if r.prompt_ids is None:
         prompt_ids = encode_prompt(tgt.tokenizer, r.prompt, r.chat)
         beyond = [t for t in prompt_ids if t >= readable]

@@ -178,12 +178,12 @@ def cmd_generate(args) -> int:
     for method in methods:
         get_method(method)  # an unknown method fails before the checks below name it
     drafting = [m for m in methods if METHODS[m].draft != "none"]
-    parse_draft(args.draft)  # a bad spec is named before any model loads
+    draft_spec = parse_draft(args.draft)  # a bad spec is named before any model loads
     if args.draft is not None and not drafting:
         raise DynaTreeError(f"--draft does not apply to {', '.join(methods)}: no drafter runs (drop it, or compare "
                             "with a method that drafts)")
     uses_ngram = [m for m in methods if METHODS[m].draft == "any" and METHODS[m].policy_cls is not None
-                  and parse_draft(args.draft).ngram]
+                  and draft_spec.ngram]
     if args.ngram_max is not None and not uses_ngram:
         raise DynaTreeError(f"--ngram-max does not apply here: no method runs dynatree's n-gram drafter "
                             f"({', '.join(methods)}{' with --draft ' + args.draft if args.draft else ''})")
@@ -209,9 +209,8 @@ def cmd_generate(args) -> int:
         reason = lossy_reason(checked[method].config) if args.sample else None
         if reason:
             print(f"note: {method}: {reason}", file=sys.stderr)
-    draft_model = parse_draft(args.draft).model
-    if drafting and draft_model is not None:
-        check_findable(draft_model)  # a mistyped --draft is named before the target loads, not after
+    if drafting and draft_spec.model is not None:
+        check_findable(draft_spec.model)  # a mistyped --draft is named before the target loads, not after
     target = load_model(args.target, device=args.device, dtype=args.dtype, linear=args.linear, weights=args.weights)
     if not args.sample and any(METHODS[m].policy_cls is not None and METHODS[m].draft != "none" for m in methods):
         reason = inexact_greedy(target.dtype, target.weights, target.row_dependent)

@@ -198,8 +198,13 @@ def check_findable(spec: str) -> None:
         raise DynaTreeError(f"{spec!r} is neither an alias ({', '.join([*EMBEDDED, *EMBEDDED_DRAFTS])}), "
                             f"a file or directory, nor a hub id; {_alias_hint(spec)}".rstrip("; ")) from None
     if not cached and not hub_reachable():
-        raise DynaTreeError(f"cannot download {spec!r}: the Hugging Face hub is unreachable and the model is not in "
-                            f"the local cache; {_alias_hint(spec)}pass a local directory or .gguf file")
+        raise _not_downloadable(spec)
+
+
+def _not_downloadable(spec: str, other: str = "") -> DynaTreeError:
+    """The error for a hub id neither cached here nor downloadable; `other` adds an alternative."""
+    return DynaTreeError(f"cannot download {spec!r}: the Hugging Face hub is unreachable and the model is not in the "
+                         f"local cache; {_alias_hint(spec)}pass a local directory or .gguf file{other}")
 
 
 def _embedded_gguf(emb: EmbeddedModel) -> Path:
@@ -271,11 +276,7 @@ def _from_pretrained(spec, directory, gguf_file, local_only, dtype):
         except DynaTreeError:
             pass
         if not hub_reachable():
-            raise DynaTreeError(
-                f"cannot download {spec!r}: the Hugging Face hub is unreachable and the model is not in the "
-                f"local cache; {_alias_hint(spec)}pass a local directory or .gguf file, or use the embedded "
-                f"{DEFAULT_TARGET!r}"
-            )
+            raise _not_downloadable(spec, f", or use the embedded {DEFAULT_TARGET!r}")
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=local_only)
     except (OSError, ValueError) as exc:

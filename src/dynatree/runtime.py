@@ -315,6 +315,11 @@ class LoadedModel:
         return [t if t < rows else 0 for t in ids]
 
     @property
+    def prompt_id_bound(self) -> int:
+        """Prompt tokens must be ids below this: rows of both the input embedding and the output layer."""
+        return min(self.vocab_size, self.embedding_rows)
+
+    @property
     def vocab_size(self) -> int:
         """Rows of the output layer (may exceed the tokenizer's size because of padding)."""
         return int(self.model.get_output_embeddings().weight.shape[0])

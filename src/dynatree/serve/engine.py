@@ -153,7 +153,7 @@ class Engine:
             self.draft = load_draft(s.draft, target, s.linear)  # once, for every request that drafts
             chat = bool(getattr(target.tokenizer, "chat_template", None))
             ids = encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)
-            prepared = self._prepare(ids, s.method, dict(s.options), max_new_tokens=8, seed=0)  # checks method + draft
+            prepared = self._prepare(ids, self._spec(s.method), dict(s.options), max_new_tokens=8, seed=0)  # checks method + draft
             if s.warmup:
                 self._decode(Job(prepared, [], None), observe=False)
             self._worker = threading.Thread(target=self._work, name="dynatree-decode", daemon=True)
@@ -176,7 +176,7 @@ class Engine:
                 ids = encode_prompt(tok, request.prompt) if field == "prompt" else self._chat_ids(request)
             except DynaTreeError as exc:
                 raise RequestError(str(exc), field) from None
-        readable = min(self.target.vocab_size, self.target.embedding_rows)  # rows the target can read
+        readable = self.target.prompt_id_bound
         for i, token in enumerate(ids):
             if not 0 <= token < readable:
                 where = f"prompt[{i}] = {token} is not" if given else f"the prompt encodes to token {token}, not"
@@ -234,7 +234,7 @@ class Engine:
         sample = request.temperature >= GREEDY_BELOW
         sampling = dict(sample=True, temperature=request.temperature, top_k=request.top_k,
                         top_p=request.top_p) if sample else {}
-        return self._prepare(ids, method, options, max_tokens, seed, **sampling)
+        return self._prepare(ids, spec, options, max_tokens, seed, **sampling)
 
     def _spec(self, method: str) -> Method:
         """A method the server decodes with (RequestError naming `dynatree.method` otherwise)."""
@@ -247,11 +247,11 @@ class Engine:
                                "decodes with dynatree's methods (ar, linear, dynatree, ...)", "dynatree.method")
         return spec
 
-    def _prepare(self, ids, method, options, max_new_tokens, seed, **sampling) -> api.Prepared:
-        """The engine's Request for a decode: its checks (the method's options: RequestError naming
-        `dynatree`), then `api.prepare` against the loaded models (an error there names no field)."""
-        spec = self._spec(method)
-        request = Request(method=method, options=options, target=self.target,
+    def _prepare(self, ids, spec: Method, options, max_new_tokens, seed, **sampling) -> api.Prepared:
+        """The engine's Request for a decode with `spec` (from `_spec`): its checks (the method's options:
+        RequestError naming `dynatree`), then `api.prepare` against the loaded models (an error there names
+        no field)."""
+        request = Request(method=spec.name, options=options, target=self.target,
                           draft=self.draft if spec.draft != "none" else None, prompt_ids=ids,
                           max_new_tokens=max_new_tokens, seed=seed, ngram_max=self.settings.ngram_max,
                           kv_window=self.window, compile=self.settings.compile and spec.compilable, **sampling)
