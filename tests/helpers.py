@@ -97,6 +97,45 @@ def tiny_head(arch: str = "llama", seed: int = 0, dtype=torch.float64, draft_voc
     return random_head(tiny(arch).name, f"head-{arch}-{seed}", 500 + seed, draft_vocab=draft_vocab, dtype=dtype)
 
 
+@functools.cache
+def fitted_head(arch: str = "llama") -> FeatureHead:
+    """A feature head for tiny(arch) fitted to the target's own greedy text from a few prompts (teacher
+    forcing: the target's features of a plain pass in, its next pick as the label), so that its drafts
+    are often accepted and tests see accepted paths and their hidden-state hand-off, not only
+    rejections (a random head gets next to nothing accepted). Deterministic: same seed, same steps."""
+    target = tiny(arch)
+    head = random_head(target.name, f"fitted-{arch}", 900, dtype=torch.float64)
+    embed, rows = target.model.get_input_embeddings(), target.model.get_output_embeddings().weight.detach()
+    column = torch.full((rows.shape[0],), -1, dtype=torch.long, device=DEVICE)
+    column[head.vocab_ids] = torch.arange(len(head.vocab_ids), device=DEVICE)
+    batches = []
+    with torch.no_grad():
+        for prompt in FITTED_PROMPTS:
+            seq = torch.tensor([prompt + hf_greedy(target, prompt, 48)], device=DEVICE)
+            out = target.model(seq, attention_mask=torch.ones_like(seq), output_hidden_states=True)
+            labels = column[out.logits[0, 1:].argmax(-1)]  # the target's pick after positions 1.., as head rows
+            batches.append((embed(seq[:, 1:]), out.hidden_states[-1][:, :-1], torch.arange(1, seq.shape[1])[None],
+                            labels))
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    out_rows = rows[head.vocab_ids].to(torch.float64)
+    with torch.enable_grad():
+        for _ in range(FITTED_STEPS):
+            for embeds, features, positions, labels in batches:
+                keep = labels >= 0
+                logits = head(embeds, features, positions.to(DEVICE))[0][keep] @ out_rows.T
+                loss = torch.nn.functional.cross_entropy(logits, labels[keep])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    return head.eval().requires_grad_(False)
+
+
+FITTED_PROMPTS = [[5, 6, 7, 5, 6, 7, 30, 31], [5, 9, 11, 5, 9, 11, 5, 30], [7, 8, 9, 7, 8], [3, 4, 5, 6], [40, 41, 40, 41],
+                  [9, 9, 9], [5, 30, 9]]
+FITTED_STEPS = 60
+
+
 def random_head(target: str, name: str, seed: int, hidden: int = 32, rows: int = VOCAB, draft_vocab: int = 80,
                 dtype=torch.float64, context: int = 512) -> FeatureHead:
     """A random feature head (4 heads, 2 KV heads, FFN 64) for a tiny target named `target` of `hidden`
@@ -212,7 +251,10 @@ class ScriptedDrafter:
 
 
 def chi_square_pvalue(counts: dict, expected: dict[tuple, float], n: int) -> float:
-    """Goodness of fit; cells expecting fewer than 5 samples are pooled into one."""
+    """Goodness of fit; cells expecting fewer than 5 samples are pooled into one. An outcome the
+    distribution forbids (probability 0, or not listed) gives 0: pooled, it would only dilute."""
+    if any(count and expected.get(cell, 0.0) <= 0.0 for cell, count in counts.items()):
+        return 0.0
     observed, expect, pooled_o, pooled_e = [], [], 0, 0.0
     for cell, p in expected.items():
         if p * n >= 5:

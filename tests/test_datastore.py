@@ -206,7 +206,7 @@ def test_cli_kind_store_builds_from_the_targets_answers_and_bad_input(tmp_path, 
     for bad, message in [(["--order", "5"], "--order must be in 2..4"),
                          (["--order", "1"], "--order must be in 2..4"),
                          (["--resume"], "--resume does not apply to --kind store"),
-                         (["--steps", "3"], "--steps do not apply to --kind store")]:
+                         (["--steps", "3"], "--steps does not apply to --kind store")]:
         assert main([*argv[:6], str(tmp_path / "x"), *argv[7:], *bad]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, (bad, err)

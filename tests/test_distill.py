@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -59,10 +60,11 @@ def test_distillation_lowers_the_loss_and_writes_a_loadable_draft(tmp_path, corp
     draft = load_model(str(out), device=str(DEVICE))  # like any HF checkpoint directory
     assert draft.vocab_size == target.vocab_size and draft.model.config.num_hidden_layers == 2
     check_compatible(target, draft)  # same tokenizer, same ids
-    prompt = [5, 6, 7, 5, 6]
-    rec = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=12, ignore_eos=True)
-    assert rec.new_token_ids == hf_greedy(target, prompt, 12)
-    assert rec.stats.drafted_tokens > 0
+    for prompt in ([5, 6, 7, 5, 6], target.tokenizer(" ".join(corpus.read_text().split()[:12])).input_ids):
+        rec = generate(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=12,
+                       ignore_eos=True)
+        assert rec.new_token_ids == hf_greedy(target, prompt, 12)
+    assert rec.stats.accepted_tokens > 0  # on the corpus's own text the distilled draft's paths are committed
 
 
 def test_resume_from_a_checkpoint_reaches_the_same_weights(tmp_path, corpus, monkeypatch):
@@ -263,3 +265,34 @@ def test_cli_distill_end_to_end_and_bad_input(tmp_path, corpus, saved_tiny, caps
                          (["--copy-tokens", "5"], "--copy-tokens must be 0 or at least --seq-len")]:
         assert main([*argv[:4], str(tmp_path / "x"), *argv[5:], *bad]) == 2
         assert message in capsys.readouterr().err, bad
+
+
+def test_an_output_directory_holding_another_kind_of_draft_is_refused_before_any_work(tmp_path, capsys):
+    """distill --out on a directory that holds another kind's draft (a head, a datastore, a draft LM, or
+    a record of one) is a one-line error before the target loads, not an overwrite that leaves neither
+    loadable; the same kind is taken (to resume, or to rebuild a datastore)."""
+    from dynatree.cli import main
+    from dynatree.distill_cli import check_out_kind, held_kind
+
+    markers = {"eagle": ("feature_head.json", "{}"), "store": ("datastore.json", "{}"), "lm": ("config.json", "{}")}
+    for held, (name, text) in markers.items():
+        (tmp_path / held).mkdir()
+        (tmp_path / held / name).write_text(text)
+        assert held_kind(tmp_path / held) == held
+    (tmp_path / "record").mkdir()
+    (tmp_path / "record" / "distill.json").write_text(json.dumps({"kind": "eagle"}))  # a run stopped before export
+    assert held_kind(tmp_path / "record") == "eagle" and held_kind(tmp_path / "new") is None
+    check_out_kind(tmp_path / "store", "store", resume=False)  # rebuilding a datastore in place
+    for held, kind, words in [("eagle", "lm", "holds a feature head (--kind eagle); --kind lm would overwrite it"),
+                              ("store", "eagle", "holds a datastore (--kind store); --kind eagle would overwrite it"),
+                              ("lm", "store", "holds a draft LM (--kind lm); --kind store would overwrite it"),
+                              ("record", "lm", "holds a feature head (--kind eagle)")]:
+        with pytest.raises(DynaTreeError, match=re.escape(words)):
+            check_out_kind(tmp_path / held, kind, resume=True)
+        # through the CLI: refused at once (no target is loaded: a missing one would be a later error)
+        assert main(["distill", "--kind", kind, "--target", str(tmp_path / "no-such-model"), "--out",
+                     str(tmp_path / held)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1, err
+    check_out_kind(tmp_path / "new", "lm", resume=True)
+    assert "has no checkpoint.pt to resume: training starts from step 0" in capsys.readouterr().err

@@ -16,7 +16,7 @@ import torch
 from helpers import ON_CPU, hf_greedy, tiny, tokenizer
 from dynatree import DynaTreeError
 from dynatree.api import generate
-from dynatree.prompts import load_texts
+from dynatree.prompts import encode_prompt, load_texts
 from dynatree.cli import main
 from dynatree.distill.chat import instruction_prompts
 from dynatree.distill.eagle_data import EagleConfig, build_data
@@ -369,11 +369,12 @@ def test_training_fits_the_data_and_the_head_drafts_exactly(tmp_path, prompts):
     head = load_head(out, dtype=torch.float32)
     assert head.config.draft_vocab == 60
     assert head.config.output_signature == output_signature(target.model)  # what check_head compares
-    prompt = target.tokenizer("w9 w10 w11 w4", add_special_tokens=False).input_ids
+    # on a conversation it learnt (chat template, first question), its paths are accepted too
+    prompt = encode_prompt(target.tokenizer, json.loads(prompts.read_text().splitlines()[0])["prompt"], chat=True)
     record = generate(prompt_ids=prompt, method="dynatree", target=target, draft=str(out), max_new_tokens=20,
                       ignore_eos=True)
     assert record.new_token_ids == hf_greedy(target, prompt, 20)
-    assert record.stats.drafted_tokens > 0
+    assert record.stats.accepted_tokens > 0
     with pytest.raises(DynaTreeError, match="pass --resume"):
         distill_eagle(target, out, EagleConfig(**{**SMALL, "prompts": str(prompts)}), progress=False)
     # --init-head continues it (sub-vocabulary and weights kept; a near-zero rate leaves them as they were)
@@ -442,7 +443,7 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
     uncategorised.write_text(first + "\n" + json.dumps({"question_id": 2, "turns": ["Hi?"]}) + "\n")
     for bad, message in [(["--prompts", str(broken)], "broken.jsonl:2: expected a Spec-Bench question"),
                          (["--prompts", str(uncategorised)], "uncategorised.jsonl:2: expected a Spec-Bench question"),
-                         (["--layers", "2"], "--layers do not apply to --kind eagle"),
+                         (["--layers", "2"], "--layers does not apply to --kind eagle"),
                          (["--unroll", "0"], "--unroll must be at least 1"),
                          (["--train-dtype", "float16"], "--train-dtype must be float32 or bfloat16"),
                          (["--prompts", str(empty)], "holds no prompts"),
@@ -455,7 +456,7 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, (bad, err)
     assert main(["distill", "--out", str(tmp_path / "y"), "--unroll", "2"]) == 2
-    assert "--unroll do not apply to --kind lm" in capsys.readouterr().err
+    assert "--unroll does not apply to --kind lm" in capsys.readouterr().err
 
 
 def test_lm_kind_takes_instruction_prompts_through_the_chat_template(tmp_path, prompts):

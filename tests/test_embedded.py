@@ -42,7 +42,7 @@ def test_every_committed_token_is_the_argmax(smol, method):
     assert rec.stats.new_tokens == 48
     assert_greedy(smol, ids, rec.new_token_ids)
     if method != "ar":
-        assert rec.draft == "ngram" and rec.stats.drafted_tokens > 0
+        assert rec.draft == "ngram" and rec.stats.accepted_tokens > 0
 
 
 def test_cli_end_to_end_on_embedded_default(smol):

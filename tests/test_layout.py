@@ -103,6 +103,18 @@ def test_policies_and_verifiers_are_pure():
     assert not closure & {"dynatree.runtime", "dynatree.costmeasure", "dynatree.decode", "dynatree.models"}
     clocks = {m for m in closure if names[m] & {"time", "timeit", "transformers"}}
     assert not clocks, f"{sorted(clocks)} import a clock or transformers"
+    # nor inside a function (an import there runs when the policy does)
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    for module in closure:
+        inside = set()
+        for node in ast.walk(ast.parse(modules[module].read_text())):
+            if isinstance(node, ast.Import):
+                inside |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                inside.add((node.module or "").split(".")[0])
+        assert not inside & {"time", "timeit", "transformers"}, (module, inside)
+        forbidden = {"dynatree.runtime", "dynatree.costmeasure", "dynatree.decode", "dynatree.models"}
+        assert not imports_anywhere(modules[module]) & forbidden, module
     # the decoder times its run (the cost-aware policy learns from it) but meters no memory: api.run does
     assert "dynatree.stats.PeakMemory" not in names["dynatree.decode"]
     assert "dynatree.stats.PeakMemory" in names["dynatree.api"]

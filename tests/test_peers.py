@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import ARCHS, noisy_copy, tiny
+from helpers import ARCHS, hf_greedy, noisy_copy, tiny
 from dynatree import DynaTreeError, generate
 from dynatree.bench import draftcheck, report, results, runner
 from dynatree.draftspec import Hybrid
@@ -61,6 +61,20 @@ def _lm(vocab: int, seed: int = 1) -> LoadedModel:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config("llama", vocab=vocab)).to(torch.float64).eval().to(DEVICE)
     return LoadedModel(model=model, tokenizer=tokenizer(), name=f"draft-{vocab}-rows", eos_ids=[2])
+
+
+def _resized(target: LoadedModel, vocab: int) -> LoadedModel:
+    """The target's own weights with its embedding and output layer cut or padded to `vocab` rows (new
+    rows initialized by transformers): a draft of another width that agrees with the target wherever
+    the target's pick is among the rows they share."""
+    import copy
+
+    import torch
+
+    torch.manual_seed(3)
+    model = copy.deepcopy(target.model)
+    model.resize_token_embeddings(vocab)
+    return LoadedModel(model=model, tokenizer=target.tokenizer, name=f"resized-{vocab}-rows", eos_ids=[2])
 
 
 def test_a_draft_with_a_padded_output_layer_runs_everywhere():
@@ -127,10 +141,13 @@ def test_a_draft_with_fewer_or_more_output_rows_runs_every_method(target_rows, d
     sampling runs (its distribution: tests/test_sampling.py, drafters 'narrow' and 'wide')."""
     padded = _lm(target_rows, seed=0)
     target = LoadedModel(model=padded.model, tokenizer=padded.tokenizer, name="padded-target", eos_ids=[])
-    draft = _lm(draft_rows)
+    draft, near = _lm(draft_rows), _resized(target, draft_rows)  # a random draft, and one that agrees often
     prompt = [5, 6, 7, 5, 6, 7]
     ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True).new_token_ids
+    assert ar == hf_greedy(target, prompt, 24)
     for method in ("linear", "dynatree", "fixed-tree", "specinfer", "specexec", "opt-tree", "wetap", "dsbd", "mtad"):
+        rec = generate(prompt_ids=prompt, method=method, target=target, draft=near, max_new_tokens=24, ignore_eos=True)
+        assert rec.new_token_ids == ar and rec.stats.accepted_tokens > 0, (method, rec.stats.accepted_tokens)
         for d in (draft, Hybrid(draft)):
             rec = generate(prompt_ids=prompt, method=method, target=target, draft=d, max_new_tokens=24,
                            ignore_eos=True)

@@ -58,7 +58,7 @@ def test_max_depth_from_the_decoder_caps_every_policy():
                    FixedTreePolicy(make_config("fixed-tree", depth=8, branch=2)),
                    DynaTreePolicy(make_config("dynatree"))):
         tree = policy.grow(ScriptedDrafter(uniform(3, 0.95)), 1, max_depth=2)
-        assert tree.max_depth <= 2
+        assert tree.max_depth == 2, policy  # capped, not empty: each would go deeper
         assert policy.grow(ScriptedDrafter(uniform(3)), 1, max_depth=0).n_drafted == 0
 
 
@@ -401,6 +401,33 @@ def test_measured_cost_curve_is_non_decreasing():
     curve = measure(tiny("gpt2"), [5, 6, 7], sizes=(1, 4, 16), rounds=2)
     assert curve.sizes == (1, 4, 16) and all(a <= b for a, b in zip(curve.seconds, curve.seconds[1:]))
     assert curve.seconds[0] > 0
+
+
+def test_cost_curve_is_the_median_of_the_timed_sweeps_made_non_decreasing(monkeypatch):
+    """On a scripted clock: the first (untimed) sweep is left out, each size gets its median over the
+    timed sweeps, and a size that looks cheaper than a smaller one is raised to it."""
+    from types import SimpleNamespace
+
+    from helpers import tiny
+    from dynatree import costmeasure
+
+    target = tiny("gpt2")
+    costs = {1: [1.0, 0.010, 0.012, 0.011], 4: [1.0, 0.008, 0.009, 0.007], 16: [1.0, 0.020, 0.030, 0.025]}
+    clock, calls, forward = [0.0], {1: 0, 4: 0, 16: 0}, target.forward
+
+    def scripted(cache, ids, positions, mask, **kwargs):
+        out = forward(cache, ids, positions, mask, **kwargs)
+        if len(ids) in calls and "last_only" not in kwargs:  # (the context's own forward costs nothing here)
+            clock[0] += costs[len(ids)][calls[len(ids)]]
+            calls[len(ids)] += 1
+        return out
+
+    monkeypatch.setattr(target, "forward", scripted)
+    monkeypatch.setattr(costmeasure, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    curve = costmeasure.measure(target, [5, 6, 7], sizes=(1, 4, 16), rounds=3)
+    assert calls == {1: 4, 4: 4, 16: 4}
+    assert curve.sizes == (1, 4, 16)
+    assert curve.seconds == pytest.approx((0.011, 0.011, 0.025))
 
 
 def test_cost_curve_is_measured_before_the_clock_starts(monkeypatch):

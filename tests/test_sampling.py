@@ -271,11 +271,11 @@ def deep_distribution() -> dict[tuple[int, ...], float]:
     return out
 
 
-def deep_runs(method: str, drafter_kind: str) -> tuple[dict, int]:
+def deep_runs(method: str, drafter_kind: str, runs: int = DEEP_RUNS) -> tuple[dict, int]:
     """(counts of the 5-token continuations, runs in which one verification accepted 3+ drafted tokens
     and, for the "store" drafter, in which the datastore led some node's candidates)."""
     target, counts, deep = small(0), {}, 0
-    for seed in range(DEEP_RUNS):
+    for seed in range(runs):
         lm = LMDrafter(small(0, 0.3), vocab_limit=V)
         drafter = {"lm": lm, "ngram": NgramDrafter(max_n=3, vocab_size=V), "feature": FeatureDrafter(small_head(), target),
                    "hybrid": HybridDrafter(NgramDrafter(max_n=3, vocab_size=V), lm, min_match=3),
@@ -317,6 +317,35 @@ def test_a_rule_broken_only_below_depth_one_is_caught(monkeypatch):
     assert chi_square_pvalue(counts, deep_distribution(), DEEP_RUNS) < ALPHA
 
 
+def broken_at_depth_two(kind: str):
+    """An acceptance rule wrong only where the right one accepted a path to depth 2 and rejected the
+    children below it (depth 3 of these trees): "accept" takes the first child anyway, "residual"
+    draws the bonus from the target's distribution instead of the residual (a forgotten subtraction)."""
+    def rule(tree, probs, generator):
+        probs = probs.cpu()
+        path, bonus = sample_accept(tree, probs, generator)
+        node = path[-1] if path else 0
+        if int(tree.depths[node]) != 2 or not bool((tree.parents[1:] == node).any()):
+            return path, bonus
+        if kind == "accept":
+            return _accept_first_children(tree, probs, generator, list(path), node)
+        return path, int(torch.multinomial(probs[node], 1, generator=generator))
+    return rule
+
+
+@pytest.mark.slow
+def test_errors_only_at_depth_three_are_caught_with_more_runs(monkeypatch):
+    """The deep test's 2000 runs per method catch a rule broken from depth 2 on (above), but not one
+    broken only at depth 3, where the target is sharp and few runs differ (p 0.03-0.07 measured); with
+    8000 runs of the cheapest drafter the right rule passes and both depth-3 errors fail."""
+    counts, deep = deep_runs("fixed-tree", "feature", runs=8000)
+    assert deep >= 2000 and chi_square_pvalue(counts, deep_distribution(), 8000) > ALPHA
+    for kind in ("accept", "residual"):
+        monkeypatch.setattr(dynatree.verify, "sample_accept", broken_at_depth_two(kind))
+        counts, _ = deep_runs("fixed-tree", "feature", runs=8000)
+        assert chi_square_pvalue(counts, deep_distribution(), 8000) < ALPHA, kind
+
+
 def test_warps_match_transformers():
     torch.manual_seed(0)
     logits = torch.randn(4, 50, dtype=torch.float64) * 3
@@ -345,6 +374,16 @@ def test_top_k_fast_path_equals_the_full_computation():
         scores = TopKLogitsWarper(top_k)(None, TemperatureLogitsWarper(temperature)(None, logits.clone()))
         expected = torch.softmax(TopPLogitsWarper(top_p)(None, scores), dim=-1)
         torch.testing.assert_close(target_probs(logits, SamplingConfig(temperature, top_k, top_p)), expected)
+
+
+def test_the_goodness_of_fit_check_rejects_a_forbidden_outcome():
+    """One draw of an outcome of probability 0 among 20,000 fails the check (pooled with the rare cells
+    it would only dilute them), listed with p = 0 or not listed at all."""
+    expected = {(0,): 0.5, (1,): 0.4999, (2,): 0.0001, (3,): 0.0}
+    fair = {(0,): 10010, (1,): 9988, (2,): 2}
+    assert chi_square_pvalue(fair, expected, 20000) > ALPHA
+    assert chi_square_pvalue({**fair, (3,): 1}, expected, 20001) == 0.0
+    assert chi_square_pvalue({**fair, (4,): 1}, expected, 20001) == 0.0
 
 
 def test_drawing_without_replacement_is_successive_sampling():

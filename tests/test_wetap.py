@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from helpers import ARCHS, ScriptedDrafter, assert_same_cache, noisy_copy, plain_cache, tiny
+from helpers import ARCHS, ScriptedDrafter, assert_same_cache, chi_square_pvalue, noisy_copy, plain_cache, tiny
 from dynatree import Decoder, DynaTreeError, make_config
 from dynatree.drafters import LMDrafter
 from dynatree.methods import METHODS
@@ -165,8 +165,17 @@ def test_beam_rule_on_a_hand_drawn_tree(tau, path, bonus):
 
 
 def test_beam_rule_with_nothing_accepted_samples_from_the_root():
-    got = BeamVerifier(0.9).accept(hand_tree(), target_logits(p_b=0.2), Sampler(SamplingConfig(), seed=1))
-    assert got.path == [] and got.bonus in (1, 2, 5)
+    """With no beam passing, only the bonus is committed, drawn from the target's distribution at the
+    root (not a residual, not its argmax): over 2000 seeds its counts fit P = (.1, .2, .7) for a, b, 5."""
+    logits = target_logits(p_b=0.2)
+    counts: dict[tuple, int] = {}
+    for seed in range(2000):
+        got = BeamVerifier(0.9).accept(hand_tree(), logits, Sampler(SamplingConfig(), seed=seed))
+        assert got.path == []
+        counts[(got.bonus,)] = counts.get((got.bonus,), 0) + 1
+    expected = {(token,): float(p) for token, p in enumerate(torch.softmax(logits[0], -1))}
+    assert chi_square_pvalue(counts, expected, 2000) > 1e-3
+    assert counts[(5,)] > counts[(2,)] > counts[(1,)] > 100  # all three drawn, most often the likeliest
 
 
 # ---- the policies in the engine ----------------------------------------------------------

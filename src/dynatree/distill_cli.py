@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import sys
 from pathlib import Path
 
 from .config import cli_flag, field_type
+from .draftspec import HEAD_CONFIG_FILE, STORE_CONFIG_FILE
 from .distill.lm_data import DistillConfig
 from .distill.eagle_data import EagleConfig
 from .distill.store_build import StoreConfig
 from .errors import DynaTreeError, check_out_dir
 
 KINDS = {"lm": DistillConfig, "eagle": EagleConfig, "store": StoreConfig}
+KIND_NAMES = {"lm": "draft LM", "eagle": "feature head", "store": "datastore"}
 
 
 def add_distill_command(sub) -> None:
@@ -33,7 +37,8 @@ def add_distill_command(sub) -> None:
         "data build resumes from its saved parts by itself. A draft LM or head loads with --draft DIR.",
     )
     p.add_argument("--kind", choices=list(KINDS), default="lm", help="what to train [lm]")
-    p.add_argument("--target", default=None, help="target model: hub id, local directory, .gguf file or embedded alias")
+    p.add_argument("--target", default=None, help="target model: hub id, local directory, .gguf file or embedded "
+                   "alias [smollm2-135m]")
     p.add_argument("--out", required=True, help="output directory (draft, checkpoints, distill.json)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same options; only --steps may change)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [cpu]")
@@ -67,8 +72,37 @@ def config_of(args):
     others = {f.name for c in KINDS.values() for f in dataclasses.fields(c)} - own
     given_other = [cli_flag(n) for n in sorted(others) if getattr(args, n, None) is not None]
     if given_other:
-        raise DynaTreeError(f"{', '.join(given_other)} do not apply to --kind {args.kind}")
+        verb = "does" if len(given_other) == 1 else "do"
+        raise DynaTreeError(f"{', '.join(given_other)} {verb} not apply to --kind {args.kind}")
     return cls(**{n: getattr(args, n) for n in own if getattr(args, n, None) is not None})
+
+
+def held_kind(out: Path) -> str | None:
+    """The kind of draft `out` already holds (from the file that makes a directory one, else from a
+    distillation record), or None."""
+    if (out / HEAD_CONFIG_FILE).is_file():
+        return "eagle"
+    if (out / STORE_CONFIG_FILE).is_file():
+        return "store"
+    if (out / "config.json").is_file():
+        return "lm"
+    try:
+        kind = json.loads((out / "distill.json").read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if kind in KINDS else None
+
+
+def check_out_kind(out: Path, kind: str, resume: bool) -> None:
+    """Another kind's draft in `out` is refused before any work (it would be overwritten, or its files
+    mixed with this kind's); `--resume` with no checkpoint says training starts afresh."""
+    held = held_kind(out)
+    if held is not None and held != kind:
+        raise DynaTreeError(f"--out {str(out)!r} holds a {KIND_NAMES[held]} (--kind {held}); --kind {kind} would "
+                            "overwrite it: choose another --out")
+    if resume and not (out / "checkpoint.pt").is_file():
+        print(f"dynatree: {out} has no checkpoint.pt to resume: training starts from step 0 (saved data parts "
+              "are still reused)", file=sys.stderr)
 
 
 def cmd_distill(args) -> int:
@@ -80,6 +114,7 @@ def cmd_distill(args) -> int:
         raise DynaTreeError("--resume does not apply to --kind store: nothing is trained, and a stopped build "
                             "resumes from its saved answers (--data-dir) by itself")
     check_out_dir(args.out)
+    check_out_kind(Path(args.out), args.kind, args.resume)
     target = load_model(args.target or DEFAULT_TARGET, device=args.device, dtype="float32")
     command = ["dynatree", *args.argv]
     if args.kind == "store":
