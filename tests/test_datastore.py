@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import random
 
 import numpy as np
@@ -166,9 +167,13 @@ def test_specs_name_a_store_and_loading_checks_it(tmp_path):
     (store_dir / "datastore.json").write_text(json.dumps({**config, "tokenizer_sha1": "0" * 40}))
     with pytest.raises(DynaTreeError, match="was built with another tokenizer"):
         load_draft(f"ngram+{store_dir}", target)
-    for bad in ({"tokens": 3}, {"segments": 2}, {"vocab_size": 8}, {"order": 1}):
+    mismatch = "tokens.npy does not match datastore.json (length, answers or token ids: unsigned ids below {}, {} separators)"
+    for bad, message in [({"tokens": 3}, mismatch.format(96, config["segments"])),
+                         ({"segments": 2}, mismatch.format(96, 2)),
+                         ({"vocab_size": 8}, mismatch.format(8, config["segments"])),
+                         ({"order": 1}, "order 1 is not in 2..4 for a 96-token vocabulary")]:
         (store_dir / "datastore.json").write_text(json.dumps({**config, **bad}))
-        with pytest.raises(DynaTreeError, match="does not match datastore.json|is not in 2..4"):
+        with pytest.raises(DynaTreeError, match=re.escape(message)):
             load_datastore(str(store_dir))
     (store_dir / "datastore.json").write_text(json.dumps(config))
     np.save(store_dir / "tokens.npy", np.array([5, -6, 7, 8, 127], dtype=np.int16))  # signed ids: refused

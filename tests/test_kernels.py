@@ -190,7 +190,8 @@ def test_kernel_choices_and_errors(monkeypatch):
     model = fresh("llama", torch.float64)
     assert use_packed_linears(model, "auto") == "stock"  # oneDNN packs float32 and bfloat16 only
     assert any(type(m) is torch.nn.Linear for m in model.modules())
-    with pytest.raises(DynaTreeError, match="float64"):
+    with pytest.raises(DynaTreeError, match=r"--linear onednn: cannot pack this model's linear layers: dtype float64 "
+                       r"\(oneDNN packs float32, bfloat16 and float16\); use --linear stock"):
         use_packed_linears(model, "onednn")
     with pytest.raises(DynaTreeError, match="unknown linear kernel 'mkl'"):
         use_packed_linears(model, "mkl")

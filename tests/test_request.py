@@ -37,7 +37,7 @@ MISSING = "/nonexistent/model-that-would-fail-to-load"  # check() must never loa
     ({"kv_window": "4"}, "--kv-window takes SINK,RECENT"),
     ({"kv_window": (4, 8)}, "kv_window (--kv-window) must be"),
     ({"temperature": 0.7}, "only with --sample"),
-    ({"sample": True, "top_p": 1.5}, "top"),
+    ({"sample": True, "top_p": 1.5}, "--top-p must be in (0, 1], got 1.5"),
     ({"method": "hf-ar", "kv_window": "4,8"}, "not available for 'hf-ar'"),
     ({"method": "hf-lookup", "compile": True}, "compile (--compile) does not apply to 'hf-lookup'"),
     ({"device": 0}, "device (--device) must be a string"),
@@ -48,7 +48,7 @@ MISSING = "/nonexistent/model-that-would-fail-to-load"  # check() must never loa
     ({"method": "hf-assisted", "draft": "ngram"}, "not the n-gram drafter"),
     ({"method": "hf-assisted", "draft": "ngram+some/model"}, "takes a draft language model alone"),
     ({"method": "hf-assisted", "draft": Hybrid("some/model")}, "takes a draft language model alone"),
-    ({"draft": "ngram+"}, "ngram+"),
+    ({"draft": "ngram+"}, "ngram+MODEL needs a draft model after 'ngram+', got 'ngram+'"),
     ({"draft": 5}, "draft must be a spec string"),
 ])
 def test_every_model_free_value_is_checked_before_loading(fields, message):

@@ -498,7 +498,7 @@ def test_serve_cli_refuses_bad_settings_before_loading(capsys):
     for argv, message in ((["serve", "--method", "hf-lookup"], "dynatree's own methods"),
                           (["serve", "--queue", "0"], "--queue must be at least 1"),
                           (["serve", "--port", "70000"], "--port must be at most 65535"),
-                          (["serve", "--draft", "ngram+"], "ngram+"),
+                          (["serve", "--draft", "ngram+"], "ngram+MODEL needs a draft model after 'ngram+'"),
                           (["serve", "--kv-window", "4"], "SINK,RECENT")):
         assert main(argv) == 2
         err = capsys.readouterr().err
