@@ -159,8 +159,8 @@ def main_tables(aggs: list[dict], lossy_variants=frozenset(), on_gpu: bool = Fal
         [[a["variant"], a["draft"] or "-", _pm(a["mean"]["tokens_per_s"], a["std"]["tokens_per_s"]), _speedup(a),
           a.get("reference", "ar")] for a in aggs]),
         "", "Speedups are over plain decoding in the same implementation and setting: our methods over our "
-            "`ar` with the same compile setting and KV window, hf-* over `hf-ar`, `ar` and `hf-ar` variants over "
-            "plain `ar`."]
+            "`ar` with the same compile setting and KV window (llama.cpp's rows too), hf-* over `hf-ar` (over `ar` in a "
+            "run without `hf-ar`), `ar` and `hf-ar` variants over plain `ar`; the `over` column names each row's."]
     out += ["", "**Latency**", "", _table(
         ["Method", "TTFT (ms)", "TPOT (ms)"],
         [[a["variant"], _pm(a["mean"]["ttft_s"], a["std"]["ttft_s"], 1000), _pm(a["mean"]["tpot_s"], a["std"]["tpot_s"], 1000, 2)]
