@@ -741,3 +741,45 @@ def test_a_compiled_only_run_checks_exactness_against_compiled_ar(tmp_path, prom
     res = runner.run("custom", variants, proto, target, {}, progress=False)
     assert {r["variant"]: r["matches_ar"] for r in res["records"] if r["prompt_index"] == 0} == {
         "ar": True, "dynatree[ngram]": True, "hf-ar": True}
+
+
+def test_other_processes_cpu_is_read_from_the_first_tokens_to_the_end(monkeypatch):
+    """`other_cpu`: the machine's CPU time minus this process's, per second of decoding, from the run's
+    first streamed tokens (compiling, before the clock, may use worker processes) to its end; None for
+    windows too short for /proc/stat's ticks. On a scripted clock and scripted readings."""
+    from types import SimpleNamespace
+
+    from dynatree import env
+
+    real = env.cpu_seconds
+    now, readings = [100.0], iter([(50.0, 10.0), (54.0, 12.5), (60.0, 13.0)])  # machine +4 CPU-s, this process +2.5
+    monkeypatch.setattr(runner, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(runner.env, "cpu_seconds", lambda: next(readings))
+    seen = []
+    watch = runner.OtherCpu(seen.extend)
+    assert watch.result() is None  # no tokens yet: nothing decoded
+    watch([5, 6])
+    now[0] += 2.0
+    watch([7])
+    assert seen == [5, 6, 7] and watch.result() == pytest.approx(0.75)  # (4 - 2.5) / 2
+    short = runner.OtherCpu(seen.extend)
+    short([8])
+    now[0] += 0.5
+    assert short.result() is None  # under a second: ticks of 10 ms would make it noise
+    assert env.other_cpu((1.0, 1.0), (2.0, 2.5), 1.0) == 0.0  # never negative (readings race)
+    assert env.other_cpu(None, (2.0, 2.5), 1.0) is None
+    first, second = real(), real()  # this machine's readings (Linux)
+    assert first is not None and second[0] >= first[0] and second[1] >= first[1]
+
+
+def test_the_report_warns_when_runs_shared_the_cpu():
+    records = [{"warmup": False, "variant": v, "prompt_index": i, "other_cpu": busy}
+               for i, (v, busy) in enumerate([("ar", 0.02), ("dynatree", 0.05), ("ar", 0.9), ("dynatree", 0.04)])]
+    records.append({"warmup": True, "variant": "ar", "prompt_index": 9, "other_cpu": 1.5})  # warm-ups not counted
+    line = report.contention_line({"records": records, "env": {"cpu_count": 2}})
+    assert line.startswith("- other processes on the machine while runs decoded: median 0.05, at most 0.90 "
+                           "CPUs' worth (of 2), over 4 runs")
+    assert "**Warning: 1 of 4 runs shared the CPU with other processes" in line and "ar on prompt 3" in line
+    quiet = [dict(r, other_cpu=0.01) for r in records[:4]]
+    assert "Warning" not in report.contention_line({"records": quiet, "env": {"cpu_count": 2}})
+    assert report.contention_line({"records": [dict(r, other_cpu=None) for r in records], "env": {}}) is None

@@ -30,6 +30,30 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_seconds() -> tuple[float, float] | None:
+    """(CPU-seconds every process on the machine has used since boot, those this process has used), to
+    tell from two readings how much of a timed run's CPU went to other processes (which make timings
+    unreliable on a machine of few cores); None where /proc/stat cannot be read (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+        per_second = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    if len(ticks) < 8:
+        return None
+    busy = sum(ticks[:3]) + sum(ticks[5:8])  # user, nice, system, irq, softirq, steal: all but idle and I/O wait
+    own = os.times()
+    return busy / per_second, own.user + own.system
+
+
+def other_cpu(before: tuple[float, float] | None, after: tuple[float, float] | None, wall_s: float) -> float | None:
+    """CPUs' worth of time other processes used between two `cpu_seconds` readings `wall_s` apart."""
+    if before is None or after is None or wall_s <= 0:
+        return None
+    return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall_s
+
+
 def describe(device: torch.device | str = "cpu") -> dict:
     return {**_describe(str(torch.device(device))), "torch_threads": torch.get_num_threads()}
 

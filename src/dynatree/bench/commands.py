@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import time
 from pathlib import Path
 
@@ -205,6 +206,9 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
             print(report.main_tables(at(results, t_new, l_max, dataset), marked, report.on_gpu(results))
                   .split("\n\n**Latency**")[0])
     print(report.declared_line(results).removeprefix("- "))
+    busy = report.contention_line(results)
+    if busy and "Warning" in busy:  # said where the figures are read, not only in the report
+        print(busy.removeprefix("- ").replace("**", ""), file=sys.stderr)
     print(f"\nwrote {', '.join(str(p) for p in [out / 'results.json', *paths])}")
     return 0
 

@@ -241,6 +241,28 @@ def sweep_section(results: dict) -> str:
     return "\n".join(lines)
 
 
+BUSY_CPUS = 0.25  # CPUs' worth of other processes' time beyond which a run's timing is flagged
+
+
+def contention_line(results: dict) -> str | None:
+    """What other processes used of the CPU while the measured runs decoded (`other_cpu`), and a warning
+    when some runs shared the machine; None for results that did not record it."""
+    busy = [(r["other_cpu"], r["variant"], r["prompt_index"]) for r in results["records"]
+            if not r["warmup"] and r.get("other_cpu") is not None]
+    if not busy:
+        return None
+    values = sorted(b for b, _, _ in busy)
+    line = (f"- other processes on the machine while runs decoded: median {values[len(values) // 2]:.2f}, at most "
+            f"{values[-1]:.2f} CPUs' worth (of {results['env']['cpu_count']}), over {counted(len(values), 'run')}")
+    flagged = [b for b in busy if b[0] > BUSY_CPUS]
+    if flagged:
+        worst = max(flagged)
+        line += (f". **Warning: {len(flagged)} of {len(values)} runs shared the CPU with other processes (more than "
+                 f"{BUSY_CPUS} CPUs' worth; the worst {worst[0]:.2f}, {worst[1]} on prompt {worst[2] + 1}): their timings are "
+                 "not reliable**")
+    return line
+
+
 def header(results: dict) -> str:
     p, e = results["protocol"], results["env"]
     tasks = any(r.get("category") for r in results["records"])
@@ -271,6 +293,9 @@ def header(results: dict) -> str:
                          "transformers ran universal assisted decoding (re-tokenizing the draft's text each "
                          "iteration; slower than plain assisted decoding)")
     lines.insert(-1, declared_line(results))
+    busy = contention_line(results)
+    if busy:
+        lines.insert(-1, busy)
     window = p.get("kv_window")
     lines += ["**Variants**", "", _table(["Label", "Method", "Draft", "KV window", "Config"],
               [[v["label"], v["method"], v["draft"] or "-", v.get("kv_window") or window or "-",

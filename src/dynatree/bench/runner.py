@@ -124,12 +124,13 @@ def run(
                     bar.start(f"{dataset} {index + 1}/{len(texts[dataset])}", v.label, t_new)
                     paired = protocol.bandwidth_limit  # around every variant, so none runs in a different pause
                     bandwidth = read_bandwidth(target.device) if paired else None
+                    watch = OtherCpu(bar.tokens)
                     rec = run_one(prepare(Request(
                         method=v.method, options=v.options, target=target, draft=drafts.get(v.draft, v.draft),
                         prompt_ids=ids, max_new_tokens=t_new, ignore_eos=protocol.ignore_eos,
                         kv_window=v.kv_window or protocol.kv_window, seed=protocol.seed + index,
                         sample=sampling is not None, temperature=protocol.temperature, top_k=protocol.top_k,
-                        top_p=protocol.top_p, compile=v.compile)), on_tokens=bar.tokens)
+                        top_p=protocol.top_p, compile=v.compile)), on_tokens=watch)
                     bar.done(rec.stats.tokens_per_s)
                     if v.method == "ar":  # plain decoding in this setting, whatever runs first
                         reference.setdefault((rec.run.kv_window, v.compile), (ids, rec.new_token_ids))
@@ -137,6 +138,7 @@ def run(
                         history[len(prompt.earlier):] = [_answer(target, rec.new_token_ids)]
                     r = _record(v, prompt, dataset, index, index in warm, t_new, l_max, rec)
                     r["_prompt"] = ids
+                    r["other_cpu"] = watch.result()  # CPUs' worth other processes used while it decoded
                     r["prompt_sha1"] = hashlib.sha1(json.dumps(ids).encode()).hexdigest()  # what was asked
                     if paired:  # the machine's bandwidth drifts: measure it beside each run, keep the higher
                         r["bandwidth_bytes_per_s"] = max(bandwidth, read_bandwidth(target.device))
@@ -171,6 +173,28 @@ def run(
     if out_dir is not None:
         save(results, out_dir)
     return results
+
+
+class OtherCpu:
+    """A run's token callback that also reads how much CPU other processes used from its first streamed
+    tokens to `result()` (after any compiling, which happens before the clock and may run in worker
+    processes): on a machine of few cores a busy neighbour slows a run without a sign in its own figures."""
+
+    MIN_WINDOW_S = 1.0  # /proc/stat counts in 10 ms ticks: shorter windows would give noise
+
+    def __init__(self, forward):
+        self.forward, self.start = forward, None
+
+    def __call__(self, new: list[int]) -> None:
+        if self.start is None:
+            self.start = (env.cpu_seconds(), time.perf_counter())
+        self.forward(new)
+
+    def result(self) -> float | None:
+        """CPUs' worth of time other processes used while this run decoded; None when unknown."""
+        if self.start is None or time.perf_counter() - self.start[1] < self.MIN_WINDOW_S:
+            return None
+        return env.other_cpu(self.start[0], env.cpu_seconds(), time.perf_counter() - self.start[1])
 
 
 def rotated(variants: list, index: int) -> list:
