@@ -517,7 +517,8 @@ def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["bench", "--preset", "nope"], "unknown preset 'nope'"),
     (["bench", "--scale", "huge"], "unknown scale 'huge'"),
-    (["bench", "--n", "2", "--warmup", "2"], "0 <= --warmup < --n"),
+    (["bench", "--n", "2", "--warmup", "2"], "need 0 <= --warmup < --n, got n=2, warmup=2"),
+    (["bench", "--n", "0"], "--n must be at least 1, got 0"),
     (["bench", "--methods", "ar,hf-assisted"], "needs a draft language model"),
     (["bench", "--methods", "ar,linear", "--d0", "3"], "--d0 applies to none of the methods"),
     (["sweep", "--method", "fixed-tree", "--d0", "1,2"], "--d0 does not apply to method 'fixed-tree'"),

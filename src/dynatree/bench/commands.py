@@ -105,7 +105,7 @@ def _protocol(args, preset: str) -> Protocol:
     return Protocol(
         dataset=dataset,
         n=args.n if args.n is not None else n,
-        warmup=args.warmup if args.warmup is not None else min(warmup, max((args.n or n) - 1, 0)),
+        warmup=args.warmup if args.warmup is not None else min(warmup, max((args.n if args.n is not None else n) - 1, 0)),
         max_new_tokens=args.max_new_tokens or t_values,
         l_max=args.l_max or l_values or l_default,
         ignore_eos=not args.keep_eos,

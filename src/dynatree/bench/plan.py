@@ -67,8 +67,10 @@ class Protocol:
         if not self.datasets:
             raise DynaTreeError("--dataset is empty")
         self.sampling()
-        if self.n < 1 or self.warmup < 0 or self.warmup >= self.n:
-            raise DynaTreeError(f"need --n >= 1 and 0 <= --warmup < --n, got n={self.n}, warmup={self.warmup}")
+        if self.n < 1:
+            raise DynaTreeError(f"--n must be at least 1, got {self.n}")
+        if self.warmup < 0 or self.warmup >= self.n:
+            raise DynaTreeError(f"need 0 <= --warmup < --n, got n={self.n}, warmup={self.warmup}")
         if any(t < 1 for t in self.max_new_tokens) or any(l < 1 for l in self.l_max):
             raise DynaTreeError("--max-new-tokens and --l-max values must be positive")
         KVWindow.parse(self.kv_window)
