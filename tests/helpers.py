@@ -116,8 +116,7 @@ def fitted_head(arch: str = "llama") -> FeatureHead:
             labels = column[out.logits[0, 1:].argmax(-1)]  # the target's pick after positions 1.., as head rows
             batches.append((embed(seq[:, 1:]), out.hidden_states[-1][:, :-1], torch.arange(1, seq.shape[1])[None],
                             labels))
-    torch.manual_seed(0)
-    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)  # (deterministic: no dropout, no sampling)
     out_rows = rows[head.vocab_ids].to(torch.float64)
     with torch.enable_grad():
         for _ in range(FITTED_STEPS):

@@ -272,6 +272,7 @@ def test_an_output_directory_holding_another_kind_of_draft_is_refused_before_any
     a record of one) is a one-line error before the target loads, not an overwrite that leaves neither
     loadable; the same kind is taken (to resume, or to rebuild a datastore)."""
     from dynatree.cli import main
+    from dynatree.distill.eagle_data import EagleConfig
     from dynatree.distill_cli import check_out_kind, held_kind
 
     markers = {"eagle": ("feature_head.json", "{}"), "store": ("datastore.json", "{}"), "lm": ("config.json", "{}")}
@@ -280,13 +281,20 @@ def test_an_output_directory_holding_another_kind_of_draft_is_refused_before_any
         (tmp_path / held / name).write_text(text)
         assert held_kind(tmp_path / held) == held
     (tmp_path / "record").mkdir()
-    (tmp_path / "record" / "distill.json").write_text(json.dumps({"kind": "eagle"}))  # a run stopped before export
+    (tmp_path / "record" / "distill.json").write_text(json.dumps({"kind": "eagle"}))  # a record alone
     assert held_kind(tmp_path / "record") == "eagle" and held_kind(tmp_path / "new") is None
+    for kind, cls in [("eagle", EagleConfig), ("lm", lm_data.DistillConfig)]:  # runs stopped before their export
+        (tmp_path / f"stopped-{kind}").mkdir()
+        torch.save({"step": 10, "config": dataclasses.asdict(cls())}, tmp_path / f"stopped-{kind}" / "checkpoint.pt")
+        assert held_kind(tmp_path / f"stopped-{kind}") == kind
     check_out_kind(tmp_path / "store", "store", resume=False)  # rebuilding a datastore in place
+    check_out_kind(tmp_path / "stopped-eagle", "eagle", resume=True)  # resuming it
     for held, kind, words in [("eagle", "lm", "holds a feature head (--kind eagle); --kind lm would overwrite it"),
                               ("store", "eagle", "holds a datastore (--kind store); --kind eagle would overwrite it"),
                               ("lm", "store", "holds a draft LM (--kind lm); --kind store would overwrite it"),
-                              ("record", "lm", "holds a feature head (--kind eagle)")]:
+                              ("record", "lm", "holds a feature head (--kind eagle)"),
+                              ("stopped-lm", "eagle", "holds a draft LM (--kind lm); --kind eagle would overwrite it"),
+                              ("stopped-eagle", "lm", "holds a feature head (--kind eagle); --kind lm would")]:
         with pytest.raises(DynaTreeError, match=re.escape(words)):
             check_out_kind(tmp_path / held, kind, resume=True)
         # through the CLI: refused at once (no target is loaded: a missing one would be a later error)

@@ -71,9 +71,10 @@ def _resized(target: LoadedModel, vocab: int) -> LoadedModel:
 
     import torch
 
-    torch.manual_seed(3)
     model = copy.deepcopy(target.model)
-    model.resize_token_embeddings(vocab)
+    with torch.random.fork_rng():  # the new rows' initial values, without moving the global generator
+        torch.manual_seed(3)
+        model.resize_token_embeddings(vocab)
     return LoadedModel(model=model, tokenizer=target.tokenizer, name=f"resized-{vocab}-rows", eos_ids=[2])
 
 

@@ -78,8 +78,8 @@ def config_of(args):
 
 
 def held_kind(out: Path) -> str | None:
-    """The kind of draft `out` already holds (from the file that makes a directory one, else from a
-    distillation record), or None."""
+    """The kind of draft `out` already holds (from the file that makes a directory one, from its
+    distillation record, or, for a run stopped before its export, from its checkpoint's options), or None."""
     if (out / HEAD_CONFIG_FILE).is_file():
         return "eagle"
     if (out / STORE_CONFIG_FILE).is_file():
@@ -89,8 +89,26 @@ def held_kind(out: Path) -> str | None:
     try:
         kind = json.loads((out / "distill.json").read_text()).get("kind")
     except (OSError, ValueError, AttributeError):
+        kind = None
+    if kind in KINDS:
+        return kind
+    return checkpoint_kind(out / "checkpoint.pt") if (out / "checkpoint.pt").is_file() else None
+
+
+def checkpoint_kind(path: Path) -> str | None:
+    """The kind whose options a training checkpoint records (the fields only that kind's config has)."""
+    import pickle
+
+    import torch
+
+    try:
+        options = set(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("config", {}))
+    except (OSError, RuntimeError, ValueError, AttributeError, pickle.UnpicklingError):
         return None
-    return kind if kind in KINDS else None
+    trained = {k: {f.name for f in dataclasses.fields(KINDS[k])} for k in ("lm", "eagle")}
+    own = {k: len(options & (fields - trained["eagle" if k == "lm" else "lm"])) for k, fields in trained.items()}
+    best = max(own, key=own.get)
+    return best if own[best] > 0 and own[best] > min(own.values()) else None
 
 
 def check_out_kind(out: Path, kind: str, resume: bool) -> None:
