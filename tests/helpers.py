@@ -79,13 +79,18 @@ def tiny(arch: str = "llama", seed: int = 0, dtype=torch.float64, vocab: int = V
 
 
 @functools.cache
+@torch.no_grad()
+def add_noise(model, noise: float, seed: int) -> None:
+    """Gaussian noise on every weight, `noise` times each tensor's own spread (from generator `seed`)."""
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.add_(noise * p.std() * torch.randn(p.shape, generator=gen, dtype=p.dtype).to(p.device))
+
+
 def noisy_copy(arch: str, seed: int, noise: float, dtype=torch.float64) -> LoadedModel:
     """The target's weights plus Gaussian noise: a draft that agrees often, but not always."""
     model = copy.deepcopy(_model(arch, seed, dtype, VOCAB, 512))
-    gen = torch.Generator().manual_seed(1000 + seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(noise * p.std() * torch.randn(p.shape, generator=gen, dtype=p.dtype).to(p.device))
+    add_noise(model, noise, 1000 + seed)
     repack_linears(model)
     return LoadedModel(model=model, tokenizer=tokenizer(), name=f"noisy-{arch}-{seed}-{noise}", eos_ids=[EOS])
 

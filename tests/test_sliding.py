@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from helpers import (DEVICE, EOS, SAMPLING as CONFIG, VOCAB, assert_same_cache, chi_square_pvalue, examples, hf_greedy,
+from helpers import (DEVICE, EOS, SAMPLING as CONFIG, VOCAB, add_noise, assert_same_cache, chi_square_pvalue, examples, hf_greedy,
                      plain_cache, random_head, tokenizer)
 from dynatree import Decoder, api, make_config
 from dynatree import cache as kv
@@ -68,10 +68,7 @@ def near(kind: str, window: int) -> LoadedModel:
     base = model(kind, window)
     m = AutoModelForCausalLM.from_config(base.model.config).to(torch.float64).eval().to(DEVICE)
     m.load_state_dict(base.model.state_dict())
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.08 * p.std() * torch.randn(p.shape, generator=gen, dtype=p.dtype).to(p.device))
+    add_noise(m, 0.08, 11)
     use_gqa_attention(m)
     use_packed_linears(m)
     return LoadedModel(model=m, tokenizer=tokenizer(), name=f"near-{kind}-w{window}", eos_ids=[])

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .config import cli_flag, field_type
-from .draftspec import HEAD_CONFIG_FILE, STORE_CONFIG_FILE
+from .draftspec import STORE_CONFIG_FILE, is_head_dir
 from .distill.lm_data import DistillConfig
 from .distill.eagle_data import EagleConfig
 from .distill.store_build import StoreConfig
@@ -65,11 +65,16 @@ def add_distill_command(sub) -> None:
     p.set_defaults(run=cmd_distill)
 
 
+def options_of(kind: str) -> set[str]:
+    """The option names of one kind's config."""
+    return {f.name for f in dataclasses.fields(KINDS[kind])}
+
+
 def config_of(args):
     """The chosen kind's config from the given flags; a flag of the other kind only is an error."""
     cls = KINDS[args.kind]
-    own = {f.name for f in dataclasses.fields(cls)}
-    others = {f.name for c in KINDS.values() for f in dataclasses.fields(c)} - own
+    own = options_of(args.kind)
+    others = set().union(*map(options_of, KINDS)) - own
     given_other = [cli_flag(n) for n in sorted(others) if getattr(args, n, None) is not None]
     if given_other:
         verb = "does" if len(given_other) == 1 else "do"
@@ -80,7 +85,7 @@ def config_of(args):
 def held_kind(out: Path) -> str | None:
     """The kind of draft `out` already holds (from the file that makes a directory one, from its
     distillation record, or, for a run stopped before its export, from its checkpoint's options), or None."""
-    if (out / HEAD_CONFIG_FILE).is_file():
+    if is_head_dir(out):
         return "eagle"
     if (out / STORE_CONFIG_FILE).is_file():
         return "store"
@@ -105,10 +110,9 @@ def checkpoint_kind(path: Path) -> str | None:
         options = set(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("config", {}))
     except (OSError, RuntimeError, ValueError, AttributeError, pickle.UnpicklingError):
         return None
-    trained = {k: {f.name for f in dataclasses.fields(KINDS[k])} for k in ("lm", "eagle")}
-    own = {k: len(options & (fields - trained["eagle" if k == "lm" else "lm"])) for k, fields in trained.items()}
-    best = max(own, key=own.get)
-    return best if own[best] > 0 and own[best] > min(own.values()) else None
+    lm = len(options & (options_of("lm") - options_of("eagle")))  # options only the draft LM has
+    eagle = len(options & (options_of("eagle") - options_of("lm")))
+    return "lm" if lm > eagle else "eagle" if eagle > lm else None
 
 
 def check_out_kind(out: Path, kind: str, resume: bool) -> None:

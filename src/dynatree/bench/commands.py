@@ -102,10 +102,11 @@ def _protocol(args, preset: str) -> Protocol:
     if not sample:
         sampling_config(False, args.temperature, args.top_k, args.top_p)  # names the options given, if any
     defaults = defaults or {}
+    n_prompts = args.n if args.n is not None else n
     return Protocol(
         dataset=dataset,
-        n=args.n if args.n is not None else n,
-        warmup=args.warmup if args.warmup is not None else min(warmup, max((args.n if args.n is not None else n) - 1, 0)),
+        n=n_prompts,
+        warmup=args.warmup if args.warmup is not None else min(warmup, max(n_prompts - 1, 0)),
         max_new_tokens=args.max_new_tokens or t_values,
         l_max=args.l_max or l_values or l_default,
         ignore_eos=not args.keep_eos,

@@ -192,9 +192,10 @@ class OtherCpu:
 
     def result(self) -> float | None:
         """CPUs' worth of time other processes used while this run decoded; None when unknown."""
-        if self.start is None or time.perf_counter() - self.start[1] < self.MIN_WINDOW_S:
+        if self.start is None:
             return None
-        return env.other_cpu(self.start[0], env.cpu_seconds(), time.perf_counter() - self.start[1])
+        wall = time.perf_counter() - self.start[1]
+        return env.other_cpu(self.start[0], env.cpu_seconds(), wall) if wall >= self.MIN_WINDOW_S else None
 
 
 def rotated(variants: list, index: int) -> list:
