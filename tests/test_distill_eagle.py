@@ -290,6 +290,15 @@ def test_other_asks_use_training_material_only():
     assert other_asks("mt_bench", ["Write a poem."]) == []
 
 
+@pytest.mark.parametrize("part", ["specbench", "specbench-asks"])
+def test_a_holdout_that_leaves_no_question_names_it(part):
+    with pytest.raises(DynaTreeError) as err:
+        instruction_prompts(part, holdout=77)
+    assert str(err.value) == (f"--holdout 77 leaves no question of --prompts {part} for training "
+                              "(its tasks have 76 to 77 questions each)")
+    assert instruction_prompts(part, holdout=76)[0]  # one question left in five tasks
+
+
 def test_spec_bench_benchmark_questions_are_held_out():
     convs, info = instruction_prompts("specbench", holdout=10)
     asked = {c[0] for c in convs}

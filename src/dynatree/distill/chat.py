@@ -106,6 +106,16 @@ def _questions(path: Path, holdout: int) -> list[tuple[str, list[str]]]:
     return kept
 
 
+def _per_task(path: Path) -> list[int]:
+    """Questions per task of a Spec-Bench-style file, fewest first."""
+    from ..prompts import questions, task_of
+
+    counts: dict[str, int] = {}
+    for _, category, _ in questions(path):
+        counts[task_of(category)] = counts.get(task_of(category), 0) + 1
+    return sorted(counts.values())
+
+
 def instruction_sources(spec: str, holdout: int) -> tuple[list[list[list[str]]], dict]:
     """The conversations of each source of `spec` (comma-separated), in order, and counts per source."""
     from ..prompts import SPEC_BENCH, SPEC_BENCH_FILE, is_question_file, prompt_file
@@ -133,6 +143,10 @@ def instruction_sources(spec: str, holdout: int) -> tuple[list[list[list[str]]],
             raise DynaTreeError(f"--prompts {part!r} is not a regular file; give a prompts file")
         else:
             raise DynaTreeError(f"--prompts {part!r}: neither 'specbench', '{SPEC_BENCH_ASKS}' nor an existing file")
+        if not convs and part in (SPEC_BENCH, SPEC_BENCH_ASKS):
+            counts = _per_task(SPEC_BENCH_FILE)
+            raise DynaTreeError(f"--holdout {holdout} leaves no question of --prompts {part} for training "
+                                f"(its tasks have {counts[0]} to {counts[-1]} questions each)")
     return groups, info
 
 
