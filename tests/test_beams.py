@@ -14,6 +14,7 @@ from scipy.stats import chi2
 
 from helpers import tiny
 from dynatree import DynaTreeError, generate, make_config
+from dynatree.decode import answer, draft
 from dynatree.drafters.base import Proposal
 from dynatree.methods import is_lossy
 from dynatree.policies.beams import DsbdPolicy, MtadPolicy, grow_beams
@@ -61,7 +62,7 @@ TABLE = {(): [0.0, 0.5, 0.3, 0.2, 0.0, 0.0, 0.0, 0.0],  # after the root: 1 .5, 
 
 def test_greedy_beam_tree_keeps_the_width_best_pairs_of_each_layer_across_parents():
     drafter = TableDrafter(TABLE)
-    tree = grow_beams(drafter, root_token=0, width=3, depth=2, sampler=None)
+    tree = answer(grow_beams(root_token=0, width=3, depth=2, sampler=None), drafter)
     layer = {d: sorted((int(tree.tokens[tree.parents[u]]), int(tree.tokens[u]))
                        for u in range(tree.size) if tree.depths[u] == d) for d in (1, 2)}
     assert layer[1] == [(0, 1), (0, 2), (0, 3)]
@@ -73,9 +74,9 @@ def test_greedy_beam_tree_keeps_the_width_best_pairs_of_each_layer_across_parent
 
 
 def test_beam_tree_stops_at_depth_and_when_nothing_is_proposed():
-    tree = grow_beams(TableDrafter({(): [1.0] + [0.0] * (V - 1), (0,): [0.0] * V}), 0, width=4, depth=5, sampler=None)
+    tree = answer(grow_beams(0, width=4, depth=5, sampler=None), TableDrafter({(): [1.0] + [0.0] * (V - 1), (0,): [0.0] * V}))
     assert tree.tokens.tolist() == [0, 0]  # one proposal, then none
-    tree = DsbdPolicy(make_config("dsbd", width=2, depth=8)).grow(TableDrafter({}), 0, max_depth=3)
+    tree = draft(DsbdPolicy(make_config("dsbd", width=2, depth=8)), TableDrafter({}), 0, max_depth=3)
     assert tree.max_depth == 3 and tree.n_drafted == 6
 
 
@@ -87,7 +88,7 @@ def test_sampled_beam_layers_draw_pairs_by_parent_mass_times_draft_probability()
     expected: dict[tuple[int, int], float] = {}
     for seed in range(runs):
         sampler = Sampler(SamplingConfig(), seed)
-        tree = grow_beams(TableDrafter(TABLE), 0, width=width, depth=2, sampler=sampler)
+        tree = answer(grow_beams(0, width=width, depth=2, sampler=sampler), TableDrafter(TABLE))
         layer2 = [u for u in range(tree.size) if tree.depths[u] == 2]
         assert len(layer2) == width and int((tree.depths == 1).sum()) == width
         pairs = [(int(tree.parents[u]), int(tree.tokens[u])) for u in layer2]
@@ -184,7 +185,7 @@ def beam_sampled_output(monkeypatch, drafter, target: dict, width: int, reverse:
 
     def grow(draws: list[list[int]]):
         script[:], seen[:] = draws, []
-        tree = grow_beams(drafter, 0, width=width, depth=2, sampler=sampler)
+        tree = answer(grow_beams(0, width=width, depth=2, sampler=sampler), drafter)
         return tree, [list(w) for w in seen]
 
     _, weights = grow([])

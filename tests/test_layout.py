@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dynatree
 from dynatree import make_config
+from dynatree.config import MethodConfig
 from dynatree.methods import METHODS
 from dynatree.policies.base import TreePolicy
 from dynatree.verify import Verifier
@@ -77,7 +78,7 @@ def test_the_package_has_no_import_cycles():
 
 def test_every_method_of_the_engine_honours_the_contracts():
     for name, method in METHODS.items():
-        assert dataclasses.is_dataclass(method.config_cls), name
+        assert dataclasses.is_dataclass(method.config_cls) and issubclass(method.config_cls, MethodConfig), name
         config = make_config(name)  # the defaults validate
         if method.policy_cls is None:
             assert method.engine != "dynatree", name  # transformers' or llama.cpp's own decoding
@@ -115,6 +116,11 @@ def test_policies_and_verifiers_are_pure():
         assert not inside & {"time", "timeit", "transformers"}, (module, inside)
         forbidden = {"dynatree.runtime", "dynatree.costmeasure", "dynatree.decode", "dynatree.models"}
         assert not imports_anywhere(modules[module]) & forbidden, module
+    # nor do they call a drafter: they yield `Ask`s and the decoder calls it (`decode.answer`)
+    for module in [m for m in closure if m.startswith("dynatree.policies.")]:
+        called = {node.func.attr for node in ast.walk(ast.parse(modules[module].read_text()))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+        assert not called & {"propose", "without_model", "reset", "commit", "warm_up"}, (module, called)
     # the decoder times its run (the cost-aware policy learns from it) but meters no memory: api.run does
     assert "dynatree.stats.PeakMemory" not in names["dynatree.decode"]
     assert "dynatree.stats.PeakMemory" in names["dynatree.api"]

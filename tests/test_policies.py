@@ -9,6 +9,7 @@ import pytest
 
 from helpers import ScriptedDrafter
 from dynatree import make_config
+from dynatree.decode import answer, draft
 from dynatree.policies.base import Timing
 from dynatree.policies.dynatree import DynaTreePolicy
 from dynatree.policies.simple import LinearPolicy, FixedTreePolicy
@@ -23,15 +24,42 @@ def uniform(n: int, first: float = 0.5):
 
 def test_linear_is_a_chain_of_k():
     drafter = ScriptedDrafter(uniform(3, first=0.9))
-    tree = LinearPolicy(make_config("linear", k=4)).grow(drafter, root_token=1, max_depth=10)
+    tree = draft(LinearPolicy(make_config("linear", k=4)), drafter, root_token=1, max_depth=10)
     assert tree.parents.tolist() == [-1, 0, 1, 2, 3]
     assert tree.tokens.tolist() == [1, 100, 100, 100, 100]
     assert len(drafter.calls) == 4
 
 
+def test_a_policy_asks_and_is_answered_without_holding_a_drafter():
+    """The policy contract: `grow` yields one `Ask` per drafter call and is sent the proposal; no
+    drafter in sight. Here the fixed tree's two levels are answered by hand."""
+    import torch
+
+    from dynatree.drafters.base import Proposal
+
+    growing = FixedTreePolicy(make_config("fixed-tree", depth=2, branch=2, tau=0.0)).grow(1, max_depth=10)
+    ask = next(growing)
+    assert (ask.nodes, ask.k, ask.full, ask.model_free) == ([0], 2, False, False) and len(ask.tree) == 1
+    ask = growing.send(Proposal(torch.tensor([[7, 8]]), torch.tensor([[0.6, 0.4]], dtype=torch.float64)))
+    assert ask.nodes == [1, 2] and ask.tree.tokens[1:] == [7, 8]
+    with pytest.raises(StopIteration) as done:
+        growing.send(Proposal(torch.tensor([[9, -1], [10, 11]]), torch.tensor([[1.0, 0.0], [0.5, 0.5]], dtype=torch.float64)))
+    tree = done.value.value
+    assert tree.tokens.tolist() == [1, 7, 8, 9, 10, 11] and tree.parents.tolist() == [-1, 0, 0, 1, 2, 2]
+
+
+def test_the_decoder_refuses_an_ask_it_has_no_drafter_for():
+    with pytest.raises(ValueError, match="^a tree policy asked for proposals without a drafter$"):
+        draft(LinearPolicy(make_config("linear", k=2)), None, 1, max_depth=10)
+    policy = dynatree(cost_aware=True)
+    policy.idle, policy.model_free = 1, True  # idle, told of a model-free part the drafter lacks
+    with pytest.raises(ValueError, match="^a tree policy asked for the model-free part of scripted, which has none$"):
+        draft(policy, ScriptedDrafter(uniform(2)), 1, max_depth=10)
+
+
 def test_fixed_tree_full_shape_one_drafter_call_per_level():
     drafter = ScriptedDrafter(uniform(4))
-    tree = FixedTreePolicy(make_config("fixed-tree", depth=3, branch=2, tau=0.0)).grow(drafter, 1, max_depth=10)
+    tree = draft(FixedTreePolicy(make_config("fixed-tree", depth=3, branch=2, tau=0.0)), drafter, 1, max_depth=10)
     assert tree.n_drafted == 2 + 4 + 8
     assert [len(c) for c in drafter.calls] == [1, 2, 4]  # a whole level per call
     assert tree.depths.tolist() == [0] + [1] * 2 + [2] * 4 + [3] * 8
@@ -39,7 +67,7 @@ def test_fixed_tree_full_shape_one_drafter_call_per_level():
 
 def test_fixed_tree_budget_keeps_most_probable():
     drafter = ScriptedDrafter(lambda path: [(7, 0.7), (8, 0.3)])
-    tree = FixedTreePolicy(make_config("fixed-tree", depth=3, branch=2, tau=0.0, n_max=5)).grow(drafter, 1, 10)
+    tree = draft(FixedTreePolicy(make_config("fixed-tree", depth=3, branch=2, tau=0.0, n_max=5)), drafter, 1, 10)
     assert tree.n_drafted == 5
     # level 1: 0.7, 0.3; level 2 candidates: .49 .21 .21 .09 -> keep .49 and the two .21
     assert sorted(tree.logp.exp().tolist(), reverse=True) == pytest.approx([1, 0.7, 0.49, 0.3, 0.21, 0.21])
@@ -47,7 +75,7 @@ def test_fixed_tree_budget_keeps_most_probable():
 
 def test_fixed_tree_tau_prunes_unlikely_nodes():
     drafter = ScriptedDrafter(lambda path: [(7, 0.7), (8, 0.3)])
-    tree = FixedTreePolicy(make_config("fixed-tree", depth=4, branch=2, tau=0.25)).grow(drafter, 1, 10)
+    tree = draft(FixedTreePolicy(make_config("fixed-tree", depth=4, branch=2, tau=0.25)), drafter, 1, 10)
     assert (tree.logp.exp() >= 0.25).all()
     assert tree.n_drafted == 4  # .7 .3 | .49 .21x | .343 x | x
     assert tree.max_depth == 3
@@ -57,9 +85,9 @@ def test_max_depth_from_the_decoder_caps_every_policy():
     for policy in (LinearPolicy(make_config("linear", k=8)),
                    FixedTreePolicy(make_config("fixed-tree", depth=8, branch=2)),
                    DynaTreePolicy(make_config("dynatree"))):
-        tree = policy.grow(ScriptedDrafter(uniform(3, 0.95)), 1, max_depth=2)
+        tree = draft(policy, ScriptedDrafter(uniform(3, 0.95)), 1, max_depth=2)
         assert tree.max_depth == 2, policy  # capped, not empty: each would go deeper
-        assert policy.grow(ScriptedDrafter(uniform(3)), 1, max_depth=0).n_drafted == 0
+        assert draft(policy, ScriptedDrafter(uniform(3)), 1, max_depth=0).n_drafted == 0
 
 
 def dynatree(**options):
@@ -70,7 +98,7 @@ def dynatree(**options):
 @pytest.mark.parametrize("confidence, children", [(0.95, 1), (0.9, 1), (0.6, 2), (0.4, 2), (0.3, 3)])
 def test_dynatree_breadth_follows_confidence(confidence, children):
     policy = dynatree(d0=1, d_max=2, b_min=1, b_mid=2, b_max=3, tau_h=0.9, tau_l=0.4)
-    tree = policy.grow(ScriptedDrafter(uniform(4, first=confidence)), 1, max_depth=1)
+    tree = draft(policy, ScriptedDrafter(uniform(4, first=confidence)), 1, max_depth=1)
     assert tree.n_drafted == children
 
 
@@ -78,13 +106,13 @@ def test_dynatree_depth_gating():
     # confident chain: p(depth d) = 0.8^d. D0=2, rho_deep=0.6 -> depth 2 (p=.64) expands, depth 3 (.512) does not
     script = lambda path: [(5, 0.8), (6, 0.2)]  # noqa: E731
     policy = dynatree(d0=2, d_max=6, b_min=1, b_mid=1, b_max=1, tau_h=0.7, tau_l=0.1, rho_stop=0.05, rho_deep=0.6)
-    assert policy.grow(ScriptedDrafter(script), 1, 10).max_depth == 3
+    assert draft(policy, ScriptedDrafter(script), 1, 10).max_depth == 3
     # a hard d_max wins over a likely path
     policy = dynatree(d0=1, d_max=2, b_min=1, b_mid=1, b_max=1, tau_h=0.7, tau_l=0.1, rho_stop=0.05, rho_deep=0.06)
-    assert policy.grow(ScriptedDrafter(script), 1, 10).max_depth == 2
+    assert draft(policy, ScriptedDrafter(script), 1, 10).max_depth == 2
     # early stop: nodes below rho_stop stay leaves even above D0
     policy = dynatree(d0=5, d_max=6, b_min=2, b_mid=2, b_max=2, tau_h=0.7, tau_l=0.1, rho_stop=0.5, rho_deep=0.9)
-    tree = policy.grow(ScriptedDrafter(script), 1, 10)
+    tree = draft(policy, ScriptedDrafter(script), 1, 10)
     # expanded: root(1) -> .8 -> .64 -> .512; the next (.4096) and every .2-branch stay leaves
     assert tree.n_drafted == 8 and tree.max_depth == 4
     assert sorted(tree.logp.exp().tolist())[:2] == pytest.approx([0.1024, 0.128])
@@ -92,13 +120,13 @@ def test_dynatree_depth_gating():
 
 def test_dynatree_budget():
     policy = dynatree(d0=6, d_max=7, b_min=3, b_mid=3, b_max=3, n_max=10)
-    tree = policy.grow(ScriptedDrafter(uniform(3, first=0.5)), 1, 10)
+    tree = draft(policy, ScriptedDrafter(uniform(3, first=0.5)), 1, 10)
     assert tree.n_drafted == 10
 
 
 def test_dynatree_tau_prunes():
     policy = dynatree(d0=3, d_max=4, b_min=3, b_mid=3, b_max=3, tau=0.2)
-    tree = policy.grow(ScriptedDrafter(lambda path: [(5, 0.6), (6, 0.3), (7, 0.1)]), 1, 10)
+    tree = draft(policy, ScriptedDrafter(lambda path: [(5, 0.6), (6, 0.3), (7, 0.1)]), 1, 10)
     assert (tree.logp.exp() >= 0.2 - 1e-12).all()
     assert tree.n_drafted == 4  # .6 .3 | .36 (.18s pruned) | .216 (.1296 pruned)
 
@@ -152,9 +180,9 @@ def test_adapted_depth_changes_the_next_tree():
     policy = dynatree(d0=1, d_max=8, b_min=1, b_mid=1, b_max=1, rho_deep=0.99, history=True,
                       target_accept=0.2, eta_depth=10.0, history_window=1)
     drafter = ScriptedDrafter(uniform(2, first=0.95))
-    assert policy.grow(drafter, 1, 10).max_depth == 1
+    assert draft(policy, drafter, 1, 10).max_depth == 1
     policy.observe(fake_tree(1), [1], 0, NO_TIME)  # acceptance 1.0: D0 1 -> 7
-    assert policy.grow(drafter, 1, 10).max_depth == 7
+    assert draft(policy, drafter, 1, 10).max_depth == 7
 
 
 # ---------------------------------------------------------------- cost-aware tree size (issue 5)
@@ -197,8 +225,8 @@ def test_grow_levels_asks_stop_after_each_drafter_call():
         asked.append((growth.levels, growth.forwards, len(tree)))
         return growth.levels == 2
 
-    tree = grow_levels(drafter, 1, max_depth=6, n_max=64, max_breadth=1, expandable=lambda d, p: True,
-                       breadth=lambda c: 1, stop=stop)
+    tree = answer(grow_levels(1, max_depth=6, n_max=64, max_breadth=1, expandable=lambda d, p: True,
+                              breadth=lambda c: 1, stop=stop), drafter)
     assert asked == [(1, 1, 2), (2, 2, 3)] and len(drafter.calls) == 2 and tree.max_depth == 2  # one forward per call
 
 
@@ -209,22 +237,22 @@ def test_cost_aware_dynatree_stops_growing_at_the_first_level_not_worth_verifyin
     # node pays, and the look-ahead sees that a second level cannot, so one drafter call, not d_max.
     drafter = ScriptedDrafter(lambda path: [(100, 0.9)])
     policy = dynatree(cost_aware=True, d0=7, d_max=8, history=False)
-    policy.prepare(CostCurve((1, 2, 3), (1.0, 1.01, 2.0)))
-    tree = policy.grow(drafter, 1, max_depth=10)
+    policy.prepare(CostCurve((1, 2, 3), (1.0, 1.01, 2.0)), model_free=False)
+    tree = draft(policy, drafter, 1, max_depth=10)
     assert tree.parents.tolist() == [-1, 0] and len(drafter.calls) == 1
     drafter.calls.clear()
-    policy.prepare(CostCurve((1, 2, 3, 4), (1.0, 1.01, 1.02, 3.0)))  # a third token nearly free too: two levels
-    tree = policy.grow(drafter, 1, max_depth=10)
+    policy.prepare(CostCurve((1, 2, 3, 4), (1.0, 1.01, 1.02, 3.0)), model_free=False)  # a third token nearly free too: two levels
+    tree = draft(policy, drafter, 1, max_depth=10)
     assert tree.parents.tolist() == [-1, 0, 1] and len(drafter.calls) == 2
     drafter.calls.clear()
-    policy.prepare(CostCurve((1, 64), (1.0, 1.0)))  # free verification: the whole chain to d_max
-    tree = policy.grow(drafter, 1, max_depth=10)
+    policy.prepare(CostCurve((1, 64), (1.0, 1.0)), model_free=False)  # free verification: the whole chain to d_max
+    tree = draft(policy, drafter, 1, max_depth=10)
     assert tree.n_drafted == 8 and len(drafter.calls) == 8
 
     drafter.calls.clear()
     # Not convex: 3 tokens cost as much as 9, so one more level never pays but seven more do.
-    policy.prepare(CostCurve((1, 2, 3, 9), (1.0, 1.5, 3.0, 3.0)))
-    tree = policy.grow(ScriptedDrafter(lambda path: [(100, 0.99)]), 1, max_depth=10)
+    policy.prepare(CostCurve((1, 2, 3, 9), (1.0, 1.5, 3.0, 3.0)), model_free=False)
+    tree = draft(policy, ScriptedDrafter(lambda path: [(100, 0.99)]), 1, max_depth=10)
     assert tree.n_drafted == 8
 
 
@@ -262,13 +290,13 @@ def test_cost_aware_dynatree_stops_calling_a_draft_that_does_not_pay_and_probes_
     drafter = ScriptedDrafter(lambda path: [(100 + len(path), 0.95)])
     curve = CostCurve((1, 2, 8), (0.05, 0.051, 0.06))
     policy = dynatree(cost_aware=True, d0=3, d_max=4, history=False)
-    policy.prepare(curve)
+    policy.prepare(curve, model_free=False)
     calls, sizes = [], []
     root = 1
     for i in range(120):
         right = i >= 60
         before = len(drafter.calls)
-        tree = policy.grow(drafter, root, max_depth=10)
+        tree = draft(policy, drafter, root, max_depth=10)
         calls.append(len(drafter.calls) - before)
         sizes.append(tree.n_drafted)
         path = [] if not right else list(range(1, tree.n_drafted + 1))
@@ -466,10 +494,10 @@ def test_cost_aware_dynatree_learns_from_cut_nodes_when_greedy():
     drafter = ScriptedDrafter(lambda path: [(100 + len(path), 0.5)])
     curve = CostCurve((1, 2, 9), (1.0, 2.5, 2.6))
     policy = dynatree(cost_aware=True, d0=7, d_max=8)
-    policy.prepare(curve)
+    policy.prepare(curve, model_free=False)
     sizes, root = [], 1
     for _ in range(12):
-        tree = policy.grow(drafter, root, max_depth=10)
+        tree = draft(policy, drafter, root, max_depth=10)
         sizes.append(tree.n_drafted)
         path = list(range(1, tree.n_drafted + 1))  # the target accepts every verified node
         root = 100 + len(path)  # the bonus token: the target's choice after the last accepted node
@@ -478,10 +506,10 @@ def test_cost_aware_dynatree_learns_from_cut_nodes_when_greedy():
 
     # Sampling: the next root is a draw, not the target's choice; only verified nodes are learnt from.
     policy = dynatree(cost_aware=True, d0=7, d_max=8)
-    policy.prepare(curve)
+    policy.prepare(curve, model_free=False)
     sampler = Sampler(SamplingConfig())
     for _ in range(12):
-        tree = policy.grow(drafter, 100, max_depth=10, sampler=sampler)
+        tree = draft(policy, drafter, 100, max_depth=10, sampler=sampler)
         policy.observe(tree, [], 7, Timing(draft_s=0.0, verify_s=curve.at(len(tree.tokens))))
         assert tree.n_drafted == 0
 
@@ -491,7 +519,7 @@ def _step(policy, drafter, root, curve, per_call_s, accept=True, bonus=1):
     report (`per_call_s` per drafter forward, the curve's time for verification, the target's choice
     `bonus` after the accepted path)."""
     before = len(drafter.calls)
-    tree = policy.grow(drafter, root, max_depth=10)
+    tree = draft(policy, drafter, root, max_depth=10)
     path = list(range(1, tree.n_drafted + 1)) if accept else []
     policy.observe(tree, path, bonus, Timing(draft_s=per_call_s * (len(drafter.calls) - before),
                                              verify_s=curve.at(len(tree.tokens))))
@@ -506,16 +534,16 @@ def test_cost_aware_dynatree_idles_after_an_accepted_tree_that_did_not_pay():
 
     curve = CostCurve((1, 2, 8), (0.005, 0.0051, 0.006))
     policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
-    policy.prepare(curve)
+    policy.prepare(curve, model_free=False)
     drafter = ScriptedDrafter(lambda path: [(100 + len(path), 0.95)])
     assert _step(policy, drafter, 1, curve, 0.02, bonus=101).n_drafted >= 1 and policy.idle == 0  # cost not known yet
     assert policy.costs.forward_s == pytest.approx(0.02)
-    tree = policy.grow(drafter, 101, max_depth=10)
+    tree = draft(policy, drafter, 101, max_depth=10)
     assert policy.idle == 1 and tree.n_drafted >= 1
     policy.observe(tree, list(range(1, tree.n_drafted + 1)), 7, Timing(0.02, curve.at(len(tree.tokens))))
     assert policy.idle == 1  # not a probe: the spell stands
     calls = len(drafter.calls)
-    assert policy.grow(drafter, 7, max_depth=10).n_drafted == 0 and policy.idle_iterations == 1
+    assert draft(policy, drafter, 7, max_depth=10).n_drafted == 0 and policy.idle_iterations == 1
     assert len(drafter.calls) == calls  # no drafter call while idle
 
 
@@ -541,7 +569,7 @@ def test_cost_aware_dynatree_declines_only_the_model_part_of_a_drafter():
 
     curve = CostCurve((1, 2, 8), (0.005, 0.0051, 0.006))
     policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
-    policy.prepare(curve)
+    policy.prepare(curve, model_free=True)
     dear = Hybrid(lambda path: [(100 + len(path), 0.95)])
     _step(policy, dear, 1, curve, 0.02)  # learns that a model call costs 20 ms
     _step(policy, dear, 1, curve, 0.02)  # does not pay: an idle spell starts
@@ -551,7 +579,7 @@ def test_cost_aware_dynatree_declines_only_the_model_part_of_a_drafter():
     assert tree.n_drafted >= 1 and tree.tokens[1].item() == 200
 
     policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)  # lookups that never pay their verification
-    policy.prepare(CostCurve((1, 2, 8), (0.005, 0.05, 0.06)))
+    policy.prepare(CostCurve((1, 2, 8), (0.005, 0.05, 0.06)), model_free=False)
     wrong = Free(lambda path: [(300, 0.3)])
     for _ in range(10):
         _step(policy, wrong, 1, curve, 0.0001, accept=False)
@@ -566,13 +594,13 @@ def test_cost_aware_dynatree_keeps_a_draft_that_pays_on_average_though_most_prob
 
     curve = CostCurve((1, 2, 8), (0.05, 0.051, 0.06))
     policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
-    policy.prepare(curve)
+    policy.prepare(curve, model_free=False)
     drafter = ScriptedDrafter(lambda path: [(100, 0.95)])
     idle = {}
     for i in range(400):
         right = i >= 100 and i % 20 < 9
         before = len(drafter.calls)
-        tree = policy.grow(drafter, 1, max_depth=10)
+        tree = draft(policy, drafter, 1, max_depth=10)
         path = [1] if right and tree.n_drafted else []
         policy.observe(tree, path, 1, Timing(draft_s=0.005 * (len(drafter.calls) - before),
                                              verify_s=curve.at(len(tree.tokens))))

@@ -92,6 +92,10 @@ def expected(prompt: str, max_new_tokens: int, chat: bool = True, method: str = 
 def test_health_models_and_metrics(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ready", "model": MODEL}
     assert [m.id for m in server.client.models.list().data] == [MODEL]
+    card = server.client.models.retrieve(MODEL)  # GET /v1/models/{id}, as OpenAI's clients call it
+    assert card.id == MODEL and 0 < card.created <= time.time()
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        server.client.models.retrieve("gpt-4")
     ok = 'dynatree_requests_total{endpoint="/v1/completions",status="200"}'
     before = {name: server.metric(name) for name in (ok, "dynatree_completion_tokens_total",
                                                      "dynatree_tokens_per_pass_count", "dynatree_request_seconds_count",
@@ -210,7 +214,8 @@ BAD = [  # (path, body, what the message says, the `param` it names)
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
                               "presence_penalty": 0.5}, "presence_penalty is not supported", "presence_penalty"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
-                              "dynatree": {"method": "beam-search"}}, "beam-search", "dynatree.method"),
+                              "dynatree": {"method": "beam-search"}},
+     "unknown method 'beam-search'; this server decodes with ar, linear, fixed-tree, dynatree, wetap", "dynatree.method"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
                               "dynatree": {"method": "hf-ar"}}, "transformers' own generate()", "dynatree.method"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
@@ -238,6 +243,17 @@ BAD = [  # (path, body, what the message says, the `param` it names)
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5", "tool_calls": [{}]}]},
      "tool_calls is not supported", "messages.0"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": None}]}, "needs content", "messages.0"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "only text content parts are supported by this (text) model, got a part of type 'image_url'", "messages.0.content"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "\ud83d w5"}]},
+     "messages.0.content: the text is not valid Unicode: a lone surrogate '\\ud83d' at character 0", "messages.0.content"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5 \ud800"},
+     "prompt: the prompt is not valid Unicode: a lone surrogate '\\ud800' at character 3", "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "stop": [1]}, "stop must be a string or a list of strings, got [1]", "stop"),
+    ("/v1/completions", {"model": MODEL, "prompt": [[1, 2]]},
+     "prompt must be a string, a list of one string or a list of token ids (one prompt per request), got [[1, 2]]", "prompt"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "best_of": 2},
+     "best_of is not supported by this server (got 2; accepted: null, 1)", "best_of"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "max_tokens": 5,
                               "max_completion_tokens": 6}, "disagree", "max_completion_tokens"),
     ("/v1/chat/completions", "", "no JSON body", None),
@@ -346,10 +362,15 @@ def test_null_means_the_default_for_openai_nullable_fields(server):
     echo = server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
                                                 "echo": None})
     assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo"
-    # OpenAI's nullable fields the server has no use for: null is accepted, a value stays a 400
+    # OpenAI's fields the server has no use for: null, or a value that asks for nothing (no tools, one
+    # candidate, text out), is accepted; any other value stays a 400
     unused = {"tools": None, "tool_choice": None, "best_of": None, "service_tier": None, "reasoning_effort": None}
     assert server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
                                                 "max_tokens": 2, **unused}).status_code == 200
+    neutral = {"tools": [], "tool_choice": "none", "best_of": 1, "service_tier": "auto", "parallel_tool_calls": False,
+               "modalities": ["text"]}
+    assert server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                                                "max_tokens": 2, **neutral}).status_code == 200
     tools = server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
                                                  "tools": [{"type": "function"}]})
     assert tools.status_code == 400 and tools.json()["error"]["param"] == "tools"
@@ -362,7 +383,7 @@ def gated(engine: Engine) -> threading.Event:
     def wait_then_decode(job, observe=True):
         engine._decode = decode  # only the first
         gate.wait(30)
-        decode(job, observe)
+        return decode(job, observe)
 
     engine._decode = wait_then_decode
     return gate
@@ -393,6 +414,26 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_rest_complete(server)
     assert refused.json()["error"]["code"] == "queue_full"
     assert [a.status_code for a in answers] == [200] * 5
     assert all(a.json()["choices"][0]["text"] == want for a in answers)
+
+
+def test_retry_after_is_what_the_running_decode_has_left():
+    engine = Engine(ServeSettings(target=TARGET))
+    assert engine.retry_after() == 1  # nothing running
+    engine._token_s, engine._running = 0.5, (time.perf_counter() - 3.0, 40)  # 40 tokens at 0.5 s, 3 s in
+    assert engine.retry_after() == 17
+    engine._running = (time.perf_counter() - 30.0, 40)  # past its estimate: soon
+    assert engine.retry_after() == 1
+
+
+def test_context_overflows_carry_openai_code_and_streams_are_not_cached(server):
+    for body in ({"model": MODEL, "messages": [{"role": "user", "content": "w5 " * 520}]},
+                 {"model": MODEL, "prompt": "w5 " * 400, "max_tokens": 150}):
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        assert server.post(path, body).json()["error"]["code"] == "context_length_exceeded"
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
+                      json={"model": MODEL, "prompt": "w5 w6", "max_tokens": 2, "stream": True}) as response:
+        assert response.headers["cache-control"] == "no-cache"
+        assert response.read().decode().rstrip().endswith("data: [DONE]")
 
 
 def test_eight_clients_five_requests_each_all_answered(server):
@@ -443,7 +484,7 @@ def held_until_cancelled(engine: Engine) -> None:
             job.cancelled.wait(20)
 
         job.on_tokens = then_wait
-        decode(job, observe)
+        return decode(job, observe)
 
     engine._decode = hold
 

@@ -11,6 +11,7 @@ import torch
 
 from helpers import ARCHS, ScriptedDrafter, assert_same_cache, chi_square_pvalue, noisy_copy, plain_cache, tiny
 from dynatree import Decoder, DynaTreeError, make_config
+from dynatree.decode import draft
 from dynatree.drafters import LMDrafter
 from dynatree.methods import METHODS
 from dynatree.policies.baselines import OptTreePolicy, SpecExecPolicy, SpecInferPolicy
@@ -36,24 +37,24 @@ def test_layer_widths_follow_the_previous_layer():
     """Layer 1 has W_min nodes; later layers as many as eq. 5 gives for the layer above."""
     drafter = ScriptedDrafter(lambda path: [(10 + i, 1 / 8) for i in range(8)])  # uniform: Hn = 1 everywhere
     policy = WetapPolicy(make_config("wetap", depth=3, budget=1000, w_min=2, w_max=5, verify="exact"))
-    tree = policy.grow(drafter, 1, max_depth=10)
+    tree = draft(policy, drafter, 1, max_depth=10)
     assert [int((tree.depths == d).sum()) for d in (1, 2, 3)] == [2, 5, 5]
     assert [len(call) for call in drafter.calls] == [1, 2, 5]  # one drafter call per layer
 
     peaked = ScriptedDrafter(lambda path: [(10, 0.97), (11, 0.02), (12, 0.01)])
-    tree = WetapPolicy(make_config("wetap", depth=3, budget=1000, w_min=2, w_max=5, gamma=1.0)).grow(peaked, 1, 10)
+    tree = draft(WetapPolicy(make_config("wetap", depth=3, budget=1000, w_min=2, w_max=5, gamma=1.0)), peaked, 1, 10)
     widths = [int((tree.depths == d).sum()) for d in (1, 2, 3)]
     assert widths[0] == 2 and widths[1] == next_width([0.97, 0.02], 2, 5, 1.0)
 
     fixed = WetapPolicy(make_config("wetap", depth=2, budget=1000, w_min=2, w_max=5, dynamic_width=False))
-    tree = fixed.grow(ScriptedDrafter(lambda path: [(10 + i, 1 / 8) for i in range(8)]), 1, 10)
+    tree = draft(fixed, ScriptedDrafter(lambda path: [(10 + i, 1 / 8) for i in range(8)]), 1, 10)
     assert [int((tree.depths == d).sum()) for d in (1, 2)] == [5, 5]  # the ablation: W_max everywhere
 
 
 def test_layers_keep_the_most_probable_children_across_parents():
     script = {(): [(10, 0.6), (11, 0.4)], (10,): [(20, 0.5), (21, 0.5)], (11,): [(30, 0.9), (31, 0.1)]}
     drafter = ScriptedDrafter(lambda path: script.get(tuple(path), []))
-    tree = WetapPolicy(make_config("wetap", depth=2, budget=100, w_min=2, w_max=2)).grow(drafter, 1, 10)
+    tree = draft(WetapPolicy(make_config("wetap", depth=2, budget=100, w_min=2, w_max=2)), drafter, 1, 10)
     layer2 = sorted(int(t) for t, d in zip(tree.tokens, tree.depths) if d == 2)
     assert layer2 == [20, 30]  # f = 0.36 (30) and 0.30 (20 or 21; 20 first) beat 0.30 / 0.04
 
@@ -122,7 +123,7 @@ def test_pruning_with_alpha_one_is_top_probability():
 
 def test_pruned_tree_is_a_valid_tree_with_its_builder_indices():
     drafter = ScriptedDrafter(lambda path: [(10 + i, 0.5 / (i + 1)) for i in range(6)])
-    tree = WetapPolicy(make_config("wetap", depth=4, budget=9, w_min=3, w_max=6)).grow(drafter, 1, 10)
+    tree = draft(WetapPolicy(make_config("wetap", depth=4, budget=9, w_min=3, w_max=6)), drafter, 1, 10)
     assert tree.n_drafted == 9
     parents, depths = tree.parents.tolist(), tree.depths.tolist()
     assert all(parents[i] < i and depths[i] == depths[parents[i]] + 1 for i in range(1, tree.size))
@@ -203,7 +204,7 @@ def test_pruned_trees_keep_the_draft_cache_right(arch, method, options):
 
 def test_specinfer_is_a_fork_of_chains():
     drafter = ScriptedDrafter(lambda path: [(10 + i, 0.4 - 0.1 * i) for i in range(4)])
-    tree = SpecInferPolicy(make_config("specinfer", width=3, depth=4)).grow(drafter, 1, 10)
+    tree = draft(SpecInferPolicy(make_config("specinfer", width=3, depth=4)), drafter, 1, 10)
     assert tree.n_drafted == 12
     children = torch.bincount(tree.parents[1:], minlength=tree.size)
     assert int(children[0]) == 3 and all(int(c) <= 1 for c in children[1:])
@@ -215,7 +216,7 @@ def test_specexec_and_opt_tree_keep_the_most_probable_nodes():
     drafter = lambda: ScriptedDrafter(lambda path: [(10 + i, p) for i, p in enumerate(probs)])  # noqa: E731
     for policy in (SpecExecPolicy(make_config("specexec", budget=6, depth=3, expand=2, branch=4)),
                    OptTreePolicy(make_config("opt-tree", budget=6, depth=3))):
-        tree = policy.grow(drafter(), 1, max_depth=10)
+        tree = draft(policy, drafter(), 1, max_depth=10)
         got = sorted(round(math.exp(x), 6) for x in tree.logp[1:].tolist())
         # all paths of <= 3 tokens, best 6: .5 .3 .25 (.5 .5) and three of .15 (.15; .5 .3; .3 .5)
         assert got == sorted([0.5, 0.3, 0.25, 0.15, 0.15, 0.15]), type(policy).__name__
@@ -223,7 +224,7 @@ def test_specexec_and_opt_tree_keep_the_most_probable_nodes():
 
 def test_opt_tree_delta_stops_growth():
     drafter = ScriptedDrafter(lambda path: [(10, 0.5), (11, 0.3)])
-    tree = OptTreePolicy(make_config("opt-tree", budget=50, depth=6, delta=0.5)).grow(drafter, 1, 10)
+    tree = draft(OptTreePolicy(make_config("opt-tree", budget=50, depth=6, delta=0.5)), drafter, 1, 10)
     # expected accepted length gains per layer: .8, .64, .512, then .4096 < .5: layer 4 is left out
     assert tree.max_depth == 3 and tree.n_drafted == 2 + 4 + 8
 

@@ -11,6 +11,7 @@ import torch
 from . import env
 from .decode import Decoder
 from .drafters.factory import make_drafter
+from .drafters.ngram import NGRAM_MAX
 from .draftload import Draft, load_draft
 from .draftspec import Hybrid  # noqa: F401 (re-exported: dynatree.api.Hybrid(model) is a --draft ngram+MODEL)
 from .errors import DynaTreeError
@@ -224,7 +225,7 @@ def generate(
     dtype: str | None = None,
     weights: str | None = None,
     seed: int = 0,
-    ngram_max: int = 4,
+    ngram_max: int = NGRAM_MAX,
     kv_window: str | KVWindow | None = None,
     sample: bool = False,
     temperature: float | None = None,

@@ -159,7 +159,7 @@ def attention_layout(model) -> AttentionLayout:
     """The model's `AttentionLayout`, from the layer types transformers itself builds caches for
     (`get_layer_types_and_kwargs`); a layer of any other kind (recurrent, chunked, shared) is refused."""
     types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
-    if isinstance(kwargs, dict):  # older transformers (5.17): one dict of kwargs shared by every layer
+    if isinstance(kwargs, dict):  # transformers 5.17 (the GPU image docs/results/eagle-gpu runs on): one dict for every layer
         kwargs = [kwargs] * len(types)
     kinds = {"full_attention", "sliding_attention"}
     other = sorted(set(types) - kinds)

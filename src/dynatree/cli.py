@@ -11,7 +11,8 @@ import argparse
 import json
 import sys
 
-from .cli_args import Parser, add_model_args, add_sampling_args, method_options
+from .cli_args import Parser, add_model_args, add_sampling_args, given_method_options, method_options
+from .drafters.ngram import NGRAM_MAX
 from .errors import DynaTreeError
 from .methods import METHODS, get_method, lossy_reason
 from .result import Result, Summary
@@ -174,7 +175,7 @@ def cmd_generate(args) -> int:
     if repeated:  # (one run per method: a repeat would be dropped, and with it the table)
         already = f" (--method {args.method} runs already)" if args.method in repeated else ""
         raise DynaTreeError(f"--compare repeats {', '.join(repeated)}{already}; name each method once")
-    given = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
+    given = given_method_options(args)
     for method in methods:
         get_method(method)  # an unknown method fails before the checks below name it
     drafting = [m for m in methods if METHODS[m].draft != "none"]
@@ -187,7 +188,7 @@ def cmd_generate(args) -> int:
     if args.ngram_max is not None and not uses_ngram:
         raise DynaTreeError(f"--ngram-max does not apply here: no method runs dynatree's n-gram drafter "
                             f"({', '.join(methods)}{' with --draft ' + args.draft if args.draft else ''})")
-    ngram_max = 4 if args.ngram_max is None else args.ngram_max
+    ngram_max = NGRAM_MAX if args.ngram_max is None else args.ngram_max
 
     def options_for(method: str) -> dict:
         return {k: v for k, v in given.items() if method in args.method_fields[k]}

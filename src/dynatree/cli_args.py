@@ -9,7 +9,7 @@ import dataclasses
 import re
 import sys
 
-from .config import field_type
+from .config import cli_flag, field_type
 from .embedded import DEFAULT_TARGET, EMBEDDED
 from .errors import DynaTreeError
 from .kernels import LINEAR_KERNELS
@@ -34,6 +34,11 @@ class Parser(argparse.ArgumentParser):
         raise DynaTreeError(message)
 
 
+def given_method_options(args: argparse.Namespace) -> dict:
+    """The method options given on the command line (`method_options` leaves the others out of `args`)."""
+    return {name: value for name, value in vars(args).items() if name in args.method_fields}
+
+
 def method_options(parser: argparse.ArgumentParser, as_lists: bool = False,
                    baselines: bool = True) -> dict[str, list[str]]:
     """Add one flag per config field of every method; return field name -> methods using it.
@@ -51,7 +56,7 @@ def method_options(parser: argparse.ArgumentParser, as_lists: bool = False,
     group = parser.add_argument_group(f"{title} (defaults in brackets; see README)")
     for name, users in fields.items():
         f = users[0][1]
-        flag = "--" + name.replace("_", "-")
+        flag = cli_flag(name)
         helps = "; ".join(f"{m}: {fld.metadata['help']} [{fld.default}]" for m, fld in users)
         kind = field_type(f)
         if as_lists:

@@ -12,6 +12,19 @@ from dataclasses import field
 from .errors import DynaTreeError
 
 
+@dataclasses.dataclass
+class MethodConfig:
+    """The base of every method's config dataclass: its fields are the method's options."""
+
+    def validate(self) -> None:
+        """Raise `DynaTreeError` naming the option when a value is out of range (defaults pass)."""
+
+    def lossy(self) -> str | None:
+        """Why sampled output with this config does not follow the target's distribution (WETAP's
+        beam rule, MTAD's joint rule), or None: it does."""
+        return None
+
+
 def option(default, help: str):  # noqa: A002 - mirrors argparse's keyword
     """A config field with the help text the CLI shows for it."""
     return field(default=default, metadata={"help": help})
@@ -24,10 +37,6 @@ def field_type(f: dataclasses.Field) -> type:
 
 def cli_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def to_dict(config) -> dict:
-    return dataclasses.asdict(config)
 
 
 def require(condition: bool, message: str) -> None:

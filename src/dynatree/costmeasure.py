@@ -1,5 +1,6 @@
-"""Measuring the target's verification cost curve (`costmodel.CostCurve`): forwards of every
-size from 1 to 64 tokens timed on the model itself, once per model, compile setting and
+"""Measuring the target's verification cost curve (`costmodel.CostCurve`): forwards of `SIZES`
+tokens (every size up to 12, then 16 to 64; larger trees are priced by the curve's linear
+extension, `CostCurve.at`) timed on the model itself, once per model, compile setting and
 one-token mask, and kept for the life of the process. The decoder calls `curve_for` before a
 run's timings and hands the curve to the policy, which stays pure.
 """
@@ -31,8 +32,9 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 
     built yet are built, and steps right after compiling run slower: a first sweep made one token
     look about 1.5x dearer than it is), then `rounds` timed sweeps, each
     size's time being its median over the sweeps. A timed sweep during which torch.compile built a
-    graph is thrown away and swept again (at most `rounds` times), so no curve is learnt from a
-    pass that compiled. Sweeping, rather than timing one size's repeats in a row, spreads a slow
+    graph is thrown away and swept again, at most `rounds` times (a graph rebuilt on every sweep
+    would otherwise never end the loop; such sweeps then count, and the median leaves out a
+    minority of them). Sweeping, rather than timing one size's repeats in a row, spreads a slow
     spell of the machine (its memory bandwidth varies 2x within minutes) over every size instead
     of inflating a few, which would bend the curve's shape. One token runs as the decoder runs it
     (the same compiled graph): without a mask, or with one under a KV window (`masked_token`)."""

@@ -19,11 +19,11 @@ from . import cache as kv
 from .drafters.base import Drafter
 from .runtime import LoadedModel, compiled_graphs
 from .costmeasure import curve_for
-from .policies.base import Timing, TreePolicy
+from .policies.base import Growing, Timing, TreePolicy
 from .stats import Clock, Stats
 from .tree import Tree
 from .sampling import Sampler
-from .verify import default_verifier
+from .verify import Accepted, default_verifier
 from .window import KVWindow
 
 
@@ -94,7 +94,7 @@ class Decoder:
         curve = None  # the target's verification cost (seconds)
         if self.policy.uses_cost_curve:
             curve = curve_for(self.target, list(prompt_ids), masked_token=self._masked_tokens, compiled=self.compile)
-        self.policy.prepare(curve)
+        self.policy.prepare(curve, model_free=self.drafter is not None and self.drafter.without_model() is not None)
         self._prepared = True
 
     @torch.no_grad()
@@ -114,20 +114,7 @@ class Decoder:
                              cache=kv.new_cache(self.target.model), slot_pos=torch.empty(0, dtype=torch.long))
         stats = run.stats
         stats.draft_s = stats.verify_s = stats.commit_s = 0.0
-
-        # Prefill: the whole prompt in one causal pass gives the first new token.
-        prompt_pos = torch.arange(len(prompt_ids))
-        causal = torch.ones(len(prompt_ids), len(prompt_ids), dtype=torch.bool).tril()
-        logits, features = self._forward(run, prompt_ids, prompt_pos, causal, prefill=True, hidden=hidden)
-        run.slot_pos = prompt_pos
-        first = int(logits[-1].argmax()) if self.sampler is None else self.sampler.draw(self.sampler.probs(logits[-1:])[0])
-        run.seq.append(first)
-        stats.iterations, stats.new_tokens, stats.ttft_s = 1, 1, clock.elapsed()
-        if on_tokens:
-            on_tokens([first])
-        self._evict(run)
-        if self.drafter is not None:
-            self.drafter.reset(run.seq, features)
+        self._prefill(run, hidden, clock, on_tokens)
 
         try:  # a consumer that stops early (a server cancelling) still gets the stats so far
             while stats.new_tokens < max_new_tokens and run.seq[-1] not in stop_ids:
@@ -135,31 +122,56 @@ class Decoder:
                 cached = kv.length(run.cache)
 
                 t_draft = time.perf_counter()
-                tree = self.policy.grow(self.drafter, run.seq[-1], max_depth=remaining - 1, sampler=self.sampler)  # 1. draft
+                tree = draft(self.policy, self.drafter, run.seq[-1], remaining - 1, self.sampler)  # 1. draft
                 t_verify = time.perf_counter()
                 positions = tree.position_ids(len(run.seq) - 1)[0]  # the root is seq[-1]
                 logits, features = self._forward(run, tree.tokens.tolist(), positions, tree.allowed(cached), hidden=hidden)  # 2. verify
-                path, bonus = self._accept(tree, logits)  # 3. accept (its host sync ends the verification)
+                accepted = self.verifier.accept(tree, logits, self.sampler)  # 3. accept (its host sync ends the verification)
                 t_commit = time.perf_counter()
-                keep = torch.tensor([0] + path)  # 4. commit caches
-                kv.keep(run.cache, cached, keep)
-                run.slot_pos = torch.cat([run.slot_pos, positions[keep]])
-                committed = _truncate(tree.tokens[path].tolist() + [bonus], stop_ids, remaining)
-                run.seq.extend(committed)
-                self._evict(run)
-                if self.drafter is not None:
-                    self.drafter.commit(run.seq, tree.drafted_nodes(path), None if features is None else features[keep])
+                committed = self._commit(run, tree, accepted, positions, features, cached, stop_ids, remaining)  # 4. commit
                 t_done = time.perf_counter()
-                self.policy.observe(tree, path, bonus, Timing(draft_s=t_verify - t_draft, verify_s=t_done - t_verify))
-                stats.count_iteration(tree.n_drafted, min(len(path), len(committed)), len(committed), draft_s=t_verify - t_draft,
-                                      verify_s=t_commit - t_verify, commit_s=time.perf_counter() - t_commit)
+
+                self.policy.observe(tree, accepted.path, accepted.bonus, Timing(draft_s=t_verify - t_draft, verify_s=t_done - t_verify))
+                stats.count_iteration(tree.n_drafted, min(len(accepted.path), len(committed)), len(committed),
+                                      draft_s=t_verify - t_draft, verify_s=t_commit - t_verify, commit_s=t_done - t_commit)
                 if on_tokens:
                     on_tokens(committed)
-                yield Step(tree=tree, path=path, committed=committed)
+                yield Step(tree=tree, path=accepted.path, committed=committed)
         finally:
             stats.wall_s = clock.elapsed()
             if compiled or compile_s > 0:  # (a drafter made to compile its own steps in an eager run too)
                 stats.compile_s, stats.graphs_compiled_while_timed = compile_s, compiled_graphs() - graphs
+
+    def _prefill(self, run: Run, hidden: bool, clock: Clock, on_tokens) -> None:
+        """The whole prompt in one causal pass gives the first new token; the drafter starts from
+        the prompt (and the target's features of it)."""
+        prompt_pos = torch.arange(run.prompt_len)
+        causal = torch.ones(run.prompt_len, run.prompt_len, dtype=torch.bool).tril()
+        logits, features = self._forward(run, run.seq, prompt_pos, causal, prefill=True, hidden=hidden)
+        run.slot_pos = prompt_pos
+        first = int(logits[-1].argmax()) if self.sampler is None else self.sampler.draw(self.sampler.probs(logits[-1:])[0])
+        run.seq.append(first)
+        run.stats.iterations, run.stats.new_tokens, run.stats.ttft_s = 1, 1, clock.elapsed()
+        if on_tokens:
+            on_tokens([first])
+        self._evict(run)
+        if self.drafter is not None:
+            self.drafter.reset(run.seq, features)
+
+    def _commit(self, run: Run, tree: Tree, accepted: Accepted, positions: torch.Tensor, features: torch.Tensor | None,
+                cached: int, stop_ids: set[int], limit: int) -> list[int]:
+        """Keep the root's and the accepted path's cache entries (the rest of the tree's are
+        dropped), append the path's tokens and the bonus (cut after a stop token and at `limit`
+        tokens) and hand the drafter the new sequence with the target's features of what it kept."""
+        keep = torch.tensor([0] + accepted.path)
+        kv.keep(run.cache, cached, keep)
+        run.slot_pos = torch.cat([run.slot_pos, positions[keep]])
+        committed = _truncate(tree.tokens[accepted.path].tolist() + [accepted.bonus], stop_ids, limit)
+        run.seq.extend(committed)
+        self._evict(run)
+        if self.drafter is not None:
+            self.drafter.commit(run.seq, tree.drafted_nodes(accepted.path), None if features is None else features[keep])
+        return committed
 
     def _warm_up(self, hidden: bool) -> float:
         """Build the compiled graphs this run will use: the target's when the run compiles, the drafter's
@@ -200,15 +212,32 @@ class Decoder:
                                   compiled=self.compile)
         return out if hidden else (out, None)
 
-    def _accept(self, tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:
-        accepted = self.verifier.accept(tree, logits, self.sampler)
-        return accepted.path, accepted.bonus
-
     def _evict(self, run: Run) -> None:
         """Drop the cache slots the KV window no longer lets any future query see."""
         if self.window is None:
             return
         run.slot_pos = self.window.evict(run.cache, run.slot_pos, next_pos=len(run.seq) - 1)
+
+
+def draft(policy: TreePolicy, drafter: Drafter | None, root_token: int, max_depth: int,
+          sampler: Sampler | None = None) -> Tree:
+    """Grow one tree below `root_token` with the policy's rules and the drafter's proposals."""
+    return answer(policy.grow(root_token, max_depth, sampler), drafter)
+
+
+def answer(growing: Growing, drafter: Drafter | None) -> Tree:
+    """Run a policy's growth to its end, answering each `Ask` it yields with the drafter's proposal
+    (from its model-free part when the ask says so); the tree it returns."""
+    try:
+        ask = next(growing)
+        while True:
+            source = drafter.without_model() if ask.model_free and drafter is not None else drafter
+            if source is None:
+                raise ValueError("a tree policy asked for proposals without a drafter" if drafter is None else
+                                 f"a tree policy asked for the model-free part of {drafter.name}, which has none")
+            ask = growing.send(source.propose(ask.tree, ask.nodes, ask.k, full=ask.full))
+    except StopIteration as done:
+        return done.value
 
 
 def sliding_eviction(target: LoadedModel) -> KVWindow | None:

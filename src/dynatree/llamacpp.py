@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .config import option, positive
+from .config import MethodConfig, option, positive
 from .cpu import cpu_flags
 from .errors import DynaTreeError
 from .stats import Clock, PeakMemory, Stats
@@ -43,12 +43,12 @@ MAX_CONTEXT = 4096
 
 
 @dataclass
-class LlamaCppArConfig:
+class LlamaCppArConfig(MethodConfig):
     """llama.cpp's plain greedy decoding of the target's GGUF file (llama-cpp-python)."""
 
 
 @dataclass
-class LlamaCppLookupConfig:
+class LlamaCppLookupConfig(MethodConfig):
     """llama.cpp's own speculative mode in the binding: prompt-lookup decoding (llama-cpp-python's
     `LlamaPromptLookupDecoding` drafts the continuation of the last matching n-gram; one llama.cpp
     pass verifies it), greedy. Same options as transformers' prompt lookup (hf-lookup)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .config import field_type
+from .config import MethodConfig, cli_flag, field_type
 from .errors import DynaTreeError
 from .llamacpp import LlamaCppArConfig, LlamaCppLookupConfig
 from .peers import HfArConfig, HfAssistedConfig, HfLookupConfig
@@ -21,7 +21,7 @@ from .policies.simple import ArConfig, ArPolicy, LinearPolicy, FixedTreeConfig, 
 @dataclass(frozen=True)
 class Method:
     name: str
-    config_cls: type  # one dataclass per method; its fields are the method's CLI options
+    config_cls: type[MethodConfig]  # one dataclass per method; its fields are the method's CLI options
     policy_cls: type | None  # tree policy run by dynatree's engine; None for transformers' generate()
     draft: str  # "none": no draft; "any": a draft LM or the n-gram drafter; "lm": a draft LM only
     summary: str
@@ -69,13 +69,12 @@ METHODS = {
 }
 
 
-def lossy_reason(config) -> str | None:
-    """Why a method's config makes sampled output deviate from the target's distribution, or None
-    (a config that can be lossy says why with a `lossy()` method: WETAP's beam rule, MTAD)."""
-    return getattr(config, "lossy", lambda: None)()
+def lossy_reason(config: MethodConfig) -> str | None:
+    """Why a method's config makes sampled output deviate from the target's distribution, or None."""
+    return config.lossy()
 
 
-def is_lossy(config) -> bool:
+def is_lossy(config: MethodConfig) -> bool:
     return lossy_reason(config) is not None
 
 
@@ -91,19 +90,18 @@ def make_config(method: str, **options):
     known = {f.name: f for f in dataclasses.fields(cls)}
     for key in options:
         if key not in known:
-            flag = "--" + key.replace("_", "-")
-            valid = ", ".join("--" + k.replace("_", "-") for k in known) or "none"
+            flag = cli_flag(key)
+            valid = ", ".join(cli_flag(k) for k in known) or "none"
             raise DynaTreeError(f"option {flag} does not apply to method {method!r} (its options: {valid})")
     config = cls(**{key: _coerce(method, known[key], value) for key, value in options.items()})
-    if hasattr(config, "validate"):
-        config.validate()
+    config.validate()
     return config
 
 
 def _coerce(method: str, field: dataclasses.Field, value):
     """Accept what the CLI and Python callers naturally pass; reject anything else clearly."""
     kind = field_type(field)
-    flag = "--" + field.name.replace("_", "-")
+    flag = cli_flag(field.name)
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if kind is int and isinstance(value, float) and value.is_integer():

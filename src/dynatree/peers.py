@@ -34,14 +34,14 @@ from transformers.generation.streamers import BaseStreamer
 
 from .attention import stock_attention
 from .errors import DynaTreeError
-from .config import in_open_unit, option, positive, require
+from .config import MethodConfig, in_open_unit, option, positive, require
 from .kernels import stock_linears
 from .runtime import LoadedModel, compiled_graphs
 from .stats import Clock, PeakMemory, Stats
 
 
 @dataclass
-class HfArConfig:
+class HfArConfig(MethodConfig):
     """transformers' plain greedy generate()."""
 
     def generate_kwargs(self, draft, target) -> dict:
@@ -49,7 +49,7 @@ class HfArConfig:
 
 
 @dataclass
-class HfAssistedConfig:
+class HfAssistedConfig(MethodConfig):
     """transformers' assisted generation with a draft LM (generate(assistant_model=...))."""
 
     num_assistant_tokens: int = option(20, "draft tokens per iteration (transformers' num_assistant_tokens)")
@@ -77,7 +77,7 @@ class HfAssistedConfig:
 
 
 @dataclass
-class HfLookupConfig:
+class HfLookupConfig(MethodConfig):
     """transformers' prompt-lookup decoding (generate(prompt_lookup_num_tokens=...))."""
 
     prompt_lookup_num_tokens: int = option(10, "candidate tokens copied from the matched n-gram's continuation")

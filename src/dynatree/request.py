@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .draftload import Draft
 from .draftspec import AUTO, HYBRID, Hybrid, is_store_spec, parse
+from .drafters.ngram import NGRAM_MAX
 from .embedded import DEFAULT_TARGET
 from .errors import DynaTreeError
 from .featurehead import FeatureHead
@@ -45,7 +46,7 @@ class Request:
     dtype: str | None = None  # dtype specs are loaded in; None: float32 (bfloat16 for low-bit weights)
     weights: str | None = None  # format of a target loaded here: dense, q4, int8, auto (weights.py); None: dense
     seed: int = 0  # seeds sampling (and any random choice of a run)
-    ngram_max: int = 4  # longest n-gram the n-gram drafter matches
+    ngram_max: int = NGRAM_MAX  # longest n-gram the n-gram drafter matches
     kv_window: str | KVWindow | None = None  # attention-sink KV window 'SINK,RECENT', or None (full caches)
     sample: bool = False  # sample (lossless verification) instead of greedy decoding
     temperature: float | None = None  # sampling temperature (only with sample)

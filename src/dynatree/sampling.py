@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import option, require
+from .config import cli_flag, option, require
 from .errors import DynaTreeError
 from .tree import Tree
 
@@ -178,7 +178,7 @@ def sampling_config(sample: bool, temperature=None, top_k=None, top_p=None) -> S
         integral = isinstance(value, numbers.Integral)
         if value is not None and (isinstance(value, bool) or not (integral if kind == "an integer"
                                                                   else isinstance(value, numbers.Real))):
-            raise DynaTreeError(f"{name} (--{name.replace('_', '-')}) must be {kind}, got {value!r}")
+            raise DynaTreeError(f"{name} ({cli_flag(name)}) must be {kind}, got {value!r}")
     if top_k is not None and top_k < 1:
         raise DynaTreeError(f"--top-k must be at least 1, got {top_k} (leave it out to disable top-k)")
     config = SamplingConfig(

@@ -27,9 +27,8 @@ class Accepted:
 
 
 class Verifier:
-    """An acceptance rule. `lossless`: sampled output keeps the target's distribution."""
-
-    lossless: bool = True
+    """An acceptance rule (whether it keeps the target's distribution when sampling is the method
+    config's to say: `MethodConfig.lossy`)."""
 
     def accept(self, tree: Tree, logits: torch.Tensor, sampler: Sampler | None) -> Accepted:
         """`logits` [n, vocab]: the target's row after each node of `tree`; `sampler` None when greedy."""
@@ -94,8 +93,6 @@ class _DeepestBeamVerifier(Verifier):
     token on it is the target's argmax (P = 1 > tau >= ratio threshold for any Q <= 1), so the
     rule equals `greedy_accept` and the output is token-for-token that of greedy decoding.
     """
-
-    lossless = False  # when sampling
 
     def __init__(self, tau: float):
         self.tau = tau  # the rule's pass threshold, in [0, 1)

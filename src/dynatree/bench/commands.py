@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from ..draftspec import HYBRID, NGRAM, parse
+from ..cli_args import given_method_options
+from ..config import cli_flag
 from ..errors import DynaTreeError, check_out_dir
 from ..sampling import sampling_config
 from ..methods import get_method, make_config
@@ -155,9 +157,6 @@ def _check_drafts_used(args, drafts: list[str], variant_list: list[Variant]) -> 
                             f"{', '.join(sorted(filter(None, used))) or 'nothing'}); drop it or add a method that drafts")
 
 
-def _given_options(args) -> dict:
-    return {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
-
 
 def _execute(args, experiment: str, variant_list: list[Variant], protocol: Protocol,
              headline: str | None = None) -> int:
@@ -216,7 +215,7 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
 
 def cmd_bench(args) -> int:
     drafts = _drafts(args)
-    given = _given_options(args)
+    given = given_method_options(args)
     if args.methods is not None:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         if not methods:
@@ -235,7 +234,7 @@ def cmd_bench(args) -> int:
                                 or any(w.options[k] != val for w in setters)):
                     w = next((w for w in setters if w.options[k] != val), setters[0])
                     raise DynaTreeError(
-                        f"--{k.replace('_', '-')} {val} conflicts with preset {args.preset!r}: its variant "
+                        f"{cli_flag(k)} {val} conflicts with preset {args.preset!r}: its variant "
                         f"{w.label!r} sets {k}={w.options[k]}; run your own set with --methods instead")
             v.options = {**v.options, **mine}
             if mine.get("cost_aware") and "+cost-aware" not in v.label.split():
@@ -251,7 +250,7 @@ def cmd_bench(args) -> int:
                 v.label += " +compile"
     unused = [k for k in given if not any(v.method in args.method_fields[k] for v in variant_list)]
     if unused:
-        raise DynaTreeError(f"option --{unused[0].replace('_', '-')} applies to none of the methods in this run")
+        raise DynaTreeError(f"option {cli_flag(unused[0])} applies to none of the methods in this run")
     _check_drafts_used(args, drafts, variant_list)
     headline = _headline(args, variant_list)
     return _execute(args, experiment, variant_list, _protocol(args, args.preset if not args.methods else "main"),
@@ -277,10 +276,10 @@ def _headline(args, variant_list: list[Variant]) -> str | None:
 def cmd_sweep(args) -> int:
     get_method(args.method)  # an unknown method is named before its options are checked
     drafts = _drafts(args)
-    grid = _given_options(args)
+    grid = given_method_options(args)
     for name in grid:
         if args.method not in args.method_fields[name]:
-            raise DynaTreeError(f"option --{name.replace('_', '-')} does not apply to method {args.method!r}")
+            raise DynaTreeError(f"option {cli_flag(name)} does not apply to method {args.method!r}")
     if not grid:
         raise DynaTreeError(f"give at least one option of {args.method!r} as a comma-separated list to sweep")
     names = list(grid)

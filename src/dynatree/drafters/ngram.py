@@ -26,12 +26,15 @@ from ..tree import TreeBuilder
 from .base import Proposal
 
 
+NGRAM_MAX = 4  # the default longest n-gram matched (Request.ngram_max, --ngram-max)
+
+
 class NgramDrafter:
     uses_target_hidden = False
 
     name = "ngram"
 
-    def __init__(self, max_n: int = 4, vocab_size: int | None = None, store: Datastore | None = None,
+    def __init__(self, max_n: int = NGRAM_MAX, vocab_size: int | None = None, store: Datastore | None = None,
                  store_below: int = 3):
         if max_n < 1 or store_below < 1:
             raise ValueError("max_n and store_below must be at least 1")

@@ -2,9 +2,11 @@
 
 A policy turns a drafter's proposals into a `Tree` (`grow`) and may learn from each
 verification's outcome and what the decoder measured of it (`observe`). Policies are pure:
-no clocks, no model calls; a policy that sizes trees by cost declares `uses_cost_curve` and is
-handed the target's measured verification cost curve (`prepare`), and per-iteration timings
-arrive through `observe`. A policy with its own acceptance rule sets `verifier` (WETAP's beam
+no clocks, no model calls. `grow` is a generator that yields an `Ask` for each drafter call it
+wants and is sent the drafter's `Proposal` back; the decoder makes the call (`decode.draft`),
+so a policy never holds a drafter and tests can answer its asks with scripted proposals. A
+policy that sizes trees by cost declares `uses_cost_curve` and is handed the target's measured
+verification cost curve (`prepare`), and per-iteration timings arrive through `observe`. A policy with its own acceptance rule sets `verifier` (WETAP's beam
 rule); otherwise the engine's greedy or rejection-sampling verifier decides. Growth happens one
 depth level at a time so that a whole level costs a single drafter call (one draft forward).
 """
@@ -14,12 +16,12 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Generator
 
 import torch
 
 from ..costmodel import CostCurve
-from ..drafters.base import Drafter, Proposal
+from ..drafters.base import Proposal
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
 from ..verify import Verifier
@@ -31,6 +33,21 @@ class Timing:
 
     draft_s: float  # growing the tree: the policy's own work and every drafter call
     verify_s: float  # the target's pass over the tree, acceptance and the cache commits
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One drafter call a policy asks for while growing a tree (`Drafter.propose`'s arguments)."""
+
+    tree: TreeBuilder  # the tree grown so far
+    nodes: list[int]  # the nodes to propose children for, one proposal row each, in this order
+    k: int  # candidates per node
+    full: bool = False  # also each node's whole next-token distribution (drafting by sampling)
+    model_free: bool = False  # only the drafter's part that runs no model (`Drafter.without_model`)
+
+
+# What `TreePolicy.grow` returns: yields asks, is sent their proposals, returns the tree.
+Growing = Generator[Ask, Proposal, Tree]
 
 
 @dataclass(frozen=True)
@@ -52,14 +69,16 @@ class TreePolicy:
     def __init__(self, config):
         self.config = config  # the method's validated config dataclass (methods.make_config)
 
-    def prepare(self, curve: CostCurve | None) -> None:
+    def prepare(self, curve: CostCurve | None, model_free: bool) -> None:
         """Before a run's prefill (outside its timings): a new sequence starts; `curve` is the
-        target's measured cost curve when `uses_cost_curve`, else None."""
+        target's measured cost curve when `uses_cost_curve`, else None; `model_free` says whether
+        the drafter has a part that runs no model (what an `Ask` with `model_free` is answered by)."""
 
-    def grow(self, drafter: Drafter | None, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
-        """Draft a tree below `root_token`, no deeper than `max_depth` levels. In sampling mode
-        (`sampler` given) a policy may draw children from the draft distribution, recording it
-        in `TreeBuilder.proposals`; children it picks deterministically need nothing more."""
+    def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
+        """Draft a tree below `root_token`, no deeper than `max_depth` levels: yield an `Ask` per
+        drafter call, receive its `Proposal`, return the tree. In sampling mode (`sampler` given)
+        a policy may draw children from the draft distribution, recording it in
+        `TreeBuilder.proposals`; children it picks deterministically need nothing more."""
         raise NotImplementedError
 
     def observe(self, tree: Tree, path: list[int], bonus: int, timing: Timing) -> None:
@@ -110,7 +129,6 @@ def top_children(proposal: Proposal, k: int, sampler: Sampler | None) -> list[li
 
 
 def grow_levels(
-    drafter: Drafter,
     root_token: int,
     *,
     max_depth: int,
@@ -121,7 +139,8 @@ def grow_levels(
     tau: float = 0.0,
     cut: Callable[[TreeBuilder, Growth], list[int] | None] | None = None,
     stop: Callable[[TreeBuilder, Growth], bool] | None = None,
-) -> Tree:
+    model_free: bool = False,
+) -> Growing:
     """Grow a tree breadth-first, one drafter call per level.
 
     A node at depth d with cumulative draft probability p is expanded when d < max_depth
@@ -131,6 +150,7 @@ def grow_levels(
     budget, the most probable (by cumulative probability) are kept. `stop(tree, growth)`, when
     given, is asked after each drafter call (`growth`: the calls so far) whether to stop growing;
     `cut(tree, growth)`, when given, picks the nodes to keep from the grown tree (None: all).
+    With `model_free`, only the drafter's model-free part is asked.
     """
     tree = TreeBuilder(root_token)
     frontier = [0]
@@ -140,7 +160,7 @@ def grow_levels(
         nodes = [u for u in frontier if tree.depths[u] < max_depth and expandable(tree.depths[u], tree.prob(u))]
         if not nodes:
             break
-        proposal = drafter.propose(tree, nodes, max_breadth)
+        proposal = yield Ask(tree, nodes, max_breadth, model_free=model_free)
         growth = Growth(growth.levels + 1, growth.forwards + proposal.forwards)
         children = []  # (cumulative logp, parent, token, prob)
         for row, parent in enumerate(nodes):

@@ -27,15 +27,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import option, positive, require
-from ..drafters.base import Drafter
+from ..config import MethodConfig, option, positive, require
 from ..sampling import Sampler, draw_without_replacement
-from ..tree import Tree, TreeBuilder
-from .base import TreePolicy, tempered, top_children
+from ..tree import TreeBuilder
+from .base import Ask, Growing, TreePolicy, tempered, top_children
 
 
 @dataclass
-class SpecInferConfig:
+class SpecInferConfig(MethodConfig):
     """SpecInfer's fork-shaped tree: `width` chains from the root."""
 
     width: int = option(8, "children of the root, each the start of one chain")
@@ -47,13 +46,13 @@ class SpecInferConfig:
 
 class SpecInferPolicy(TreePolicy):
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
+    def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
         c = self.config
         tree = TreeBuilder(root_token)
         ends = [0]
         for level in range(min(c.depth, max_depth)):
             k = c.width if level == 0 else 1
-            proposal = drafter.propose(tree, ends, k, full=sampler is not None)
+            proposal = yield Ask(tree, ends, k, full=sampler is not None)
             if sampler is None:
                 offers = top_children(proposal, k, None)
             else:
@@ -74,7 +73,7 @@ class SpecInferPolicy(TreePolicy):
 
 
 @dataclass
-class SpecExecConfig:
+class SpecExecConfig(MethodConfig):
     """SpecExec-style budgeted best-first expansion of the most probable continuations."""
 
     budget: int = option(64, "node budget: drafted nodes in the tree")
@@ -88,7 +87,7 @@ class SpecExecConfig:
 
 class SpecExecPolicy(TreePolicy):
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
+    def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
         c = self.config
         depth = min(c.depth, max_depth)
         tree = TreeBuilder(root_token)
@@ -101,7 +100,7 @@ class SpecExecPolicy(TreePolicy):
             if 0 in todo:
                 todo = [0]  # the root is drafted on its own
             expanded.update(todo)
-            proposal = drafter.propose(tree, todo, c.branch, full=sampler is not None)
+            proposal = yield Ask(tree, todo, c.branch, full=sampler is not None)
             for node, children in zip(todo, top_children(proposal, c.branch, sampler)):
                 for token, prob in children:
                     tree.add(node, token, prob)
@@ -109,7 +108,7 @@ class SpecExecPolicy(TreePolicy):
 
 
 @dataclass
-class OptTreeConfig:
+class OptTreeConfig(MethodConfig):
     """OPT-Tree-style tree maximising the expected accepted length under a node budget."""
 
     budget: int = option(64, "node budget: drafted nodes in the tree")
@@ -123,13 +122,13 @@ class OptTreeConfig:
 
 class OptTreePolicy(TreePolicy):
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
+    def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
         c = self.config
         tree = TreeBuilder(root_token)
         kept: list[int] = []
         layer, expected = [0], 0.0
         for level in range(1, min(c.depth, max_depth) + 1):
-            proposal = drafter.propose(tree, layer, c.budget, full=sampler is not None)
+            proposal = yield Ask(tree, layer, c.budget, full=sampler is not None)
             for node, children in zip(layer, top_children(proposal, c.budget, sampler)):
                 for token, prob in children:
                     tree.add(node, token, prob)

@@ -34,21 +34,20 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import in_unit, option, positive
-from ..drafters.base import Drafter
+from ..config import MethodConfig, in_unit, option, positive
 from ..sampling import Sampler, draw_without_replacement
-from ..tree import Tree, TreeBuilder
+from ..tree import TreeBuilder
 from ..verify import JointVerifier
-from .base import TreePolicy, best_pairs, tempered, top_children
+from .base import Ask, Growing, TreePolicy, best_pairs, tempered, top_children
 
 
-def grow_beams(drafter: Drafter, root_token: int, width: int, depth: int, sampler: Sampler | None) -> Tree:
+def grow_beams(root_token: int, width: int, depth: int, sampler: Sampler | None) -> Growing:
     """The beam tree of the module docstring: `depth` layers of at most `width` nodes, one
     drafter call per layer."""
     tree = TreeBuilder(root_token)
     layer = [0]
     for _ in range(depth):
-        proposal = drafter.propose(tree, layer, width, full=sampler is not None)
+        proposal = yield Ask(tree, layer, width, full=sampler is not None)
         if sampler is None:
             pairs = best_pairs(tree, layer, top_children(proposal, width, None), width)
         else:
@@ -75,7 +74,7 @@ def _sampled_pairs(tree: TreeBuilder, layer: list[int], q: torch.Tensor, width: 
 
 
 @dataclass
-class BeamTreeConfig:
+class BeamTreeConfig(MethodConfig):
     """The beam tree's shape, shared by DSBD and MTAD."""
 
     width: int = option(8, "draft beams per layer (the tree's width)")
@@ -88,8 +87,8 @@ class BeamTreeConfig:
 class BeamTreePolicy(TreePolicy):
     """Grows the beam tree of the module docstring; the verifier is the subclass's business."""
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
-        return grow_beams(drafter, root_token, self.config.width, min(self.config.depth, max_depth), sampler)
+    def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
+        return (yield from grow_beams(root_token, self.config.width, min(self.config.depth, max_depth), sampler))
 
 
 @dataclass

@@ -47,19 +47,18 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from ..config import in_open_unit, in_unit, option, positive, require
+from ..config import MethodConfig, in_open_unit, in_unit, option, positive, require
 from ..costmodel import Calibration, CostCurve, IterationCosts, best_rate, step_prob
-from ..drafters.base import Drafter
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
-from .base import Growth, Timing, TreePolicy, grow_levels
+from .base import Growing, Growth, Timing, TreePolicy, grow_levels
 
 IDLE_SLACK = 0.05  # drafting "pays" while its expected rate is at most this far below plain steps'
 BACKOFF_MAX = 16  # longest spell of iterations without drafting between two probes
 
 
 @dataclass
-class DynaTreeConfig:
+class DynaTreeConfig(MethodConfig):
     """Confidence-aware adaptive tree (DynaTree)."""
 
     d0: int = option(5, "base depth D0: every sufficiently likely node above it is expanded")
@@ -114,10 +113,12 @@ class DynaTreePolicy(TreePolicy):
         self.idle = 0  # iterations left to run without drafting (cost_aware: the draft did not pay)
         self.backoff = 0  # idle iterations after the next probe if it does not pay either (0: drafting pays)
         self.idle_iterations = 0  # iterations this run verified the root alone by that rule (state())
+        self.model_free = False  # whether the drafter has a part that runs no model (`prepare`)
         self._paid = True  # whether the last grown tree's drafting paid for itself
         self._probe = False  # whether the last grown tree was a probe after an idle spell
 
-    def prepare(self, curve: CostCurve | None) -> None:
+    def prepare(self, curve: CostCurve | None, model_free: bool) -> None:
+        self.model_free = model_free
         self.idle = self.backoff = self.idle_iterations = 0
         self.costs = IterationCosts(curve) if curve is not None else None
 
@@ -178,7 +179,7 @@ class DynaTreePolicy(TreePolicy):
                 return False
         return True
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
+    def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
         c = self.config
         d0, tau_h = round(self.d0), self.tau_h
 
@@ -191,20 +192,21 @@ class DynaTreePolicy(TreePolicy):
             return c.b_mid if confidence >= c.tau_l else c.b_max
 
         self._growth, self._grown, self._paid, self._probe = Growth(), None, True, False
-        if self.idle:  # the draft model did not pay lately: its model-free part only, or the root alone
+        idle = self.idle > 0  # the draft model did not pay lately: its model-free part only, or the root alone
+        if idle:
             self.idle -= 1
             self.idle_iterations += 1
-            drafter = drafter.without_model()
-            if drafter is None:
+            if not self.model_free:
                 return TreeBuilder(root_token).build()
         else:
             self._probe = self.backoff > 0
         depth_limit = min(c.d_max, max_depth)
-        tree = grow_levels(
-            drafter, root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max,
+        tree = yield from grow_levels(
+            root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max,
             expandable=expandable, breadth=breadth, tau=c.tau,
             cut=lambda tree, growth: self._cut(tree, growth, sampler is None),
             stop=lambda tree, growth: self._stop(tree, growth, depth_limit),
+            model_free=idle,
         )
         if self.costs is not None and self._growth.forwards and not self._probe:  # a model ran: did it pay?
             self.backoff = self.idle = 0 if self._paid else 1  # (a probe is judged on its outcome, in observe)

@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import in_unit, option, positive
-from ..drafters.base import Drafter
+from ..config import MethodConfig, in_unit, option, positive
 from ..sampling import Sampler
-from ..tree import Tree, TreeBuilder
-from .base import TreePolicy, grow_levels, tempered
+from ..tree import TreeBuilder
+from .base import Ask, Growing, TreePolicy, grow_levels, tempered
 
 
 @dataclass
-class ArConfig:
+class ArConfig(MethodConfig):
     """Plain greedy decoding with the target: one target forward per token."""
 
 
 class ArPolicy(TreePolicy):
     needs_drafter = False
 
-    def grow(self, drafter: Drafter | None, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
+    def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
+        yield from ()  # asks the drafter nothing
         return TreeBuilder(root_token).build()
 
 
 @dataclass
-class LinearConfig:
+class LinearConfig(MethodConfig):
     """A chain of k draft tokens verified in one target pass (classic speculative decoding)."""
 
     k: int = option(5, "draft chain length K")
@@ -35,22 +35,22 @@ class LinearConfig:
 
 class LinearPolicy(TreePolicy):
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
+    def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
         k = self.config.k
         if sampler is not None:
-            return self._sampled_chain(drafter, root_token, min(k, max_depth), sampler)
-        return grow_levels(
-            drafter, root_token, max_depth=min(k, max_depth), n_max=k, max_breadth=1,
+            return (yield from self._sampled_chain(root_token, min(k, max_depth), sampler))
+        return (yield from grow_levels(
+            root_token, max_depth=min(k, max_depth), n_max=k, max_breadth=1,
             expandable=lambda depth, prob: True, breadth=lambda conf: 1,
-        )
+        ))
 
     @staticmethod
-    def _sampled_chain(drafter: Drafter, root_token: int, length: int, sampler: Sampler) -> Tree:
+    def _sampled_chain(root_token: int, length: int, sampler: Sampler) -> Growing:
         """Each chain token drawn from the draft's distribution (tempered like the target's)."""
         tree = TreeBuilder(root_token)
         node = 0
         for _ in range(length):
-            dist = drafter.propose(tree, [node], 1, full=True).dist[0]
+            dist = (yield Ask(tree, [node], 1, full=True)).dist[0]
             q = tempered(dist[None], sampler)[0]
             if float(q.sum()) <= 0.0:  # the drafter has nothing to say here
                 break
@@ -61,7 +61,7 @@ class LinearPolicy(TreePolicy):
 
 
 @dataclass
-class FixedTreeConfig:
+class FixedTreeConfig(MethodConfig):
     """A static tree: top-B children per node down to depth D, pruned below tau, at most n_max nodes."""
 
     depth: int = option(8, "tree depth D (drafted levels)")
@@ -76,9 +76,9 @@ class FixedTreeConfig:
 
 class FixedTreePolicy(TreePolicy):
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
+    def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
         c = self.config
-        return grow_levels(
-            drafter, root_token, max_depth=min(c.depth, max_depth), n_max=c.n_max, max_breadth=c.branch,
+        return (yield from grow_levels(
+            root_token, max_depth=min(c.depth, max_depth), n_max=c.n_max, max_breadth=c.branch,
             expandable=lambda depth, prob: True, breadth=lambda conf: c.branch, tau=c.tau,
-        )
+        ))

@@ -24,18 +24,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config import option, positive, require
-from ..drafters.base import Drafter
+from ..config import MethodConfig, option, positive, require
 from ..sampling import Sampler
-from ..tree import Tree, TreeBuilder
+from ..tree import TreeBuilder
 from ..verify import BeamVerifier
-from .base import TreePolicy, best_pairs, top_children
+from .base import Ask, Growing, TreePolicy, best_pairs, top_children
 
 VERIFIERS = ("beam", "exact")
 
 
 @dataclass
-class WetapConfig:
+class WetapConfig(MethodConfig):
     """Width-entropy tree with probability+length pruning (WETAP)."""
 
     depth: int = option(8, "tree length L (drafted levels)")
@@ -120,12 +119,12 @@ class WetapPolicy(TreePolicy):
         super().__init__(config)
         self.verifier = BeamVerifier(config.beam_tau) if config.verify == "beam" else None
 
-    def grow(self, drafter: Drafter, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Tree:
+    def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
         c = self.config
         tree = TreeBuilder(root_token)
         layer, width = [0], c.w_min if c.dynamic_width else c.w_max
         for _ in range(min(c.depth, max_depth)):
-            proposal = drafter.propose(tree, layer, width, full=sampler is not None)
+            proposal = yield Ask(tree, layer, width, full=sampler is not None)
             chosen = best_pairs(tree, layer, top_children(proposal, width, sampler), width)  # top f(v)
             layer = [node for parent, token, prob in chosen if (node := tree.add(parent, token, prob)) is not None]
             if not layer:

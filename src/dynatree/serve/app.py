@@ -91,10 +91,19 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
         body = {"status": engine.state, **({"error": engine.error} if engine.error else {})}
         return JSONResponse(body, status_code=503)
 
+    def model_card() -> dict:
+        return {"id": engine.model_id, "object": "model", "created": engine.loaded_at, "owned_by": "dynatree"}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": engine.model_id, "object": "model", "created": 0,
-                                            "owned_by": "dynatree"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != engine.model_id:
+            return _error(404, f"model {model_id!r} is not served here; this server serves {engine.model_id!r}",
+                          "not_found_error", "model", "model_not_found")
+        return model_card()
 
     @app.get("/metrics")
     async def prometheus():
@@ -125,7 +134,7 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
         try:
             prepared = engine.prepare(body, engine.prompt_ids(body))
         except RequestError as exc:
-            return answer(_error(400, str(exc), param=exc.param))
+            return answer(_error(400, str(exc), param=exc.param, code=exc.code))
         except DynaTreeError as exc:  # a check outside the request's fields
             return answer(_error(400, str(exc)))
         job = Job(prepared, body.stops, asyncio.get_running_loop())
@@ -138,7 +147,8 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
         shape = _Shape(ident, engine.model_id, chat)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return answer(StreamingResponse(_stream(job, shape, usage, request), media_type="text/event-stream"))
+            return answer(StreamingResponse(_stream(job, shape, usage, request), media_type="text/event-stream",
+                                            headers={"Cache-Control": "no-cache"}))  # proxies must not buffer it
         return answer(await _whole(job, shape, request))
 
     return app

@@ -6,7 +6,7 @@ import socket
 import sys
 import threading
 
-from ..cli_args import add_model_args, method_options
+from ..cli_args import add_model_args, given_method_options, method_options
 from ..errors import DynaTreeError
 from ..methods import get_method, make_config
 from ..weights import weights_dtype
@@ -50,7 +50,7 @@ def settings_from(args):
     if spec.policy_cls is None:
         raise DynaTreeError(f"--method {args.method}: the server decodes with dynatree's own methods, not "
                             f"{spec.baseline}")
-    options = {name: getattr(args, name) for name in args.method_fields if hasattr(args, name)}
+    options = given_method_options(args)
     make_config(args.method, **options)  # unknown or bad options fail here, named
     draft_model = parse_draft(args.draft).model
     if draft_model is not None:

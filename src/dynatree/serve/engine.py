@@ -21,11 +21,13 @@ from .. import api
 from ..request import Request
 from ..result import Result
 from ..draftload import Draft, load_draft
+from ..drafters.ngram import NGRAM_MAX
 from ..errors import DynaTreeError
-from ..methods import Method, get_method
+from ..methods import METHODS, Method, get_method
 from ..models import DEFAULT_TARGET, load_model
 from ..prompts import encode_messages, encode_prompt
 from ..runtime import LoadedModel
+from ..stats import Stats
 from ..window import KVWindow
 from .metrics import Metrics
 from .protocol import ChatRequest, CompletionRequest
@@ -50,7 +52,7 @@ class ServeSettings:
     dtype: str | None = None  # None: float32 (bfloat16 for low-bit weights)
     weights: str = "dense"  # the target's weight format: dense, q4, int8 (weights.py)
     linear: str = "auto"  # linear-layer kernels of models loaded here (kernels.py)
-    ngram_max: int = 4  # longest context the n-gram drafter matches
+    ngram_max: int = NGRAM_MAX  # longest context the n-gram drafter matches
     kv_window: str | None = None  # 'SINK,RECENT' for every request, or None
     queue: int = 16  # requests that may wait while one decodes; one more is answered 429
     max_tokens: int = 1024  # the most tokens one request may ask for (and its default, within the context)
@@ -61,9 +63,10 @@ class RequestError(DynaTreeError):
     """A bad request found when it is prepared against the loaded models: a 400 naming `param`, the
     request field at fault (OpenAI's error object), or None where no one field is."""
 
-    def __init__(self, message: str, param: str | None):
+    def __init__(self, message: str, param: str | None, code: str | None = None):
         super().__init__(message)
         self.param = param
+        self.code = code  # OpenAI's error code where it has one (context_length_exceeded)
 
 
 class QueueFull(Exception):
@@ -128,8 +131,10 @@ class Engine:
         self.draft: Draft | None = None  # what api.prepare takes as `draft` for methods that draft
         self.tokenizer = None  # a copy of the target's tokenizer for the HTTP side (the worker has the original)
         self._queue: queue.Queue = queue.Queue(maxsize=settings.queue)
-        self._busy_s = 0.0  # a moving average of decode durations, for Retry-After
+        self._token_s = 0.0  # a moving average of a decode's seconds per new token (the warm-up's first), for Retry-After
+        self._running: tuple[float, int] | None = None  # (perf_counter at its start, max_new_tokens) of the decode running
         self._worker: threading.Thread | None = None
+        self.loaded_at = 0  # when the model became ready (Unix seconds; /v1/models' `created`)
 
     @property
     def model_id(self) -> str:
@@ -155,9 +160,11 @@ class Engine:
             ids = encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)
             prepared = self._prepare(ids, self._spec(s.method), dict(s.options), max_new_tokens=8, seed=0)  # checks method + draft
             if s.warmup:
-                self._decode(Job(prepared, [], None), observe=False)
+                warm = self._decode(Job(prepared, [], None), observe=False)  # its wall time leaves compiling out
+                self._token_s = warm.wall_s / max(warm.new_tokens, 1)
             self._worker = threading.Thread(target=self._work, name="dynatree-decode", daemon=True)
             self._worker.start()
+            self.loaded_at = int(time.time())
             self.state = "ready"
         except Exception as exc:  # noqa: BLE001 (reported by /health and the CLI, not raised into a thread)
             self.error = str(exc) if isinstance(exc, DynaTreeError) else f"{type(exc).__name__}: {exc}"
@@ -220,7 +227,7 @@ class Engine:
         prompt_field = "messages" if isinstance(request, ChatRequest) else "prompt"
         if room is not None and room < 1:
             raise RequestError(f"the prompt ({len(ids)} tokens) fills the context length {context} of {holder!r}",
-                               prompt_field)
+                               prompt_field, "context_length_exceeded")
         limit = self.settings.max_tokens
         asked = ("max_completion_tokens" if isinstance(request, ChatRequest) and request.max_completion_tokens
                  is not None else "max_tokens")  # the field the client set
@@ -228,7 +235,7 @@ class Engine:
             raise RequestError(f"{asked} {request.max_tokens} exceeds this server's limit {limit} (--max-tokens)", asked)
         if request.max_tokens is not None and room is not None and request.max_tokens > room:
             raise RequestError(f"{asked} {request.max_tokens} and the prompt's {len(ids)} tokens exceed the context "
-                               f"length {context} of {holder!r}", asked)
+                               f"length {context} of {holder!r}", asked, "context_length_exceeded")
         max_tokens = request.max_tokens or (limit if room is None else min(limit, room))
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         sample = request.temperature >= GREEDY_BELOW
@@ -238,10 +245,11 @@ class Engine:
 
     def _spec(self, method: str) -> Method:
         """A method the server decodes with (RequestError naming `dynatree.method` otherwise)."""
-        try:
-            spec = get_method(method)
-        except DynaTreeError as exc:
-            raise RequestError(str(exc), "dynatree.method") from None
+        served = [name for name, m in METHODS.items() if m.policy_cls is not None]
+        if method not in METHODS:
+            raise RequestError(f"unknown method {method!r}; this server decodes with {', '.join(served)}",
+                               "dynatree.method")
+        spec = get_method(method)
         if spec.policy_cls is None:
             raise RequestError(f"{method!r} runs {spec.baseline}, a benchmark baseline; the server "
                                "decodes with dynatree's methods (ar, linear, dynatree, ...)", "dynatree.method")
@@ -274,8 +282,13 @@ class Engine:
         self.metrics.queue_depth.set(self._queue.qsize())
 
     def retry_after(self) -> int:
-        """Seconds until the queue has likely moved by one place (at least 1)."""
-        return max(1, math.ceil(self._busy_s))
+        """Seconds until the queue has likely moved by one place (at least 1): what the running decode
+        has left if it runs to its token limit, at the moving average of seconds per token."""
+        running = self._running
+        if running is None:
+            return 1
+        start, tokens = running
+        return max(1, math.ceil(tokens * self._token_s - (time.perf_counter() - start)))
 
     # -- the worker ---------------------------------------------------------------------------
     def _work(self) -> None:
@@ -287,18 +300,21 @@ class Engine:
             if job.cancelled.is_set():  # the client left while waiting
                 continue
             start = time.perf_counter()
+            self._running = (start, job.prepared.max_new_tokens)
             self.metrics.running.set(1)
             try:
-                self._decode(job)
+                stats = self._decode(job)
+                per_token = stats.wall_s / max(stats.new_tokens, 1)
+                self._token_s = per_token if self._token_s == 0 else 0.8 * self._token_s + 0.2 * per_token
             except Exception as exc:  # noqa: BLE001 (one failed request must not stop the server)
                 job.emit("error", f"{type(exc).__name__}: {exc}")
             finally:
                 self.metrics.running.set(0)
-                took = time.perf_counter() - start
-                self._busy_s = took if self._busy_s == 0 else 0.8 * self._busy_s + 0.2 * took
+                self._running = None
 
-    def _decode(self, job: Job, observe: bool = True) -> None:
-        """Run one job to its end (length, EOS, stop string, or cancellation); emit its events."""
+    def _decode(self, job: Job, observe: bool = True) -> Stats:
+        """Run one job to its end (length, EOS, stop string, or cancellation); emit its events; its
+        decode's stats."""
         prepared = job.prepared
         queue_s = time.perf_counter() - job.submitted
         decoder = prepared.decoder()
@@ -325,6 +341,7 @@ class Engine:
         if observe:
             self.metrics.observe(result, queue_s, job.first_token_s, time.perf_counter() - job.submitted, reason)
         job.emit("done", Finished(reason, len(prepared.prompt_ids), new_ids, result, queue_s))
+        return run.stats
 
     def close(self) -> None:
         """Stop the worker after the job it is running."""

@@ -4,7 +4,9 @@ pydantic validates types and ranges (an unknown field, a negative `max_tokens`, 
 are 400s); what depends on the loaded models (context length, the method's options, the draft)
 is checked by `api.prepare` when the request is prepared. Fields OpenAI defines that change
 nothing here (`user`) are accepted; fields whose non-default values dynatree cannot honour
-(penalties, logprobs, `echo`, `suffix`) are 400s when set, never silently ignored.
+(penalties, logprobs, `echo`, `suffix`, tools) are 400s when set to anything else, never silently
+ignored; every field OpenAI does not define (vLLM's `repetition_penalty`, ...) is a 400. Text must be
+valid Unicode (JSON can carry a lone surrogate, which no tokenizer encodes).
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ MAX_STOPS = 4  # OpenAI's limit on `stop` strings
 class _Strict(BaseModel):
     # strict: "0.5" is not a number, true is not an integer; no NaN or infinities from JSON
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _unicode(text: str, what: str) -> str:
+    """`text` if it is valid Unicode; JSON's "\\ud800" escapes give a lone surrogate, which UTF-8 cannot hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid Unicode: a lone surrogate {text[exc.start]!r} at character {exc.start}") from None
+    return text
 
 
 def _defaults_only(model: BaseModel, defaults: dict) -> None:
@@ -50,6 +61,23 @@ class Message(_Strict):
     audio: Any = None
     annotations: list | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, content):
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError("only text content parts are supported by this (text) model, got "
+                                     + (f"a part of type {kind!r}" if isinstance(kind, str) else f"{part!r}"))
+                if isinstance(part.get("text"), str):
+                    _unicode(part["text"], "the text")
+        elif isinstance(content, str):
+            _unicode(content, "the text")
+        elif content is not None:
+            raise ValueError(f"content must be a string or a list of text parts, got {type(content).__name__}")
+        return content
+
     @model_validator(mode="after")
     def _text_only(self):
         _defaults_only(self, {"refusal": (None,), "tool_calls": (None, []), "function_call": (None,),
@@ -74,10 +102,11 @@ class StreamOptions(_Strict):
 # OpenAI's nullable fields whose default is not null: a null there means the default (clients that send
 # every field, unset ones as null, must not get a 400 for it)
 NULL_MEANS_DEFAULT = ("temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty", "echo")
-# OpenAI's nullable fields this server has no use for: null (unused) is dropped; any other value is still an
-# unknown field (a 400), never silently ignored
-NULL_MEANS_UNUSED = ("best_of", "service_tier", "tools", "tool_choice", "parallel_tool_calls", "functions",
-                     "function_call", "prediction", "modalities", "reasoning_effort", "audio", "web_search_options")
+# OpenAI's fields this server has no use for, and the values of each that ask for nothing it lacks (no tools,
+# one candidate, text out); null means unused too. Any other value is a 400 naming the field, never ignored.
+UNUSED = {"best_of": (1,), "service_tier": ("auto", "default"), "tools": ([],), "tool_choice": ("none", "auto"),
+          "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none", "auto"),
+          "prediction": (), "modalities": (["text"],), "reasoning_effort": (), "audio": (), "web_search_options": ()}
 
 
 class _Request(_Strict):
@@ -103,14 +132,36 @@ class _Request(_Strict):
     metadata: dict | None = None
     store: bool | None = None
     dynatree: dict[str, Any] | None = None  # {"method": NAME, OPTION: VALUE, ...} as the CLI's flags
+    # OpenAI's fields for what a text-only, one-candidate server lacks: accepted only as `UNUSED` allows
+    best_of: Any = None
+    service_tier: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    prediction: Any = None
+    modalities: Any = None
+    reasoning_effort: Any = None
+    audio: Any = None
+    web_search_options: Any = None
 
     @model_validator(mode="before")
     @classmethod
     def _nulls_are_defaults(cls, data):
         if isinstance(data, dict):
             return {k: v for k, v in data.items()
-                    if not (v is None and (k in NULL_MEANS_UNUSED or k in NULL_MEANS_DEFAULT and k in cls.model_fields))}
+                    if not (v is None and k in NULL_MEANS_DEFAULT and k in cls.model_fields)}
         return data
+
+    @field_validator(*UNUSED)
+    @classmethod
+    def _nothing_unused_asked(cls, value, info: ValidationInfo):
+        neutral = UNUSED[info.field_name]
+        if value is not None and not any(value == v and type(value) is type(v) for v in neutral):
+            raise ValueError(f"{info.field_name} is not supported by this server (got {value!r}"
+                             + (f"; accepted: null, {', '.join(map(repr, neutral))})" if neutral else ")"))
+        return value
 
     @field_validator("n")
     @classmethod
@@ -118,6 +169,13 @@ class _Request(_Strict):
         if n != 1:
             raise ValueError(f"n must be 1: tree speculation decodes one sequence per request (got {n})")
         return n
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_type(cls, stop):
+        if not (stop is None or isinstance(stop, str) or isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+            raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+        return stop
 
     @field_validator("stop")
     @classmethod
@@ -127,7 +185,7 @@ class _Request(_Strict):
             raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
-        return stops
+        return [_unicode(s, "a stop string") for s in stops]
 
     # what dynatree cannot honour, checked field by field so that the error names its `param`
     @field_validator("presence_penalty", "frequency_penalty")
@@ -199,6 +257,16 @@ class CompletionRequest(_Request):
     echo: bool = False
     suffix: str | None = None
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_type(cls, prompt):
+        ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        texts = isinstance(prompt, list) and all(isinstance(t, str) for t in prompt)
+        if not (isinstance(prompt, str) or ids or texts):
+            raise ValueError("prompt must be a string, a list of one string or a list of token ids "
+                             f"(one prompt per request), got {prompt!r}"[:300])
+        return prompt
+
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, prompt):
@@ -208,7 +276,7 @@ class CompletionRequest(_Request):
             prompt = prompt[0]
         if not prompt:
             raise ValueError("the prompt is empty")
-        return prompt
+        return _unicode(prompt, "the prompt") if isinstance(prompt, str) else prompt
 
     @field_validator("echo")
     @classmethod
