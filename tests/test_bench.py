@@ -784,3 +784,12 @@ def test_the_report_warns_when_runs_shared_the_cpu():
     quiet = [dict(r, other_cpu=0.01) for r in records[:4]]
     assert "Warning" not in report.contention_line({"records": quiet, "env": {"cpu_count": 2}})
     assert report.contention_line({"records": [dict(r, other_cpu=None) for r in records], "env": {}}) is None
+
+
+def test_peak_memory_is_none_where_the_peak_cannot_be_reset(monkeypatch):
+    """A process-lifetime peak would count earlier runs' and model loads' memory as this run's."""
+    from dynatree import stats
+
+    assert stats.PeakMemory(torch.device("cpu")).peak_mb() > 0  # Linux: the kernel's high-water mark, reset
+    monkeypatch.setattr(stats, "_reset_rss_peak", lambda: False)
+    assert stats.PeakMemory(torch.device("cpu")).peak_mb() is None

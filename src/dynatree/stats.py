@@ -19,14 +19,13 @@
   peak_mem_mb = peak resident memory of the process during the run (CPU; the kernel's
                 high-water mark is reset at the start) or peak allocated device memory (CUDA),
                 measured by `api.run` around the timed span; None where nobody measured it (a
-                server's decodes share one process)
+                server's decodes share one process) or the system has no resettable peak (not Linux)
 """
 
 from __future__ import annotations
 
 import ctypes
 import re
-import resource
 import time
 from dataclasses import dataclass, field
 
@@ -123,14 +122,15 @@ class PeakMemory:
         else:
             self.resettable = _reset_rss_peak()
 
-    def peak_mb(self) -> float:
+    def peak_mb(self) -> float | None:
+        """The peak since this meter started, or None where the system cannot say (no resettable
+        high-water mark: the process-lifetime peak would count earlier runs' and loads' memory)."""
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**20
-        if self.resettable:
-            match = re.search(r"VmHWM:\s+(\d+) kB", open("/proc/self/status").read())
-            if match:
-                return int(match.group(1)) / 1024
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process-lifetime peak (Linux: kB)
+        if not self.resettable:
+            return None
+        match = re.search(r"VmHWM:\s+(\d+) kB", open("/proc/self/status").read())
+        return int(match.group(1)) / 1024 if match else None
 
 
 def _reset_rss_peak() -> bool:

@@ -183,7 +183,8 @@ def main_tables(aggs: list[dict], lossy_variants=frozenset(), on_gpu: bool = Fal
     out += ["", f"**Peak memory** ({memory})", "", _table(
         ["Method", "Peak memory (MB)", "vs AR"],
         [[a["variant"], _pm(a["mean"]["peak_mem_mb"], a["std"]["peak_mem_mb"], digits=0),
-          f"{100 * (a['mean']['peak_mem_mb'] / ar_mem - 1):+.1f}%" if ar_mem else "-"] for a in aggs])]
+          f"{100 * (a['mean']['peak_mem_mb'] / ar_mem - 1):+.1f}%" if ar_mem and a["mean"]["peak_mem_mb"] else "-"]
+         for a in aggs])]
     return "\n".join(out)
 
 
