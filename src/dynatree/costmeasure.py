@@ -29,14 +29,14 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 
     """Time forwards of n chained tokens on top of a cache holding `context` (at least 1 token).
 
     Sizes are timed in whole sweeps: one untimed sweep first (compiled, that is where graphs not
-    built yet are built, and steps right after compiling run slower: a first sweep made one token
-    look about 1.5x dearer than it is), then `rounds` timed sweeps, each
+    built yet are built, and steps right after compiling run slower, which made one token look
+    dearer than it is), then `rounds` timed sweeps, each
     size's time being its median over the sweeps. A timed sweep during which torch.compile built a
     graph is thrown away and swept again, at most `rounds` times (a graph rebuilt on every sweep
     would otherwise never end the loop; such sweeps then count, and the median leaves out a
     minority of them). Sweeping, rather than timing one size's repeats in a row, spreads a slow
-    spell of the machine (its memory bandwidth varies 2x within minutes) over every size instead
-    of inflating a few, which would bend the curve's shape. One token runs as the decoder runs it
+    spell of the machine (a shared machine's memory bandwidth varies within minutes) over every
+    size instead of inflating a few, which would bend the curve's shape. One token runs as the decoder runs it
     (the same compiled graph): without a mask, or with one under a KV window (`masked_token`)."""
     cache = kv.new_cache(target.model)
     target.forward(cache, context, list(range(len(context))), None, last_only=True)

@@ -54,8 +54,8 @@ STEP_KINDS = ("token", "tree", "masked-token")
 
 # Inductor's checks inside the generated code of every call: sizes and strides of the graph's inputs
 # (the weights included) and of each extern kernel's output (the packed linears' custom op included),
-# alignment, scalars; about a thousand calls per step of a 30-layer model, 0.35-0.57 ms (about 3-4%) of a
-# 13 ms compiled q4 one-token step on a 2-core CPU (docs/results/compile-asserts). They compute nothing:
+# alignment, scalars; about a thousand calls per step of a 30-layer model, a few percent of a compiled
+# one-token step on a CPU (measured: docs/results/compile-asserts). They compute nothing:
 # when every check holds the graph computes the same values, and a failing one means a shape or layout
 # the graph was not built for (a fake kernel disagreeing with its real one, a weight relaid in place),
 # which would then compute on silently. The test suite compiles with them (tests/conftest.py), so such
@@ -75,15 +75,11 @@ def no_runtime_asserts() -> dict:
 # How inductor's graphs are called on a CPU: by a C++ wrapper (the per-graph code that allocates buffers
 # and calls the kernels in turn), not by generated Python. A 30-layer step makes about 450 calls (the
 # fused kernels, the int4 or packed products, attention); from Python each costs microseconds of
-# interpreter time. Same kernels, same values (logits bit for bit). Measured on an Intel Xeon
-# (docs/results/cpp-wrapper): the compiled q4 one-token step of the embedded model at a 300-token
-# context 13.25-13.31 ms instead of 15.35-15.51 (warm caches; 13.47 vs 14.20 in a cold-cache run), and
-# q4 `ar` 1.13x faster per Spec-Bench prompt, interleaved; a compiled float32 step, whose one-row
-# products are inductor's own kernels, showed no change beyond noise. `cpp_wrapper_build_separate`
-# compiles the wrapper's entry apart from the kernels: loading the model and building the one-token
-# graph took 71 s with it, 136 s without (62 s with the Python wrapper). Both options or neither: a torch
-# without `cpp_wrapper_build_separate` (older than those tested) keeps the Python wrapper. Not used on
-# CUDA, where it has not been measured.
+# interpreter time. Same kernels, same values (logits bit for bit); a compiled q4 step is faster, a
+# float32 one unchanged (measured: docs/results/cpp-wrapper). `cpp_wrapper_build_separate` compiles
+# the wrapper's entry apart from the kernels, which halves the time to build a graph with the C++
+# wrapper. Both options or neither: a torch without `cpp_wrapper_build_separate` (older than those
+# tested) keeps the Python wrapper. Not used on CUDA, where it has not been measured.
 CPU_WRAPPER = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
 
 

@@ -37,7 +37,7 @@ nodes) is learnt, its tree is judged again: if it would now pay in expectation d
 resumes; else a probe that beat plain steps in measured tokens per second halves the next
 spell (acceptance is coming back faster than the calibration shows) and one that did not
 doubles it (up to `BACKOFF_MAX`). Judging probes on their single outcome alone would stop a
-draft that is right 45% of the time and pays on average (most single probes fail), and resuming
+draft that is right less than half the time yet pays on average (most single probes fail), and resuming
 on any accepted node would keep a right but dear draft running half the time. Trees whose
 drafting ran no model (n-gram lookups) cost next to nothing and never start a spell.
 """
