@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dynatree.tree import TreeBuilder
+from dynatree.tree import TreeBuilder, causal_allowed
 from dynatree.verify import greedy_accept
 
 NEG = torch.finfo(torch.float32).min
@@ -130,3 +130,15 @@ def test_builder_requires_bfs_order():
     b.add(0, 7, 0.5)  # depth 1 after depth 2
     with pytest.raises(ValueError, match="breadth-first"):
         b.build()
+
+
+def test_a_drafted_level_sees_the_committed_entries_its_fed_ancestors_and_itself():
+    """Root 0 -> 1 -> 3 and 0 -> 2 -> 4: nodes 1 and 2 were fed at cache entries 5 and 6 after 5
+    committed ones; level {3, 4} is fed at rows 7 and 8."""
+    tree = TreeBuilder(9)
+    for parent, token in [(0, 10), (0, 11), (1, 12), (2, 13)]:
+        tree.add(parent, token, 0.5)
+    allowed = tree.level_allowed([3, 4], {1: 5, 2: 6}, committed=5, base=7)
+    assert allowed.int().tolist() == [[1, 1, 1, 1, 1, 1, 0, 1, 0],
+                                      [1, 1, 1, 1, 1, 0, 1, 0, 1]]
+    assert causal_allowed(2, 2).int().tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]

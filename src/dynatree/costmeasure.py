@@ -16,6 +16,7 @@ import torch
 from . import cache as kv
 from .costmodel import CostCurve
 from .runtime import LoadedModel, compiled_graphs
+from .tree import causal_allowed
 
 # Every size up to 12, then coarser: small sizes are where trees live and where CPU GEMM kernels
 # change (docs/methods.md, "cost-aware size").
@@ -43,7 +44,7 @@ def measure(target: LoadedModel, context: list[int], sizes=SIZES, rounds: int = 
     base = len(context)
     steps = []  # per size: ids, positions, mask of n chained tokens after the context
     for n in sizes:
-        allowed = torch.cat([torch.ones(n, base, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
+        allowed = causal_allowed(base, n)
         mask = None if n == 1 and not masked_token else target.masks(allowed, torch.arange(base, base + n),
                                                                          torch.arange(base + n))
         steps.append(([context[-1]] * n, list(range(base, base + n)), mask))

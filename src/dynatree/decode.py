@@ -21,7 +21,7 @@ from .runtime import LoadedModel, compiled_graphs
 from .costmeasure import curve_for
 from .policies.base import Growing, Timing, TreePolicy
 from .stats import Clock, Stats
-from .tree import Tree
+from .tree import Tree, causal_allowed
 from .sampling import Sampler
 from .verify import Accepted, default_verifier
 from .window import KVWindow
@@ -146,8 +146,8 @@ class Decoder:
         """The whole prompt in one causal pass gives the first new token; the drafter starts from
         the prompt (and the target's features of it)."""
         prompt_pos = torch.arange(run.prompt_len)
-        causal = torch.ones(run.prompt_len, run.prompt_len, dtype=torch.bool).tril()
-        logits, features = self._forward(run, run.seq, prompt_pos, causal, prefill=True, hidden=hidden)
+        logits, features = self._forward(run, run.seq, prompt_pos, causal_allowed(0, run.prompt_len), prefill=True,
+                                         hidden=hidden)
         run.slot_pos = prompt_pos
         first = int(logits[-1].argmax()) if self.sampler is None else self.sampler.draw(self.sampler.probs(logits[-1:])[0])
         run.seq.append(first)

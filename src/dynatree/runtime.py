@@ -22,7 +22,7 @@ import torch
 from . import cache as kv
 from .attention import alibi_correction, alibi_slopes, tree_mask
 from .kernels import linear_kernel
-from .tree import additive_mask
+from .tree import additive_mask, causal_allowed
 
 
 # Graphs torch.compile may build per function before it falls back to eager (see `LoadedModel.compiled`).
@@ -404,7 +404,7 @@ class LoadedModel:
         """One compiled step of each kind in `kinds` on top of `cache`'s `context` tokens (cropped back after each)."""
         for kind in (k for k in STEP_KINDS if k in kinds):
             n = tree_size if kind == "tree" else 1
-            allowed = torch.ones(n, context + n, dtype=torch.bool).tril(context)
+            allowed = causal_allowed(context, n)
             mask = None if kind == "token" else self.masks(allowed, torch.arange(context, context + n),
                                                            torch.arange(context + n))
             self.forward(cache, [0] * n, list(range(context, context + n)), mask, hidden=hidden, compiled=True)

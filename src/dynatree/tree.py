@@ -19,6 +19,12 @@ from functools import cached_property
 import torch
 
 
+def causal_allowed(cached: int, n: int) -> torch.Tensor:
+    """[n, cached + n] bool: n tokens fed after `cached` cache entries, each seeing every cached entry
+    and the fed tokens up to itself (plain causal attention)."""
+    return torch.ones(n, cached + n, dtype=torch.bool).tril(cached)
+
+
 @dataclass(frozen=True, eq=False)
 class Tree:
     tokens: torch.Tensor  # [n] long, token of each node; tokens[0] is the root
@@ -113,6 +119,21 @@ class TreeBuilder:
     def prob(self, node: int) -> float:
         """Cumulative draft probability of the root-to-node path."""
         return math.exp(self.logp[node])
+
+    def level_allowed(self, nodes: list[int], slot: dict[int, int], committed: int, base: int) -> torch.Tensor:
+        """[m, base + m] bool: what each of `nodes` (one level, fed as m rows after `base` entries of a
+        draft's cache) sees: the first `committed` entries (the committed tokens), the entries of its fed
+        ancestors (`slot`: node -> cache entry) and its own row."""
+        m = len(nodes)
+        allowed = torch.zeros(m, base + m, dtype=torch.bool)
+        allowed[:, :committed] = True
+        for row, node in enumerate(nodes):
+            allowed[row, base + row] = True
+            parent = self.parents[node]
+            while parent > 0:
+                allowed[row, slot[parent]] = True
+                parent = self.parents[parent]
+        return allowed
 
     def path_tokens(self, node: int) -> list[int]:
         """Tokens from the root's first child down to `node` (root excluded)."""

@@ -30,7 +30,7 @@ from .. import cache as kv
 from ..featurehead import FeatureHead, check_head
 from ..kernels import PackedLinear, linear_kernel
 from ..runtime import compiled_graphs, compiles_on
-from ..tree import TreeBuilder, additive_mask
+from ..tree import TreeBuilder, additive_mask, causal_allowed
 from ..window import KVWindow
 from .base import Proposal
 
@@ -111,7 +111,7 @@ class FeatureDrafter:
         """`n` zero tokens fed causally on top of `cache` (for `warm_up`)."""
         held, hidden = kv.length(cache), self.head.config.hidden_size
         dtype, device = self.out_rows.dtype, self.out_rows.device
-        allowed = torch.ones(n, held + n, dtype=torch.bool).tril(held)
+        allowed = causal_allowed(held, n)
         self._head_forward(cache, torch.zeros(1, n, hidden, dtype=dtype, device=device),
                            torch.zeros(n, hidden, dtype=dtype, device=device), list(range(held, held + n)),
                            additive_mask(allowed, dtype, device), compiled=compiled)
@@ -135,7 +135,7 @@ class FeatureDrafter:
         start, end = self.n_fed, len(self.tokens)
         n, cached = end - start, len(self.slot_pos)
         positions = list(range(start, end))
-        allowed = torch.cat([torch.ones(n, cached, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
+        allowed = causal_allowed(cached, n)
         out = self._run(self.tokens[start:end], self.features, positions, allowed, self.slot_pos + positions)
         self.slot_pos.extend(positions)
         self.n_fed, self.features = end, self.features[n:]
@@ -145,15 +145,8 @@ class FeatureDrafter:
     def _feed_nodes(self, tree: TreeBuilder, nodes: list[int]) -> torch.Tensor:
         """Feed one tree level: each node from its parent's predicted feature, seeing the committed
         positions and its own ancestors."""
-        base, committed, m = kv.length(self.cache), len(self.slot_pos), len(nodes)
-        allowed = torch.zeros(m, base + m, dtype=torch.bool)
-        allowed[:, :committed] = True
-        for row, node in enumerate(nodes):
-            allowed[row, base + row] = True
-            parent = tree.parents[node]
-            while parent > 0:
-                allowed[row, self.slots[parent]] = True
-                parent = tree.parents[parent]
+        base = kv.length(self.cache)
+        allowed = tree.level_allowed(nodes, self.slots, len(self.slot_pos), base)
         root_pos = len(self.tokens) - 1
         positions = [root_pos + tree.depths[node] for node in nodes]
         fed_pos = [root_pos + tree.depths[node] for node, _ in sorted(self.slots.items(), key=lambda item: item[1])]

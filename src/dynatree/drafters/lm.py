@@ -21,7 +21,7 @@ import torch
 
 from .. import cache as kv
 from ..runtime import LoadedModel, compiles_on
-from ..tree import TreeBuilder
+from ..tree import TreeBuilder, causal_allowed
 from ..window import KVWindow
 from .base import Proposal
 
@@ -94,7 +94,7 @@ class LMDrafter:
         """Feed the committed tokens not yet run through the draft (the root is always among them)."""
         start, end = self.n_cached, len(self.tokens)
         n, cached = end - start, len(self.slot_pos)
-        allowed = torch.cat([torch.ones(n, cached, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
+        allowed = causal_allowed(cached, n)
         positions = list(range(start, end))
         logits = self.draft.forward(self.cache, self.draft.readable(self.tokens[start:end]), positions,
                                     self._mask(allowed, positions, self.slot_pos + positions), compiled=self._compiled())
@@ -105,15 +105,7 @@ class LMDrafter:
     def _feed_nodes(self, tree: TreeBuilder, nodes: list[int]) -> torch.Tensor:
         """Feed one tree level: each node sees the committed tokens and its own ancestors."""
         base = kv.length(self.cache)
-        m = len(nodes)
-        allowed = torch.zeros(m, base + m, dtype=torch.bool)
-        allowed[:, : len(self.slot_pos)] = True
-        for row, node in enumerate(nodes):
-            allowed[row, base + row] = True
-            parent = tree.parents[node]
-            while parent > 0:
-                allowed[row, self.slots[parent][0]] = True
-                parent = tree.parents[parent]
+        allowed = tree.level_allowed(nodes, {node: slot for node, (slot, _) in self.slots.items()}, len(self.slot_pos), base)
         root_pos = len(self.tokens) - 1
         positions = [root_pos + tree.depths[node] for node in nodes]
         key_pos = self.slot_pos + [pos for _, pos in sorted(self.slots.values())] + positions
