@@ -152,3 +152,23 @@ def test_peak_memory_is_read_by_run_over_the_timed_span_not_by_the_decoder():
     assert run(job).stats.peak_mem_mb > 0
     direct = job.decoder().generate(job.prompt_ids, job.max_new_tokens)
     assert direct.stats.peak_mem_mb is None and direct.new_tokens == hf_greedy(target, job.prompt_ids, 6)
+
+
+def test_prepare_and_run_name_what_they_take():
+    import numpy as np
+    import torch
+
+    from dynatree import load_model
+
+    target = tiny("llama")
+    with pytest.raises(DynaTreeError, match=r"^run\(\) takes what prepare\(\) returns, got Request: run\(prepare\(request\)\)$"):
+        run(Request(prompt_ids=[5], target=target, method="ar"))
+    with pytest.raises(DynaTreeError, match=r"^prepare\(\) takes a dynatree.Request, got str"):
+        prepare("hello")
+    with pytest.raises(DynaTreeError, match=r"^load_model takes a model spec \(alias, directory, .gguf file or hub id\), got int$"):
+        load_model(5)
+    # a 1-D tensor of ids (a tokenizer's return_tensors="pt", row 0) and numpy integers in method options are taken
+    plain = run(prepare(Request(prompt_ids=[5, 6, 7], target=target, method="dynatree", draft="ngram", max_new_tokens=6)))
+    other = run(prepare(Request(prompt_ids=torch.tensor([5, 6, 7]), target=target, method="dynatree", draft="ngram",
+                                max_new_tokens=6, options={"d0": np.int64(2), "tau_h": np.float32(0.5)})))
+    assert other.new_token_ids == plain.new_token_ids and other.config["d0"] == 2 and type(other.config["d0"]) is int

@@ -533,6 +533,8 @@ def test_text_stream_holds_back_stop_prefixes_and_half_characters():
     assert t.push([ord("a")]) == "a" and t.finish() == ""
     u = TextStream(_Chars(), ["xy"])
     assert u.push([ord("a"), ord("x")]) == "a" and u.finish() == "x"
+    v = TextStream(_Chars(), [])  # the text before a half character goes out at once; the half at the end
+    assert v.push([ord("a"), ord("b"), 0xFF]) == "ab" and v.finish() == "\ufffd"
 
 
 def test_serve_cli_refuses_bad_settings_before_loading(capsys):

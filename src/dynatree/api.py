@@ -45,7 +45,13 @@ def _method_draft(method: str, draft, target: LoadedModel, linear: str) -> Draft
 
 
 def _token_ids(ids, vocab_size: int) -> list[int]:
-    """`prompt_ids` as a list of ints, each a row of the target's output layer."""
+    """`prompt_ids` as a list of ints (a list, a 1-D integer tensor or array), each a row of the
+    target's output layer."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise DynaTreeError(f"prompt_ids as a tensor must be 1-D integer token ids, got shape {tuple(ids.shape)} "
+                                f"of {str(ids.dtype).removeprefix('torch.')} (one prompt: ids[0] of a batch)")
+        ids = ids.tolist()
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise DynaTreeError(f"prompt_ids must be a list of token ids, got {type(ids).__name__}")
     ids = list(ids)
@@ -144,6 +150,9 @@ def prepare(request: Request | Checked) -> Prepared:
     """Validate a request (`Request.check()`, unless it comes checked), load its models, check the
     draft against the target and the prompt against both, and encode the prompt (no forward pass).
     Any bad value is a `DynaTreeError` naming it."""
+    if not isinstance(request, (Request, Checked)):
+        raise DynaTreeError(f"prepare() takes a dynatree.Request, got {type(request).__name__} "
+                            "(dynatree.generate takes the prompt and options directly)")
     checked = request if isinstance(request, Checked) else request.check()
     r, spec = checked.request, checked.method
     if isinstance(r.target, LoadedModel):
@@ -192,6 +201,11 @@ def prepare(request: Request | Checked) -> Prepared:
 def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> Result:
     """Decode a prepared request once and return its result (transformers' generate()
     for the hf-* methods, dynatree's decoder for the others)."""
+    if not isinstance(job, Prepared):
+        raise DynaTreeError(f"run() takes what prepare() returns, got {type(job).__name__}"
+                            + (": run(prepare(request))" if isinstance(job, (Request, Checked)) else ""))
+    if on_tokens is not None and not callable(on_tokens):
+        raise DynaTreeError(f"on_tokens must be a function of the new token ids, got {type(on_tokens).__name__}")
     tgt = job.target
     if isinstance(job.config, (LlamaCppArConfig, LlamaCppLookupConfig)):
         lookup = job.config if isinstance(job.config, LlamaCppLookupConfig) else None
@@ -254,11 +268,15 @@ def generate(
     generate() with a static cache and its own compiled forward); None keeps the loaded target's
     own setting. `linear`
     ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
+    Method options go as keywords here (`options=` is `Request`'s field for the same dict).
     `weights` ("dense", "q4", "int8", "auto"; None: dense) is the format of a target loaded here
     (weights.py); drafts load dense, in the target's dtype. With a loaded target, `device`,
     `dtype`, `weights` and `linear` other than their defaults must be what it was loaded with
     (an error says so; nothing is converted behind the caller's back).
     """
+    if "options" in options:
+        raise DynaTreeError("generate() takes the method's options as keywords (e.g. d0=4), not options={...} "
+                            "(that is Request's field)")
     request = Request(prompt=prompt, method=method, options=options, target=target, draft=draft,
                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, chat=chat,
                       device=device, dtype=dtype, weights=weights, seed=seed, ngram_max=ngram_max, kv_window=kv_window, sample=sample,

@@ -8,6 +8,7 @@ prints `dynatree: error: <one line>` and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import sys
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve.loadtest import add_bench_serve_command
 
     parser = Parser(prog="dynatree", description="Exact tree-based speculative decoding for HuggingFace causal LMs.")
+    parser.add_argument("--version", action="version", version=f"dynatree {importlib.metadata.version('dynatree')}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     width = max(len(name) for name in METHODS)
     methods = "\n".join(f"  {m.name:{width}s}  {m.summary}" for m in METHODS.values())
@@ -96,7 +98,13 @@ class _TextStream:
         self.text, self.out = TextStream(tokenizer, []), out
 
     def __call__(self, new_ids: list[int]) -> None:
-        delta = self.text.push(new_ids)
+        self._write(self.text.push(new_ids))
+
+    def finish(self) -> None:
+        """What was still held back when the decode ended (an incomplete character, as the result's text has it)."""
+        self._write(self.text.finish())
+
+    def _write(self, delta: str) -> None:
         if delta:
             self.out.write(delta)
             self.out.flush()
@@ -238,6 +246,7 @@ def cmd_generate(args) -> int:
             result = dataclasses.replace(result, stats=dataclasses.replace(result.stats, compile_s=compiled))
         results.append(result)
         if stream:
+            stream.finish()
             print(flush=True)
     if args.json:
         records = [r.to_json() for r in results]

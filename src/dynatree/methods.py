@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 
 from .config import MethodConfig, cli_flag, field_type
@@ -102,9 +103,11 @@ def _coerce(method: str, field: dataclasses.Field, value):
     """Accept what the CLI and Python callers naturally pass; reject anything else clearly."""
     kind = field_type(field)
     flag = cli_flag(field.name)
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if kind is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
-    if kind is int and isinstance(value, float) and value.is_integer():
+    if kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)  # numpy's integers too
+    if kind is int and isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
         return int(value)
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value

@@ -96,6 +96,9 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None =
     file's 4-bit tensors as they are), "int8" or "auto" (q4 where it applies, else dense: weights.py). `compile` runs the decode steps
     through torch.compile (see `LoadedModel.forward`). `linear` picks the dense linear layers'
     kernels: "auto", "onednn" or "stock" (kernels.py)."""
+    if not isinstance(spec, (str, os.PathLike)):
+        raise DynaTreeError(f"load_model takes a model spec (alias, directory, .gguf file or hub id), got {type(spec).__name__}")
+    spec = str(spec)
     torch_device = resolve_device(device)
     check_linear_kernel(linear)  # before the (slow) load
     check_device(weights, torch_device)  # before the (slow) load

@@ -38,7 +38,7 @@ class Request:
     options: dict = field(default_factory=dict)  # the method's options by config field name, e.g. {"d0": 4}
     target: str | LoadedModel = DEFAULT_TARGET  # model spec (alias, directory, .gguf file, hub id) or a loaded model
     draft: object = None  # 'ngram', 'ngram+MODEL', a model spec, a loaded draft LM or head, Hybrid(...), a Draft; None: default
-    prompt_ids: list[int] | None = None  # token ids instead of `prompt`, used as they are
+    prompt_ids: list[int] | None = None  # token ids instead of `prompt`, used as they are (a 1-D integer tensor too)
     max_new_tokens: int = 128  # at most this many new tokens
     ignore_eos: bool = False  # go on after an end-of-sequence token
     chat: bool = False  # wrap `prompt` in the tokenizer's chat template
@@ -69,8 +69,8 @@ class Request:
                 raise DynaTreeError(f"{name} ({flag}) must be True or False, got {getattr(self, name)!r}")
         if self.compile is not None and not isinstance(self.compile, bool):
             raise DynaTreeError(f"compile (--compile) must be True, False or None, got {self.compile!r}")
-        if not is_int(self.seed):
-            raise DynaTreeError(f"seed (--seed) must be an integer, got {self.seed!r}")
+        if not is_int(self.seed) or not -2**63 <= self.seed < 2**63:
+            raise DynaTreeError(f"seed (--seed) must be an integer in [-2**63, 2**63), got {self.seed!r}")
         if self.prompt is not None and self.prompt_ids is not None:
             raise DynaTreeError("give either prompt (text) or prompt_ids (token ids), not both")
         if self.prompt_ids is None and not isinstance(self.prompt, str):

@@ -21,6 +21,7 @@ sampling from the target, for two kinds of children:
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ class SamplingConfig:
     top_p: float = option(1.0, "keep the smallest set of tokens whose probability exceeds top_p (1: off)")
 
     def validate(self) -> None:
-        require(self.temperature > 0, f"--temperature must be > 0 when sampling, got {self.temperature}")
+        require(0 < self.temperature < math.inf, f"--temperature must be > 0 and finite when sampling, got {self.temperature}")
         require(self.top_k >= 0, f"--top-k must be >= 1 (or 0 for off), got {self.top_k}")
         require(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
 

@@ -31,8 +31,7 @@ class TextStream:
             self.stopped = True
             self.stop_at = self._tokens_to_stop(len(self.ids) - len(ids))
             return self._take(text[:cut])
-        if text.endswith("\ufffd"):
-            return ""
+        text = text.rstrip("\ufffd")  # an incomplete character at the end waits; the text before it goes
         return self._take(text[: len(text) - self._held(text)])
 
     def finish(self) -> str:
