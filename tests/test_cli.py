@@ -122,6 +122,10 @@ def test_prompt_file_and_stdin(capsys, saved_tiny, tmp_path, monkeypatch):
     code, out, _ = run_cli(capsys, "generate", "--prompt-file", "-", "--target", str(saved_tiny), "--json",
                            "--max-new-tokens", "3")
     assert code == 0 and json.loads(out)["prompt_tokens"] == 5
+    f.write_text("w5 w6 w7 w5 w6\n")  # the line end an editor or echo adds is not part of the prompt
+    code, with_newline, _ = run_cli(capsys, "generate", "--prompt-file", str(f), "--target", str(saved_tiny), "--json",
+                                    "--max-new-tokens", "3")
+    assert code == 0 and json.loads(with_newline)["new_token_ids"] == json.loads(out)["new_token_ids"]
     # issue 29: binary input is a one-line error, not a UnicodeDecodeError (file) or TypeError (stdin)
     binary = tmp_path / "b.bin"
     binary.write_bytes(b"\xff\xfe\x00bad")

@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Decode one prompt and print the text and its statistics.\n\nmethods:\n{methods}",
     )
     gen.add_argument("prompt", nargs="?", help="the prompt text (or use --prompt-file)")
-    gen.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-' for stdin)")
+    gen.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-' for stdin); its final "
+                     "line end is dropped, as the shell's $(cat FILE) does")
     gen.add_argument("--method", default="dynatree", help="decoding method [dynatree]")
     add_model_args(gen, "draft: 'ngram', the shipped feature head 'smollm2-135m-eagle' or draft LM "
                         "'smollm2-135m-draft' (for the default target), a draft model spec sharing the target's "
@@ -70,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _without_final_newline(text: str) -> str:
+    """A file's text without its last line end (editors and `echo` add one the user did not type)."""
+    return text.removesuffix("\n").removesuffix("\r")
+
+
 def _read_prompt(args) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise DynaTreeError("give the prompt either as an argument or with --prompt-file, not both")
@@ -79,12 +85,12 @@ def _read_prompt(args) -> str:
         return args.prompt
     if args.prompt_file == "-":
         try:  # the bytes, decoded strictly (the text layer may let undecodable bytes through as surrogates)
-            return sys.stdin.buffer.read().decode("utf-8")
+            return _without_final_newline(sys.stdin.buffer.read().decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise DynaTreeError(f"the prompt on stdin is not UTF-8 text (byte {exc.start})") from None
     try:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            return f.read()
+        with open(args.prompt_file, encoding="utf-8", newline="") as f:
+            return _without_final_newline(f.read())
     except UnicodeDecodeError as exc:
         raise DynaTreeError(f"prompt file {args.prompt_file!r} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:

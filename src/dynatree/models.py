@@ -359,10 +359,12 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     """A draft LM must tokenize exactly like the target: same strings, same ids."""
     t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
     if t_vocab != d_vocab:
-        differing = sum(1 for tok, i in t_vocab.items() if d_vocab.get(tok) != i) + len(set(d_vocab) - set(t_vocab))
+        only_draft, only_target = len(set(d_vocab) - set(t_vocab)), len(set(t_vocab) - set(d_vocab))
+        moved = sum(1 for tok, i in t_vocab.items() if tok in d_vocab and d_vocab[tok] != i)
         raise DynaTreeError(
             f"draft {draft.name!r} and target {target.name!r} have different vocabularies "
-            f"({len(d_vocab)} vs {len(t_vocab)} tokens, {differing} differ); the draft must share the target's tokenizer"
+            f"({len(d_vocab)} vs {len(t_vocab)} tokens: {only_draft} only in the draft's, {only_target} only in the "
+            f"target's, {moved} at other ids); the draft must share the target's tokenizer"
         )
     check_embedding(draft)
     if draft.device != target.device:
