@@ -793,3 +793,15 @@ def test_peak_memory_is_none_where_the_peak_cannot_be_reset(monkeypatch):
     assert stats.PeakMemory(torch.device("cpu")).peak_mb() > 0  # Linux: the kernel's high-water mark, reset
     monkeypatch.setattr(stats, "_reset_rss_peak", lambda: False)
     assert stats.PeakMemory(torch.device("cpu")).peak_mb() is None
+
+
+def test_a_run_without_memory_figures_reports_and_plots_the_rest(tmp_path):
+    """Where the peak could not be measured (no resettable high-water mark: peak_mem_mb None), the
+    report and plots are made without the memory plot instead of failing."""
+    fixed = fixed_results("length")
+    for r in fixed["records"]:
+        r["stats"]["peak_mem_mb"] = None
+    fixed["aggregates"] = results.aggregate(fixed["records"])
+    results.save(fixed, tmp_path)
+    names = {p.name for p in report.write(tmp_path)}
+    assert "throughput.png" in names and "memory.png" not in names and "report.md" in names

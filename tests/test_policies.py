@@ -579,7 +579,7 @@ def test_cost_aware_dynatree_declines_only_the_model_part_of_a_drafter():
     assert tree.n_drafted >= 1 and tree.tokens[1].item() == 200
 
     policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)  # lookups that never pay their verification
-    policy.prepare(CostCurve((1, 2, 8), (0.005, 0.05, 0.06)), model_free=False)
+    policy.prepare(CostCurve((1, 2, 8), (0.005, 0.05, 0.06)), model_free=True)
     wrong = Free(lambda path: [(300, 0.3)])
     for _ in range(10):
         _step(policy, wrong, 1, curve, 0.0001, accept=False)

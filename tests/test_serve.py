@@ -423,6 +423,8 @@ def test_retry_after_is_what_the_running_decode_has_left():
     assert engine.retry_after() == 17
     engine._running = (time.perf_counter() - 30.0, 40)  # past its estimate: soon
     assert engine.retry_after() == 1
+    engine._tokens, engine._running = 10.0, (time.perf_counter() - 3.0, 40)  # decodes lately ended after 10 tokens
+    assert engine.retry_after() == 2
 
 
 def test_context_overflows_carry_openai_code_and_streams_are_not_cached(server):

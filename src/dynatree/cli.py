@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve.loadtest import add_bench_serve_command
 
     parser = Parser(prog="dynatree", description="Exact tree-based speculative decoding for HuggingFace causal LMs.")
-    parser.add_argument("--version", action="version", version=f"dynatree {importlib.metadata.version('dynatree')}")
+    parser.add_argument("--version", action="version", version=f"dynatree {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     width = max(len(name) for name in METHODS)
     methods = "\n".join(f"  {m.name:{width}s}  {m.summary}" for m in METHODS.values())
@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Decode one prompt and print the text and its statistics.\n\nmethods:\n{methods}",
     )
     gen.add_argument("prompt", nargs="?", help="the prompt text (or use --prompt-file)")
-    gen.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-' for stdin); its final "
-                     "line end is dropped, as the shell's $(cat FILE) does")
+    gen.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-' for stdin); one final "
+                     "line end (an editor's or echo's) is dropped")
     gen.add_argument("--method", default="dynatree", help="decoding method [dynatree]")
     add_model_args(gen, "draft: 'ngram', the shipped feature head 'smollm2-135m-eagle' or draft LM "
                         "'smollm2-135m-draft' (for the default target), a draft model spec sharing the target's "
@@ -71,9 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("dynatree")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def _without_final_newline(text: str) -> str:
     """A file's text without its last line end (editors and `echo` add one the user did not type)."""
-    return text.removesuffix("\n").removesuffix("\r")
+    return text.removesuffix("\n")
 
 
 def _read_prompt(args) -> str:
@@ -85,11 +92,11 @@ def _read_prompt(args) -> str:
         return args.prompt
     if args.prompt_file == "-":
         try:  # the bytes, decoded strictly (the text layer may let undecodable bytes through as surrogates)
-            return _without_final_newline(sys.stdin.buffer.read().decode("utf-8"))
+            return _without_final_newline(sys.stdin.buffer.read().decode("utf-8").replace("\r\n", "\n"))
         except UnicodeDecodeError as exc:
             raise DynaTreeError(f"the prompt on stdin is not UTF-8 text (byte {exc.start})") from None
     try:
-        with open(args.prompt_file, encoding="utf-8", newline="") as f:
+        with open(args.prompt_file, encoding="utf-8") as f:
             return _without_final_newline(f.read())
     except UnicodeDecodeError as exc:
         raise DynaTreeError(f"prompt file {args.prompt_file!r} is not UTF-8 text (byte {exc.start})") from None

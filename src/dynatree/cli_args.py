@@ -36,7 +36,8 @@ class Parser(argparse.ArgumentParser):
 
 def given_method_options(args: argparse.Namespace) -> dict:
     """The method options given on the command line (`method_options` leaves the others out of `args`)."""
-    return {name: value for name, value in vars(args).items() if name in args.method_fields}
+    given = vars(args)
+    return {name: given[name] for name in args.method_fields if name in given}  # the configs' field order
 
 
 def method_options(parser: argparse.ArgumentParser, as_lists: bool = False,

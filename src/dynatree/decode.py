@@ -228,16 +228,17 @@ def draft(policy: TreePolicy, drafter: Drafter | None, root_token: int, max_dept
 def answer(growing: Growing, drafter: Drafter | None) -> Tree:
     """Run a policy's growth to its end, answering each `Ask` it yields with the drafter's proposal
     (from its model-free part when the ask says so); the tree it returns."""
-    try:
-        ask = next(growing)
-        while True:
-            source = drafter.without_model() if ask.model_free and drafter is not None else drafter
-            if source is None:
-                raise ValueError("a tree policy asked for proposals without a drafter" if drafter is None else
-                                 f"a tree policy asked for the model-free part of {drafter.name}, which has none")
-            ask = growing.send(source.propose(ask.tree, ask.nodes, ask.k, full=ask.full))
-    except StopIteration as done:
-        return done.value
+    proposal = None
+    while True:
+        try:  # only the policy's own end stops this loop (a StopIteration from a drafter would not)
+            ask = growing.send(proposal)
+        except StopIteration as done:
+            return done.value
+        source = drafter.without_model() if ask.model_free and drafter is not None else drafter
+        if source is None:
+            raise ValueError("a tree policy asked for proposals without a drafter" if drafter is None else
+                             f"a tree policy asked for the model-free part of {drafter.name}, which has none")
+        proposal = source.propose(ask.tree, ask.nodes, ask.k, full=ask.full)
 
 
 def sliding_eviction(target: LoadedModel) -> KVWindow | None:

@@ -171,7 +171,7 @@ def hf_generate(
     compile: bool = False,
 ) -> tuple[list[int], Stats]:
     """Run transformers' generate() for one of the hf-* configs; return new tokens and stats.
-    `compile` (hf-ar only): a static cache and transformers' compiled forward (see above)."""
+    `compile` (hf-ar and hf-assisted): a static cache and transformers' compiled forward (see above)."""
     device = target.device
     received: list[int] = []
 

@@ -69,8 +69,8 @@ class Request:
                 raise DynaTreeError(f"{name} ({flag}) must be True or False, got {getattr(self, name)!r}")
         if self.compile is not None and not isinstance(self.compile, bool):
             raise DynaTreeError(f"compile (--compile) must be True, False or None, got {self.compile!r}")
-        if not is_int(self.seed) or not -2**63 <= self.seed < 2**63:
-            raise DynaTreeError(f"seed (--seed) must be an integer in [-2**63, 2**63), got {self.seed!r}")
+        if not is_int(self.seed) or not -2**63 <= self.seed < 2**64:
+            raise DynaTreeError(f"seed (--seed) must be an integer in [-2**63, 2**64), got {self.seed!r}")
         if self.prompt is not None and self.prompt_ids is not None:
             raise DynaTreeError("give either prompt (text) or prompt_ids (token ids), not both")
         if self.prompt_ids is None and not isinstance(self.prompt, str):

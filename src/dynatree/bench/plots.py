@@ -52,8 +52,11 @@ def throughput_bars(results: dict, out: Path) -> Path:
     return _save(fig, out / "throughput.png")
 
 
-def memory_bars(results: dict, out: Path) -> Path:
-    aggs = at(results, *_main_setting(results))
+def memory_bars(results: dict, out: Path) -> Path | None:
+    """Peak memory per variant; None (no plot) where no run's peak could be measured (stats.PeakMemory)."""
+    aggs = [a for a in at(results, *_main_setting(results)) if a["mean"]["peak_mem_mb"] is not None]
+    if not aggs:
+        return None
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(aggs) + 2), 3.5))
     ax.bar([a["variant"] for a in aggs], [a["mean"]["peak_mem_mb"] for a in aggs], color="tab:gray")
     ax.set_ylabel("peak memory (MB)")
@@ -246,7 +249,7 @@ def make_all(results: dict, out: Path) -> list[Path]:
     out = Path(out)
     tags = [v["tags"] for v in results["variants"]]
     s = settings(results)
-    made = [throughput_bars(results, out), memory_bars(results, out)]
+    made = [throughput_bars(results, out), *filter(None, [memory_bars(results, out)])]
     if len({t for t, _ in s}) > 1:
         made += [length_scaling(results, out), memory_scaling(results, out)]
     if len({l for _, l in s}) > 1:

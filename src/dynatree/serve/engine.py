@@ -132,6 +132,7 @@ class Engine:
         self.tokenizer = None  # a copy of the target's tokenizer for the HTTP side (the worker has the original)
         self._queue: queue.Queue = queue.Queue(maxsize=settings.queue)
         self._token_s = 0.0  # a moving average of a decode's seconds per new token (the warm-up's first), for Retry-After
+        self._tokens = 0.0  # a moving average of the tokens a request's decode produced (0: none yet), for Retry-After
         self._running: tuple[float, int] | None = None  # (perf_counter at its start, max_new_tokens) of the decode running
         self._worker: threading.Thread | None = None
         self.loaded_at = 0  # when the model became ready (Unix seconds; /v1/models' `created`)
@@ -283,11 +284,13 @@ class Engine:
 
     def retry_after(self) -> int:
         """Seconds until the queue has likely moved by one place (at least 1): what the running decode
-        has left if it runs to its token limit, at the moving average of seconds per token."""
+        has left at the moving average of seconds per token, if it runs to its token limit or to the
+        recent average length of a decode, whichever is shorter."""
         running = self._running
         if running is None:
             return 1
-        start, tokens = running
+        start, limit = running
+        tokens = min(limit, self._tokens) if self._tokens else limit  # decodes often end (EOS) before their limit
         return max(1, math.ceil(tokens * self._token_s - (time.perf_counter() - start)))
 
     # -- the worker ---------------------------------------------------------------------------
@@ -306,6 +309,7 @@ class Engine:
                 stats = self._decode(job)
                 per_token = stats.wall_s / max(stats.new_tokens, 1)
                 self._token_s = per_token if self._token_s == 0 else 0.8 * self._token_s + 0.2 * per_token
+                self._tokens = stats.new_tokens if self._tokens == 0 else 0.8 * self._tokens + 0.2 * stats.new_tokens
             except Exception as exc:  # noqa: BLE001 (one failed request must not stop the server)
                 job.emit("error", f"{type(exc).__name__}: {exc}")
             finally:

@@ -5,7 +5,8 @@ are 400s); what depends on the loaded models (context length, the method's optio
 is checked by `api.prepare` when the request is prepared. Fields OpenAI defines that change
 nothing here (`user`) are accepted; fields whose non-default values dynatree cannot honour
 (penalties, logprobs, `echo`, `suffix`, tools) are 400s when set to anything else, never silently
-ignored; every field OpenAI does not define (vLLM's `repetition_penalty`, ...) is a 400. Text must be
+ignored; every field neither OpenAI nor this server (`top_k`, `dynatree`) defines (vLLM's
+`repetition_penalty`, ...) is a 400. Text must be
 valid Unicode (JSON can carry a lone surrogate, which no tokenizer encodes).
 """
 
@@ -66,6 +67,8 @@ class Message(_Strict):
     def _text_parts(cls, content):
         if isinstance(content, list):
             for part in content:
+                if isinstance(part, TextPart):
+                    part = part.model_dump()
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind != "text":
                     raise ValueError("only text content parts are supported by this (text) model, got "
