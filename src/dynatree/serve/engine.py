@@ -117,6 +117,11 @@ class Job:
             self.emit("text", delta)
 
 
+def _moving_average(average: float, value: float) -> float:
+    """An exponential moving average (weight 0.2 on the newest value) that starts at its first value (0: none yet)."""
+    return value if average == 0 else 0.8 * average + 0.2 * value
+
+
 class Engine:
     """Loads the models (`load`), prepares requests (`prepare`) and decodes them on one worker thread."""
 
@@ -246,8 +251,8 @@ class Engine:
 
     def _spec(self, method: str) -> Method:
         """A method the server decodes with (RequestError naming `dynatree.method` otherwise)."""
-        served = [name for name, m in METHODS.items() if m.policy_cls is not None]
         if method not in METHODS:
+            served = [name for name, m in METHODS.items() if m.policy_cls is not None]
             raise RequestError(f"unknown method {method!r}; this server decodes with {', '.join(served)}",
                                "dynatree.method")
         spec = get_method(method)
@@ -307,9 +312,8 @@ class Engine:
             self.metrics.running.set(1)
             try:
                 stats = self._decode(job)
-                per_token = stats.wall_s / max(stats.new_tokens, 1)
-                self._token_s = per_token if self._token_s == 0 else 0.8 * self._token_s + 0.2 * per_token
-                self._tokens = stats.new_tokens if self._tokens == 0 else 0.8 * self._tokens + 0.2 * stats.new_tokens
+                self._token_s = _moving_average(self._token_s, stats.wall_s / max(stats.new_tokens, 1))
+                self._tokens = _moving_average(self._tokens, stats.new_tokens)
             except Exception as exc:  # noqa: BLE001 (one failed request must not stop the server)
                 job.emit("error", f"{type(exc).__name__}: {exc}")
             finally:

@@ -34,12 +34,12 @@ def _unicode(text: str, what: str) -> str:
     return text
 
 
-def _defaults_only(model: BaseModel, defaults: dict) -> None:
-    """OpenAI fields dynatree accepts only at their default (clients send them back as they got them)."""
-    for name, allowed in defaults.items():
-        value = getattr(model, name)
-        if value not in allowed:
-            raise ValueError(f"{name} is not supported by this server (got {value!r})")
+def _only_neutral(name: str, value, neutral: tuple) -> None:
+    """An OpenAI field this server has no use for, accepted only as null or one of the `neutral` values
+    that ask for nothing (of the same type: `true` is not 1); otherwise a ValueError naming it."""
+    if value is not None and not any(value == v and type(value) is type(v) for v in neutral):
+        raise ValueError(f"{name} is not supported by this server (got {value!r}"
+                         + (f"; accepted: null, {', '.join(map(repr, neutral))})" if neutral else ")"))
 
 
 class TextPart(_Strict):
@@ -83,8 +83,10 @@ class Message(_Strict):
 
     @model_validator(mode="after")
     def _text_only(self):
-        _defaults_only(self, {"refusal": (None,), "tool_calls": (None, []), "function_call": (None,),
-                              "audio": (None,), "annotations": (None, [])})
+        # what a client sends back when it appends a response's message to the conversation
+        for name, neutral in (("refusal", ()), ("tool_calls", ([],)), ("function_call", ()), ("audio", ()),
+                              ("annotations", ([],))):
+            _only_neutral(name, getattr(self, name), neutral)
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
         return self
@@ -160,10 +162,7 @@ class _Request(_Strict):
     @field_validator(*UNUSED)
     @classmethod
     def _nothing_unused_asked(cls, value, info: ValidationInfo):
-        neutral = UNUSED[info.field_name]
-        if value is not None and not any(value == v and type(value) is type(v) for v in neutral):
-            raise ValueError(f"{info.field_name} is not supported by this server (got {value!r}"
-                             + (f"; accepted: null, {', '.join(map(repr, neutral))})" if neutral else ")"))
+        _only_neutral(info.field_name, value, UNUSED[info.field_name])
         return value
 
     @field_validator("n")
