@@ -92,6 +92,22 @@ def test_streamed_text_and_stats_line(capsys, saved_tiny):
     assert "[dynatree] 6 tokens" in err and "acceptance" in err
 
 
+def test_stop_strings_end_the_printed_text_and_the_record(capsys, saved_tiny):
+    full = generate_json(capsys, saved_tiny, "--method", "ar", "--max-new-tokens", "20", "--ignore-eos")
+    words = full["text"].split()
+    stop = " ".join(words[6:8])
+    want = full["text"][:full["text"].find(stop)]
+    code, out, err = run_cli(capsys, "generate", "w5 w6 w7 w5 w6", "--target", str(saved_tiny), "--max-new-tokens", "20",
+                             "--ignore-eos", "--stop", "w95 w95 w95", "--stop", stop, "--compare", "ar")
+    assert code == 0 and out == want + "\n" and err.count("yes") == 2  # both methods cut at the same token
+    rec = generate_json(capsys, saved_tiny, "--max-new-tokens", "20", "--ignore-eos", "--stop", stop)
+    assert rec["text"] == want and rec["finish_reason"] == "stop" and rec["run"]["stop"] == [stop]
+    assert rec["new_token_ids"] == full["new_token_ids"][:len(rec["new_token_ids"])]
+    assert full["finish_reason"] == "length" and full["run"]["stop"] is None
+    code, _, err = run_cli(capsys, "generate", "w5", "--target", str(saved_tiny), "--stop", "")
+    assert code == 2 and "stop (--stop) strings must not be empty" in err
+
+
 def test_compare_table(capsys, saved_tiny):
     code, out, err = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "8",
                              "--compare", "ar,linear", "--k", "3")

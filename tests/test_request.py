@@ -50,6 +50,9 @@ MISSING = "/nonexistent/model-that-would-fail-to-load"  # check() must never loa
     ({"method": "hf-assisted", "draft": Hybrid("some/model")}, "takes a draft language model alone"),
     ({"draft": "ngram+"}, "ngram+MODEL needs a draft model after 'ngram+', got 'ngram+'"),
     ({"draft": 5}, "draft must be a spec string"),
+    ({"stop": 5}, "stop (--stop) must be a string or a list of strings, got 5"),
+    ({"stop": ["w5", None]}, "stop (--stop) must be a string or a list of strings"),
+    ({"stop": ["w5", ""]}, "stop (--stop) strings must not be empty"),
 ])
 def test_every_model_free_value_is_checked_before_loading(fields, message):
     request = Request(**{"prompt": "hello", "target": MISSING, **fields})
@@ -94,6 +97,46 @@ def test_the_result_is_typed_and_its_json_is_the_cli_record():
     assert "policy_state" not in plain and plain["new_token_ids"] == record["new_token_ids"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.text = "changed"
+
+
+def test_stop_strings_end_every_method_at_the_same_text():
+    """OpenAI's rule, as the server keeps it: the text ends just before the first stop string, the
+    ids with the token that completed it, the finish reason is "stop"; every method cuts alike."""
+    target, draft = tiny("llama", eos_ids=[]), tiny("llama", seed=1, eos_ids=[])
+    prompt = [5, 6, 7, 5, 6]
+    full = run(prepare(Request(prompt_ids=prompt, method="ar", target=target, max_new_tokens=30)))
+    words = full.text.split()
+    assert full.finish_reason == "length" and len(words) == 30
+    stop = " ".join(words[9:11])  # two words: the stop may straddle two committed groups
+    want = full.text[:full.text.find(stop)]
+    for method, drafted in (("ar", None), ("dynatree", draft), ("linear", "ngram"), ("wetap", draft),
+                            ("hf-ar", None), ("hf-assisted", draft)):
+        seen = []
+        got = run(prepare(Request(prompt_ids=prompt, method=method, target=target, draft=drafted, max_new_tokens=30,
+                                  stop=["w95 w95 w95", stop])), on_tokens=seen.extend)
+        assert got.text == want and got.finish_reason == "stop" and got.run.stop == ["w95 w95 w95", stop], method
+        ids = got.new_token_ids  # up to the token that completed the stop string
+        assert ids == full.new_token_ids[:len(ids)] and stop in target.tokenizer.decode(ids)
+        assert stop not in target.tokenizer.decode(ids[:-1]) and seen[:len(ids)] == ids, method
+        assert len(seen) < 30, method  # the decode ended there (a step later for transformers' generate)
+    unseen = run(prepare(Request(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=30,
+                                 stop="w95 w95 w95")))
+    assert unseen.new_token_ids == full.new_token_ids and unseen.finish_reason == "length"
+    assert full.run.stop is None and unseen.run.stop == ["w95 w95 w95"]
+
+
+def test_the_finish_reason_is_stop_at_an_end_of_sequence_token():
+    target = tiny("llama", eos_ids=[])
+    prompt = [5, 6, 7, 5, 6]
+    ids = run(prepare(Request(prompt_ids=prompt, method="ar", target=target, max_new_tokens=12))).new_token_ids
+    eos = tiny("llama", eos_ids=[ids[5]])  # the same model, its sixth new token an end of sequence
+    for method in ("ar", "dynatree"):
+        got = run(prepare(Request(prompt_ids=prompt, method=method, target=eos, draft=None if method == "ar"
+                                  else "ngram", max_new_tokens=12)))
+        assert got.new_token_ids == ids[:ids.index(ids[5]) + 1] and got.finish_reason == "stop"
+        kept = run(prepare(Request(prompt_ids=prompt, method=method, target=eos, draft=None if method == "ar"
+                                   else "ngram", max_new_tokens=12, ignore_eos=True)))
+        assert kept.new_token_ids == ids and kept.finish_reason == "length"
 
 
 @pytest.mark.parametrize("method,reason", [

@@ -27,6 +27,7 @@ from .peers import hf_generate, universal_assisted
 from .prompts import encode_prompt
 from .sampling import Sampler, SamplingConfig
 from .stats import PeakMemory, Stats
+from .textstream import TextStream
 from .request import Checked, Request, is_int
 from .result import Result, RunInfo
 from .window import KVWindow
@@ -86,6 +87,7 @@ class Prepared:
     window: KVWindow | None
     sampling: SamplingConfig | None  # None: greedy
     compile: bool  # decode steps through torch.compile (dynatree's methods; hf-ar with a static cache)
+    stops: tuple[str, ...] = ()  # stop strings: the decode ends at the first one
 
     @property
     def ours(self) -> bool:
@@ -110,9 +112,22 @@ class Prepared:
         sampler = Sampler(self.sampling, self.seed) if self.sampling is not None else None
         return Decoder(self.target, policy, drafter, self.window, sampler, compile=self.compile)
 
-    def result(self, new_ids: list[int], stats: Stats, policy_state: dict | None = None) -> Result:
-        """The typed result of a run (`Result.to_json()` is the JSON of `dynatree generate --json`)."""
+    def text_stream(self) -> TextStream:
+        """What watches a run's text for the stop strings (textstream.py)."""
+        return TextStream(self.target.tokenizer, self.stops)
+
+    def result(self, new_ids: list[int], stats: Stats, policy_state: dict | None = None,
+               text: TextStream | None = None) -> Result:
+        """The typed result of a run (`Result.to_json()` is the JSON of `dynatree generate --json`);
+        `text`, the stream that watched the run, cuts the ids and text at a stop string it saw
+        (OpenAI's rule: the ids end with the token that completed it, the text just before it)."""
         tgt, draft, ours = self.target, self.draft_model, self.ours
+        if text is not None and text.stopped:
+            new_ids, words, reason = new_ids[:text.stop_at], text.text, "stop"
+        else:
+            words = tgt.tokenizer.decode(new_ids, skip_special_tokens=True)
+            ended = bool(new_ids) and new_ids[-1] in tgt.eos_ids and not self.ignore_eos
+            reason = "stop" if ended else "length"
         engine = get_method(self.method).engine
         llama = engine == "llama.cpp"  # llama.cpp decodes the GGUF file as stored, whatever the target's format
         info = RunInfo(
@@ -138,11 +153,11 @@ class Prepared:
             kv_window=str(self.window) if self.window is not None else None,
             sampling=dataclasses.asdict(self.sampling) if self.sampling is not None else None,
             lossy=self.sampling is not None and is_lossy(self.config),
+            stop=list(self.stops) or None,
         )
         return Result(method=self.method, target=tgt.name, draft=None if self.draft is None else self.draft.name,
                       prompt_tokens=len(self.prompt_ids),
-                      new_token_ids=new_ids, text=tgt.tokenizer.decode(new_ids, skip_special_tokens=True),
-                      stats=stats.summary(), config=dataclasses.asdict(self.config), run=info,
+                      new_token_ids=new_ids, text=words, finish_reason=reason, stats=stats.summary(), config=dataclasses.asdict(self.config), run=info,
                       env=env.describe(tgt.device), policy_state=policy_state)
 
 
@@ -195,34 +210,54 @@ def prepare(request: Request | Checked) -> Prepared:
     return Prepared(method=r.method, config=checked.config, target=tgt, draft=draft,
                     prompt_ids=prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos, chat=r.chat,
                     seed=r.seed, ngram_max=r.ngram_max, window=window, sampling=checked.sampling,
-                    compile=bool(compile) and spec.compilable)
+                    compile=bool(compile) and spec.compilable, stops=checked.stops)
 
 
 def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> Result:
     """Decode a prepared request once and return its result (transformers' generate()
-    for the hf-* methods, dynatree's decoder for the others)."""
+    for the hf-* methods, dynatree's decoder for the others). `on_tokens` gets every group of
+    tokens as it is committed; with stop strings the decode ends after the group that completes
+    one, and the result's ids and text end there."""
     if not isinstance(job, Prepared):
         raise DynaTreeError(f"run() takes what prepare() returns, got {type(job).__name__}"
                             + (": run(prepare(request))" if isinstance(job, (Request, Checked)) else ""))
     if on_tokens is not None and not callable(on_tokens):
         raise DynaTreeError(f"on_tokens must be a function of the new token ids, got {type(on_tokens).__name__}")
     tgt = job.target
+    text = job.text_stream() if job.stops else None  # (decoding the text at every commit costs time: only for stops)
+    watch = on_tokens if text is None else _watching(text, on_tokens)
+    stopped = (lambda: False) if text is None else (lambda: text.stopped)
     if isinstance(job.config, (LlamaCppArConfig, LlamaCppLookupConfig)):
         lookup = job.config if isinstance(job.config, LlamaCppLookupConfig) else None
-        new_ids, stats = llamacpp_generate(tgt, job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens,
-                                           job.sampling, lookup)
-        return job.result(new_ids, stats)
+        new_ids, stats = llamacpp_generate(tgt, job.prompt_ids, job.max_new_tokens, job.ignore_eos, watch,
+                                           job.sampling, lookup, stopped)
+        return job.result(new_ids, stats, text=text)
     if not job.ours:
         torch.manual_seed(job.seed)
         new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos, job.draft_model,
-                                     on_tokens, job.sampling, compile=job.compile)
-        return job.result(new_ids, stats)
+                                     watch, job.sampling, compile=job.compile, stopped=stopped)
+        return job.result(new_ids, stats, text=text)
     decoder = job.decoder()
     decoder.prepare(job.prompt_ids, job.max_new_tokens)  # compiled graphs and cost curve, before the span measured
     memory = PeakMemory(tgt.device)
-    run = decoder.generate(job.prompt_ids, job.max_new_tokens, job.ignore_eos, on_tokens)
-    run.stats.peak_mem_mb = memory.peak_mb()
-    return job.result(run.new_tokens, run.stats, decoder.policy.state())
+    steps = decoder.steps(job.prompt_ids, job.max_new_tokens, job.ignore_eos, watch)
+    try:
+        for _ in steps:
+            if stopped():
+                break
+    finally:
+        steps.close()
+    decoder.run.stats.peak_mem_mb = memory.peak_mb()
+    return job.result(decoder.run.new_tokens, decoder.run.stats, decoder.policy.state(), text)
+
+
+def _watching(text: TextStream, on_tokens: Callable[[list[int]], None] | None) -> Callable[[list[int]], None]:
+    """A commit callback that feeds `text` (which watches for the stop strings), then `on_tokens`."""
+    def watch(ids: list[int]) -> None:
+        text.push(ids)
+        if on_tokens is not None:
+            on_tokens(ids)
+    return watch
 
 
 def generate(
@@ -234,6 +269,7 @@ def generate(
     prompt_ids: list[int] | None = None,
     max_new_tokens: int = 128,
     ignore_eos: bool = False,
+    stop: str | list[str] | None = None,
     chat: bool = False,
     device: str | None = None,
     dtype: str | None = None,
@@ -268,6 +304,8 @@ def generate(
     generate() with a static cache and its own compiled forward); None keeps the loaded target's
     own setting. `linear`
     ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
+    `stop` (a string or a list) ends the decode at the first stop string: the result's text just
+    before it, its ids with the token that completed it, `finish_reason` "stop" (OpenAI's rule).
     Method options go as keywords here (`options=` is `Request`'s field for the same dict).
     `weights` ("dense", "q4", "int8", "auto"; None: dense) is the format of a target loaded here
     (weights.py); drafts load dense, in the target's dtype. With a loaded target, `device`,
@@ -278,7 +316,7 @@ def generate(
         raise DynaTreeError("generate() takes the method's options as keywords (e.g. d0=4), not options={...} "
                             "(that is Request's field)")
     request = Request(prompt=prompt, method=method, options=options, target=target, draft=draft,
-                      prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, chat=chat,
+                      prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop, chat=chat,
                       device=device, dtype=dtype, weights=weights, seed=seed, ngram_max=ngram_max, kv_window=kv_window, sample=sample,
                       temperature=temperature, top_k=top_k, top_p=top_p, compile=compile, linear=linear)
     return run(prepare(request), on_tokens)

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "'smollm2-135m-store' or a directory from distill --kind store) [ngram]")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most [128]")
     gen.add_argument("--ignore-eos", action="store_true", help="treat EOS as an ordinary token and generate exactly N tokens")
+    gen.add_argument("--stop", action="append", metavar="TEXT", help="end at this text, printed up to just before it "
+                     "(repeat for several; OpenAI's stop rule)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON record instead of the streamed text")
     gen.add_argument("--compare", metavar="M1,M2", help="also run these methods on the same prompt (each after a short untimed run of every method) and print a table")
@@ -105,10 +107,11 @@ def _read_prompt(args) -> str:
 
 
 class _TextStream:
-    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 sequences (textstream.py)."""
+    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 sequences and what may
+    begin a stop string, and nothing from a stop string on (textstream.py)."""
 
-    def __init__(self, tokenizer, out):
-        self.text, self.out = TextStream(tokenizer, []), out
+    def __init__(self, text: TextStream, out):
+        self.text, self.out = text, out
 
     def __call__(self, new_ids: list[int]) -> None:
         self._write(self.text.push(new_ids))
@@ -223,7 +226,7 @@ def cmd_generate(args) -> int:
     requests = {method: Request(  # one per method, every value checked before any model loads
         prompt=prompt, method=method, options=options_for(method), target=args.target,
         draft=args.draft if method in drafting else None, max_new_tokens=args.max_new_tokens,
-        ignore_eos=args.ignore_eos, chat=args.chat, device=args.device, dtype=args.dtype, weights=args.weights, seed=args.seed,
+        ignore_eos=args.ignore_eos, stop=args.stop, chat=args.chat, device=args.device, dtype=args.dtype, weights=args.weights, seed=args.seed,
         ngram_max=ngram_max, kv_window=args.kv_window, compile=args.compile and method in compilable, linear=args.linear,
         **sampling_kwargs(args)) for method in methods}
     checked = {method: request.check() for method, request in requests.items()}  # the one check of each
@@ -252,7 +255,7 @@ def cmd_generate(args) -> int:
             warm_compile[method] = warm.stats.compile_s or 0.0
     results = []
     for i, (method, job) in enumerate(jobs.items()):
-        stream = None if args.json or i > 0 else _TextStream(target.tokenizer, sys.stdout)
+        stream = None if args.json or i > 0 else _TextStream(job.text_stream(), sys.stdout)
         result = api.run(job, on_tokens=stream)
         if result.stats.compile_s is not None:  # compiled before the clock, in the warm-up or the run
             compiled = result.stats.compile_s + warm_compile.get(method, 0.0)

@@ -218,10 +218,11 @@ def check_target(target, prompt_tokens: int, max_new_tokens: int, sampling, meth
 
 
 def llamacpp_generate(target, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False,
-                      on_tokens=None, sampling=None, lookup: LlamaCppLookupConfig | None = None
-                      ) -> tuple[list[int], Stats]:
+                      on_tokens=None, sampling=None, lookup: LlamaCppLookupConfig | None = None,
+                      stopped=None) -> tuple[list[int], Stats]:
     """Greedy decoding by llama.cpp of the target's GGUF file, one pass per token, or with `lookup`
-    its prompt-lookup speculative mode; new tokens and stats."""
+    its prompt-lookup speculative mode; new tokens and stats. `stopped()`, asked after each token
+    reached `on_tokens`, ends the run when true (a stop string in the text)."""
     check_target(target, len(prompt_ids), max_new_tokens, sampling, "llamacpp-ar" if lookup is None else "llamacpp-lookup")
     llm = _llama(target.gguf, context_for(target.context_length), torch.get_num_threads(), lookup)
     eos = set() if ignore_eos else set(target.eos_ids)
@@ -236,7 +237,7 @@ def llamacpp_generate(target, prompt_ids: list[int], max_new_tokens: int, ignore
         new_ids.append(int(token))
         if on_tokens:
             on_tokens([int(token)])
-        if len(new_ids) >= max_new_tokens or token in eos:
+        if len(new_ids) >= max_new_tokens or token in eos or (stopped is not None and stopped()):
             break
     wall = clock.elapsed()
     passes, drafted = len(new_ids), 0

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from .attention import stock_attention
@@ -142,6 +143,18 @@ class _Stamps(BaseStreamer):
         pass
 
 
+class _Asked(StoppingCriteria):
+    """Ends generate() when the caller's `stopped()` says so. generate() asks its criteria before
+    it streams a step's tokens, so it stops one step after the step that completed a stop string;
+    `Prepared.result` cuts the ids there."""
+
+    def __init__(self, stopped):
+        self.stopped = stopped
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), bool(self.stopped()), dtype=torch.bool, device=input_ids.device)
+
+
 @contextlib.contextmanager
 def _notices_off():
     """transformers' generate() calls itself for the assistant with a generation_config and
@@ -169,9 +182,12 @@ def hf_generate(
     on_tokens=None,
     sampling=None,
     compile: bool = False,
+    stopped=None,
 ) -> tuple[list[int], Stats]:
     """Run transformers' generate() for one of the hf-* configs; return new tokens and stats.
-    `compile` (hf-ar and hf-assisted): a static cache and transformers' compiled forward (see above)."""
+    `compile` (hf-ar and hf-assisted): a static cache and transformers' compiled forward (see above).
+    `stopped()` (a stop string in the text streamed to `on_tokens`) ends generate() when true, one
+    step late (see `_Asked`)."""
     device = target.device
     received: list[int] = []
 
@@ -207,7 +223,9 @@ def hf_generate(
             graphs = compiled_graphs()
             memory, clock = PeakMemory(device), Clock(device)
             stamps = _Stamps(clock, on_tokens)
-            out = target.model.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, streamer=stamps, **common)
+            criteria = StoppingCriteriaList([_Asked(stopped)] if stopped is not None else [])
+            out = target.model.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, streamer=stamps,
+                                        stopping_criteria=criteria, **common)
             wall = clock.elapsed()
         finally:
             hook.remove()

@@ -41,6 +41,7 @@ class Request:
     prompt_ids: list[int] | None = None  # token ids instead of `prompt`, used as they are (a 1-D integer tensor too)
     max_new_tokens: int = 128  # at most this many new tokens
     ignore_eos: bool = False  # go on after an end-of-sequence token
+    stop: str | list[str] | None = None  # stop strings: the decode ends at the first, the text just before it
     chat: bool = False  # wrap `prompt` in the tokenizer's chat template
     device: str | None = None  # where specs are loaded (None: cpu; a loaded target's own device)
     dtype: str | None = None  # dtype specs are loaded in; None: float32 (bfloat16 for low-bit weights)
@@ -87,6 +88,7 @@ class Request:
             raise DynaTreeError("kv_window (--kv-window) must be 'SINK,RECENT' or a KVWindow, got "
                                 f"{type(self.kv_window).__name__}")
         sampling = sampling_config(self.sample, self.temperature, self.top_k, self.top_p)
+        stops = _stops(self.stop)
         if window is not None and spec.policy_cls is None:
             raise DynaTreeError(f"kv_window (--kv-window) is not available for {self.method!r} ({spec.baseline})")
         if self.compile and not spec.compilable:
@@ -98,7 +100,7 @@ class Request:
         check_linear_kernel(self.linear)
         self._check_weights()
         self._check_draft(spec)
-        return Checked(self, spec, config, window, sampling)
+        return Checked(self, spec, config, window, sampling, stops)
 
     def _check_weights(self) -> None:
         """The weight format exists and takes the dtype; a loaded target keeps its own format."""
@@ -153,6 +155,7 @@ class Checked:
     config: object  # the method's validated config dataclass
     window: KVWindow | None  # the KV window, or None
     sampling: SamplingConfig | None  # the sampling settings, or None (greedy)
+    stops: tuple[str, ...] = ()  # the stop strings, validated
 
     def bind(self, target: LoadedModel, draft: Draft | None, prompt_ids: list[int]) -> Checked:
         """This checked request with its models loaded and its prompt encoded by the caller (the CLI
@@ -174,6 +177,16 @@ class Checked:
 def is_int(value) -> bool:
     """An integer that is not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _stops(stop) -> tuple[str, ...]:
+    """`stop` as a tuple of non-empty strings (one string or a list of them)."""
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop if isinstance(stop, (list, tuple)) else None
+    if stops is None or not all(isinstance(s, str) for s in stops):
+        raise DynaTreeError(f"stop (--stop) must be a string or a list of strings, got {stop!r}")
+    if not all(stops):
+        raise DynaTreeError("stop (--stop) strings must not be empty (an empty one would stop at once)")
+    return tuple(stops)
 
 
 def _positive_int(name: str, value) -> None:

@@ -61,6 +61,7 @@ class RunInfo:
     kv_window: str | None  # "SINK,RECENT" when the KV caches are bounded
     sampling: dict | None  # the sampling settings (None: greedy)
     lossy: bool  # the acceptance rule does not keep the target's distribution (sampling only)
+    stop: list[str] | None  # the stop strings (None: none)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ class Result:
     draft: str | None  # None (no drafter), "ngram", a model name, "ngram+NAME", "ngram+STORE" or "ngram+STORE+NAME"
     prompt_tokens: int
     new_token_ids: list[int]
-    text: str  # the new tokens decoded, special tokens skipped
+    text: str  # the new tokens decoded, special tokens skipped (ending just before a stop string)
+    finish_reason: str  # "stop": an end-of-sequence token or a stop string; "length": max_new_tokens
     stats: Summary
     config: dict  # the method's config fields
     run: RunInfo

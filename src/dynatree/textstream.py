@@ -12,13 +12,14 @@ class TextStream:
     stop text is not returned) and `stopped` is set.
     """
 
-    def __init__(self, tokenizer, stops: list[str]):
+    def __init__(self, tokenizer, stops: list[str] | tuple[str, ...] = ()):
         self.tokenizer = tokenizer
-        self.stops = stops
+        self.stops = list(stops)
         self.ids: list[int] = []
         self.sent = 0  # characters already handed out
         self.stopped = False
         self.stop_at: int | None = None  # with `stopped`: how many tokens it took to complete the stop string
+        self.text: str | None = None  # with `stopped`: the whole text, up to just before the stop string
 
     def push(self, ids: list[int]) -> str:
         """Add committed tokens; the new text that may be sent now ('' if none)."""
@@ -30,7 +31,8 @@ class TextStream:
         if cut is not None:
             self.stopped = True
             self.stop_at = self._tokens_to_stop(len(self.ids) - len(ids))
-            return self._take(text[:cut])
+            self.text = text[:cut]
+            return self._take(self.text)
         text = text.rstrip("\ufffd")  # an incomplete character at the end waits; the text before it goes
         return self._take(text[: len(text) - self._held(text)])
 

@@ -137,7 +137,7 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
             return answer(_error(400, str(exc), param=exc.param, code=exc.code))
         except DynaTreeError as exc:  # a check outside the request's fields
             return answer(_error(400, str(exc)))
-        job = Job(prepared, body.stops, asyncio.get_running_loop())
+        job = Job(prepared, asyncio.get_running_loop())
         try:
             engine.submit(job)
         except QueueFull as exc:

@@ -31,7 +31,6 @@ from ..stats import Stats
 from ..window import KVWindow
 from .metrics import Metrics
 from .protocol import ChatRequest, CompletionRequest
-from ..textstream import TextStream
 from ..weights import inexact_greedy
 
 WARMUP_PROMPT = "Hello! Say hello back in one short sentence."
@@ -91,9 +90,9 @@ class Finished:
 class Job:
     """One prepared request on its way through the queue and the worker."""
 
-    def __init__(self, prepared: api.Prepared, stops: list[str], loop: asyncio.AbstractEventLoop | None):
+    def __init__(self, prepared: api.Prepared, loop: asyncio.AbstractEventLoop | None):
         self.prepared = prepared
-        self.text = TextStream(prepared.target.tokenizer, stops)
+        self.text = prepared.text_stream()  # the request's stop strings
         self.events: asyncio.Queue = asyncio.Queue()  # ('text', str), then ('done', Finished) or ('error', str)
         self.cancelled = threading.Event()  # set by the HTTP side when the client goes away
         self.loop = loop  # None: nobody listens (the warm-up)
@@ -166,7 +165,7 @@ class Engine:
             ids = encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)
             prepared = self._prepare(ids, self._spec(s.method), dict(s.options), max_new_tokens=8, seed=0)  # checks method + draft
             if s.warmup:
-                warm = self._decode(Job(prepared, [], None), observe=False)  # its wall time leaves compiling out
+                warm = self._decode(Job(prepared, None), observe=False)  # its wall time leaves compiling out
                 self._token_s = warm.wall_s / max(warm.new_tokens, 1)
             self._worker = threading.Thread(target=self._work, name="dynatree-decode", daemon=True)
             self._worker.start()
@@ -247,7 +246,7 @@ class Engine:
         sample = request.temperature >= GREEDY_BELOW
         sampling = dict(sample=True, temperature=request.temperature, top_k=request.top_k,
                         top_p=request.top_p) if sample else {}
-        return self._prepare(ids, spec, options, max_tokens, seed, **sampling)
+        return self._prepare(ids, spec, options, max_tokens, seed, stop=request.stops, **sampling)
 
     def _spec(self, method: str) -> Method:
         """A method the server decodes with (RequestError naming `dynatree.method` otherwise)."""
@@ -261,13 +260,13 @@ class Engine:
                                "decodes with dynatree's methods (ar, linear, dynatree, ...)", "dynatree.method")
         return spec
 
-    def _prepare(self, ids, spec: Method, options, max_new_tokens, seed, **sampling) -> api.Prepared:
+    def _prepare(self, ids, spec: Method, options, max_new_tokens, seed, stop=None, **sampling) -> api.Prepared:
         """The engine's Request for a decode with `spec` (from `_spec`): its checks (the method's options:
         RequestError naming `dynatree`), then `api.prepare` against the loaded models (an error there names
         no field)."""
         request = Request(method=spec.name, options=options, target=self.target,
                           draft=self.draft if spec.draft != "none" else None, prompt_ids=ids,
-                          max_new_tokens=max_new_tokens, seed=seed, ngram_max=self.settings.ngram_max,
+                          max_new_tokens=max_new_tokens, stop=stop, seed=seed, ngram_max=self.settings.ngram_max,
                           kv_window=self.window, compile=self.settings.compile and spec.compilable, **sampling)
         try:
             checked = request.check()
@@ -334,18 +333,13 @@ class Engine:
         finally:
             steps.close()
         run = decoder.run
-        new_ids = run.new_tokens[:job.text.stop_at] if job.text.stopped else run.new_tokens
-        if job.cancelled.is_set():
-            reason = "cancelled"
-        elif job.text.stopped or (new_ids and new_ids[-1] in prepared.target.eos_ids and not prepared.ignore_eos):
-            reason = "stop"
-        else:
-            reason = "length"
+        # stats count every committed token; the result's ids end at a stop string
+        result = prepared.result(run.new_tokens, run.stats, decoder.policy.state(), job.text)
+        new_ids = result.new_token_ids
+        reason = "cancelled" if job.cancelled.is_set() else result.finish_reason
         rest = job.text.finish()
         if rest:
             job.emit("text", rest)
-        state = decoder.policy.state()
-        result = prepared.result(new_ids, run.stats, state)  # stats count every committed token, the ids end at a stop
         if observe:
             self.metrics.observe(result, queue_s, job.first_token_s, time.perf_counter() - job.submitted, reason)
         job.emit("done", Finished(reason, len(prepared.prompt_ids), new_ids, result, queue_s))
