@@ -219,9 +219,16 @@ BAD = [  # (path, body, what the message says, the `param` it names)
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
                               "dynatree": {"method": "hf-ar"}}, "transformers' own generate()", "dynatree.method"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
-                              "dynatree": {"method": "fixed-tree", "depth": -1}}, "depth", "dynatree"),
+                              "dynatree": {"method": "fixed-tree", "depth": -1}}, "dynatree.depth must be at least 1",
+     "dynatree.depth"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
-                              "dynatree": {"colour": 3}}, "--colour does not apply", "dynatree"),
+                              "dynatree": {"colour": 3}}, "option dynatree.colour does not apply to method 'dynatree' "
+     "(its options: dynatree.d0, dynatree.d_max", "dynatree.colour"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
+                              "dynatree": {"method": "linear", "k": "3"}}, "dynatree.k of method 'linear' must be int",
+     "dynatree.k"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "max_tokens": 5.5}, "max_tokens", "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "top_k": -2}, "top_k", "top_k"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "max_tokens": 500},
      "exceeds this server's limit 200", "max_tokens"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5 " * 520}]},
@@ -539,12 +546,57 @@ def test_text_stream_holds_back_stop_prefixes_and_half_characters():
     assert v.push([ord("a"), ord("b"), 0xFF]) == "ab" and v.finish() == "\ufffd"
 
 
+def test_whole_floats_and_vllms_disabled_top_k_are_taken(server):
+    """Python's json writes 5.0 for a number that went through a float; vLLM's clients send top_k -1
+    (or 0) for "all tokens": both mean what they say, not a 400."""
+    want = expected("w5 w6 w7", 6, chat=False)
+    got = server.post("/v1/completions", {"model": MODEL, "prompt": "w5 w6 w7", "max_tokens": 6.0, "temperature": 0,
+                                          "top_k": -1, "seed": 3.0})
+    assert got.status_code == 200, got.text
+    assert got.json()["dynatree"]["completion_token_ids"] == want.new_token_ids
+    sampled = [server.post("/v1/completions", {"model": MODEL, "prompt": "w5 w6 w7", "max_tokens": 6, "seed": 4,
+                                               "top_k": k}).json()["dynatree"] for k in (0, -1, None)]
+    assert sampled[0]["completion_token_ids"] == sampled[1]["completion_token_ids"] == sampled[2]["completion_token_ids"]
+    assert sampled[0]["sampling"]["top_k"] == 0  # (SamplingConfig's "no top-k")
+
+
+def test_a_served_model_name_and_cors_origins():
+    """--served-model-name is the id clients send and see; --allow-origin lets a web page on that origin
+    call the API (a browser's preflight is answered), and no CORS header is sent without it."""
+    s = Server(served_model_name="my-model", allow_origins=("http://localhost:3000",), warmup=False)
+    try:
+        assert [m.id for m in s.client.models.list().data] == ["my-model"]
+        got = s.client.completions.create(model="my-model", prompt="w5 w6", max_tokens=3, temperature=0)
+        assert got.model == "my-model" and got.dynatree["completion_token_ids"] == expected(
+            "w5 w6", 3, chat=False).new_token_ids
+        with pytest.raises(openai.NotFoundError, match="this server serves 'my-model'"):
+            s.client.completions.create(model=MODEL, prompt="w5", max_tokens=2)
+        preflight = httpx.options(s.url + "/v1/chat/completions", headers={
+            "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "http://localhost:3000"
+        other = httpx.get(s.url + "/v1/models", headers={"Origin": "http://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+        assert httpx.get(s.url + "/v1/models", headers={"Origin": "http://localhost:3000"}).headers[
+            "access-control-allow-origin"] == "http://localhost:3000"
+    finally:
+        s.stop()
+
+
+def test_no_cors_headers_by_default(server):
+    got = httpx.get(server.url + "/v1/models", headers={"Origin": "http://localhost:3000"})
+    assert got.status_code == 200 and "access-control-allow-origin" not in got.headers
+
+
 def test_serve_cli_refuses_bad_settings_before_loading(capsys):
     for argv, message in ((["serve", "--method", "hf-lookup"], "dynatree's own methods"),
                           (["serve", "--queue", "0"], "--queue must be at least 1"),
                           (["serve", "--port", "70000"], "--port must be at most 65535"),
                           (["serve", "--draft", "ngram+"], "ngram+MODEL needs a draft model after 'ngram+'"),
-                          (["serve", "--kv-window", "4"], "SINK,RECENT")):
+                          (["serve", "--kv-window", "4"], "SINK,RECENT"),
+                          (["serve", "--served-model-name", " "], "--served-model-name must not be empty"),
+                          (["serve", "--allow-origin", "localhost:3000"], "--allow-origin takes an origin such as")):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1

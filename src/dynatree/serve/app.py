@@ -13,6 +13,7 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -63,6 +64,9 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
         engine.close()
 
     app = FastAPI(title="dynatree", lifespan=lifespan)
+    if engine.settings.allow_origins:  # a web page on these origins may call the API (browsers ask first)
+        app.add_middleware(CORSMiddleware, allow_origins=list(engine.settings.allow_origins),
+                           allow_methods=["GET", "POST"], allow_headers=["*"], max_age=600)
     metrics = engine.metrics
 
     @app.exception_handler(RequestValidationError)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 import threading
@@ -33,6 +34,11 @@ def add_serve_command(sub) -> None:
                    help="most tokens one request may generate, and the default within the context [1024]")
     p.add_argument("--ngram-max", type=int, default=4, help="longest context the n-gram drafter matches [4]")
     p.add_argument("--kv-window", metavar="SINK,RECENT", help="attention-sink KV window for every request")
+    p.add_argument("--served-model-name", metavar="NAME",
+                   help="the model id clients send and /v1/models lists [the --target as given]")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin (e.g. http://localhost:3000; '*': any) allowed to call the API from a web "
+                        "page (CORS headers); repeatable [none: browsers refuse cross-origin calls]")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="report ready without decoding a warm-up prompt (the first request then compiles and "
                         "measures)")
@@ -63,10 +69,17 @@ def settings_from(args):
             raise DynaTreeError(f"{flag} must be at least {low}, got {value}")
     if args.port > 65535:
         raise DynaTreeError(f"--port must be at most 65535, got {args.port}")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise DynaTreeError("--served-model-name must not be empty")
+    for origin in args.allow_origin:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise DynaTreeError(f"--allow-origin takes an origin such as http://localhost:3000 (scheme and host, no "
+                                f"path) or '*', got {origin!r}")
     return ServeSettings(target=args.target, draft=args.draft, method=args.method, options=options,
                          compile=args.compile, device=args.device, dtype=args.dtype, linear=args.linear,
                          weights=args.weights, ngram_max=args.ngram_max, kv_window=args.kv_window, queue=args.queue,
-                         max_tokens=args.max_tokens, warmup=args.warmup)
+                         max_tokens=args.max_tokens, warmup=args.warmup, served_model_name=args.served_model_name,
+                         allow_origins=tuple(args.allow_origin))
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -94,7 +107,7 @@ def cmd_serve(args) -> int:
     server = uvicorn.Server(config)
 
     def load():
-        print(f"dynatree serve: loading {engine.model_id} and warming up (/health answers 'loading')",
+        print(f"dynatree serve: loading {args.target} and warming up (/health answers 'loading')",
               file=sys.stderr, flush=True)
         engine.load()
         if engine.state == "failed":

@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import math
 import queue
+import re
 import secrets
 import threading
 import time
@@ -56,6 +57,8 @@ class ServeSettings:
     queue: int = 16  # requests that may wait while one decodes; one more is answered 429
     max_tokens: int = 1024  # the most tokens one request may ask for (and its default, within the context)
     warmup: bool = True  # decode one short prompt before reporting ready (compiles graphs, measures costs)
+    served_model_name: str | None = None  # the model id clients send and see (None: the target's name or spec)
+    allow_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (CORS; "*": any), none by default
 
 
 class RequestError(DynaTreeError):
@@ -66,6 +69,23 @@ class RequestError(DynaTreeError):
         super().__init__(message)
         self.param = param
         self.code = code  # OpenAI's error code where it has one (context_length_exceeded)
+
+
+def _option_error(message: str, spec: Method, options: dict) -> RequestError:
+    """A method option's error (worded for the CLI: `--tau-h must be ...`) in the request's own
+    terms (`dynatree.tau_h must be ...`), naming the first option it mentions as `param`."""
+    names = {f.name for f in dataclasses.fields(spec.config_cls)} | set(options)
+    named: list[str] = []
+
+    def server_name(match: re.Match) -> str:
+        name = match.group(1).replace("-", "_")
+        if name not in names:
+            return match.group(0)
+        named.append(name)
+        return f"dynatree.{name}"
+
+    message = re.sub(r"--([a-z0-9][a-z0-9-]*)", server_name, message)
+    return RequestError(message, f"dynatree.{named[0]}" if named else "dynatree")
 
 
 class QueueFull(Exception):
@@ -144,6 +164,8 @@ class Engine:
     @property
     def model_id(self) -> str:
         t = self.settings.target
+        if self.settings.served_model_name is not None:
+            return self.settings.served_model_name
         return t.name if isinstance(t, LoadedModel) else str(t)
 
     # -- loading ------------------------------------------------------------------------------
@@ -271,7 +293,7 @@ class Engine:
         try:
             checked = request.check()
         except DynaTreeError as exc:
-            raise RequestError(str(exc), "dynatree") from None
+            raise _option_error(str(exc), spec, options) from None
         try:
             return api.prepare(checked)
         except DynaTreeError as exc:

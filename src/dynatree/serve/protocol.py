@@ -42,6 +42,14 @@ def _only_neutral(name: str, value, neutral: tuple) -> None:
                          + (f"; accepted: null, {', '.join(map(repr, neutral))})" if neutral else ")"))
 
 
+def _whole(value):
+    """A float with no fraction (`5.0`, as Python's json writes a number that went through a float) as
+    the integer it is; anything else as it came (the strict type check then names a fraction or a string)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 class TextPart(_Strict):
     """One part of a message's content given as a list (only text parts exist in a text model)."""
 
@@ -121,7 +129,7 @@ class _Request(_Strict):
     max_tokens: int | None = Field(None, ge=1)  # absent: up to the context and the server's --max-tokens
     temperature: float = Field(1.0, ge=0.0, le=2.0)  # 0: greedy (exact: the target's own greedy tokens)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=1)  # an extension (vLLM and llama.cpp have it too)
+    top_k: int | None = Field(None, ge=1)  # an extension (vLLM and llama.cpp have it too); -1 or 0: all tokens (vLLM's)
     seed: int | None = Field(None, ge=-2**63, lt=2**63)  # absent: a fresh random seed per request
     stop: str | list[str] | None = None
     n: int = 1
@@ -158,6 +166,16 @@ class _Request(_Strict):
             return {k: v for k, v in data.items()
                     if not (v is None and k in NULL_MEANS_DEFAULT and k in cls.model_fields)}
         return data
+
+    @field_validator("max_tokens", "top_k", "seed", "n", "top_logprobs", mode="before")
+    @classmethod
+    def _whole_numbers(cls, value):
+        return _whole(value)
+
+    @field_validator("top_k", mode="before")
+    @classmethod
+    def _all_tokens(cls, value):
+        return None if _whole(value) in (-1, 0) and not isinstance(value, bool) else value  # vLLM's "no top-k"
 
     @field_validator(*UNUSED)
     @classmethod
@@ -236,6 +254,11 @@ class ChatRequest(_Request):
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+
+    @field_validator("max_completion_tokens", mode="before")
+    @classmethod
+    def _whole_number(cls, value):
+        return _whole(value)
 
     @field_validator("max_completion_tokens")
     @classmethod
