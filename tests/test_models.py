@@ -40,6 +40,18 @@ def test_directory_without_config(tmp_path):
         load_model(str(tmp_path))
 
 
+def test_directory_without_tokenizer_files(saved_tiny, tmp_path):
+    """A checkpoint saved without its tokenizer is named as such, before its weights load (transformers'
+    own message, "Couldn't instantiate the backend tokenizer from one of:", says neither)."""
+    import shutil
+
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(saved_tiny / name, tmp_path / name)
+    with pytest.raises(DynaTreeError, match=r"has no tokenizer files \(none of tokenizer.json, .*\): save the tokenizer "
+                                            r"beside the model"):
+        load_model(str(tmp_path))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on machines without CUDA")
 def test_cuda_requested_without_cuda():
     with pytest.raises(DynaTreeError, match="CUDA is not available"):
@@ -71,3 +83,13 @@ def test_a_loaded_models_repr_is_one_line_naming_it():
     """Printed whole, the module tree and the tokenizer's added tokens ran to about 60 lines."""
     text = repr(tiny("llama"))
     assert text.startswith("LoadedModel(name='tiny-llama-0'") and "\n" not in text and "weights='dense'" in text
+
+
+def test_the_context_length_is_read_from_each_configs_own_field():
+    """MPT names its limit max_seq_len; BLOOM (ALiBi positions) names none: None, and no length refused."""
+    from transformers import BloomConfig, BloomForCausalLM, MptConfig, MptForCausalLM
+
+    mpt = MptForCausalLM(MptConfig(d_model=32, n_heads=4, n_layers=1, vocab_size=96, max_seq_len=48))
+    bloom = BloomForCausalLM(BloomConfig(hidden_size=32, n_head=4, n_layer=1, vocab_size=96))
+    assert LoadedModel(model=mpt, tokenizer=tokenizer(), name="mpt").context_length == 48
+    assert LoadedModel(model=bloom, tokenizer=tokenizer(), name="bloom").context_length is None

@@ -270,6 +270,11 @@ def _converted_gguf_dir(gguf: Path, label: str) -> Path:
     return out
 
 
+# what a saved tokenizer leaves in a checkpoint directory (fast, sentencepiece, BPE and WordPiece files)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json",
+                   "vocab.txt", "merges.txt", "tokenizer.tiktoken")
+
+
 def _from_pretrained(spec, directory, gguf_file, local_only, dtype):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -291,6 +296,9 @@ def _from_pretrained(spec, directory, gguf_file, local_only, dtype):
         raise DynaTreeError(
             f"{spec!r} is a {architectures[0]} checkpoint, not a causal language model; dynatree needs a decoder-only LM"
         )
+    if Path(directory).is_dir() and not any((Path(directory) / name).exists() for name in TOKENIZER_FILES):
+        raise DynaTreeError(f"{spec!r} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}): save the "
+                            "tokenizer beside the model (tokenizer.save_pretrained(DIR))")
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=local_only)
     except ValueError as exc:

@@ -252,9 +252,11 @@ class LoadedModel:
 
     @property
     def context_length(self) -> int | None:
-        """Longest sequence the model supports, when its config says."""
+        """Longest sequence the model supports, when its config says; None where it names no limit
+        (BLOOM's ALiBi positions have none: memory is its only bound, and no length is refused)."""
         cfg = self.model.config
-        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length",
+                    "max_seq_len"):  # (max_seq_len: MPT's)
             value = getattr(cfg, key, None)
             if isinstance(value, int) and value > 0:
                 return value
