@@ -754,16 +754,16 @@ def test_other_processes_cpu_is_read_from_the_first_tokens_to_the_end(monkeypatc
 
     real = env.cpu_seconds
     now, readings = [100.0], iter([(50.0, 10.0), (54.0, 12.5), (60.0, 13.0)])  # machine +4 CPU-s, this process +2.5
-    monkeypatch.setattr(runner, "time", SimpleNamespace(perf_counter=lambda: now[0]))
-    monkeypatch.setattr(runner.env, "cpu_seconds", lambda: next(readings))
+    monkeypatch.setattr(env, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(env, "cpu_seconds", lambda: next(readings))
     seen = []
-    watch = runner.OtherCpu(seen.extend)
+    watch = env.OtherCpu(seen.extend)
     assert watch.result() is None  # no tokens yet: nothing decoded
     watch([5, 6])
     now[0] += 2.0
     watch([7])
     assert seen == [5, 6, 7] and watch.result() == pytest.approx(0.75)  # (4 - 2.5) / 2
-    short = runner.OtherCpu(seen.extend)
+    short = env.OtherCpu(seen.extend)
     short([8])
     now[0] += 0.5
     assert short.result() is None  # under a second: ticks of 10 ms would make it noise

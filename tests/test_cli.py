@@ -461,3 +461,23 @@ def test_bad_values_are_named_before_any_model_loads(capsys, argv, message):
     named even when the target could not be loaded at all."""
     code, _, err = run_cli(capsys, "generate", "hello", "--target", "/nonexistent/model", *argv)
     assert code == 2 and message in err and "does not exist" not in err, err
+
+
+def test_a_run_that_shared_the_cpu_is_flagged(capsys, saved_tiny, monkeypatch):
+    """On a machine of few cores another process slows a run with no sign in its own figures: the CLI
+    says which runs shared the CPU (scripted readings: other processes used 1.5 CPUs' worth)."""
+    from types import SimpleNamespace
+
+    from dynatree import env
+
+    now = [0.0]
+    readings = iter([(10.0 + 4 * i, 1.0 + i) for i in range(100)])  # each reading: machine +4 CPU-s, this process +1
+    monkeypatch.setattr(env, "time", SimpleNamespace(perf_counter=lambda: now.__setitem__(0, now[0] + 1) or now[0]))
+    monkeypatch.setattr(env, "cpu_seconds", lambda: next(readings))
+    code, _, err = run_cli(capsys, "generate", "w5 w6", "--target", str(saved_tiny), "--max-new-tokens", "6",
+                           "--compare", "ar")
+    assert code == 0 and "note: other processes used the CPU while these runs decoded" in err
+    assert "dynatree (3.00), ar (3.00); their timings are not reliable" in err
+    monkeypatch.setattr(env, "cpu_seconds", lambda: (5.0, 5.0))  # nothing else ran
+    code, _, err = run_cli(capsys, "generate", "w5 w6", "--target", str(saved_tiny), "--max-new-tokens", "6")
+    assert code == 0 and "other processes" not in err

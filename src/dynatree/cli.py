@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import sys
 
 from .cli_args import Parser, add_model_args, add_sampling_args, given_method_options, method_options
@@ -180,7 +181,7 @@ def comparison_table(results: list[Result]) -> str:
 def cmd_generate(args) -> int:
     import dataclasses
 
-    from . import api
+    from . import api, env
     from .prompts import encode_prompt
     from .draftspec import parse as parse_draft
     from .draftload import load_draft
@@ -253,10 +254,14 @@ def cmd_generate(args) -> int:
         for method, job in jobs.items():
             warm = api.run(dataclasses.replace(job, max_new_tokens=8, ignore_eos=True))
             warm_compile[method] = warm.stats.compile_s or 0.0
-    results = []
+    results, shared = [], []
     for i, (method, job) in enumerate(jobs.items()):
         stream = None if args.json or i > 0 else _TextStream(job.text_stream(), sys.stdout)
-        result = api.run(job, on_tokens=stream)
+        watch = env.OtherCpu(stream)  # other processes slow a run of few cores without a sign in its figures
+        result = api.run(job, on_tokens=watch)
+        busy = watch.result()
+        if busy is not None and busy > env.BUSY_CPUS:
+            shared.append(f"{method} ({busy:.2f})")
         if result.stats.compile_s is not None:  # compiled before the clock, in the warm-up or the run
             compiled = result.stats.compile_s + warm_compile.get(method, 0.0)
             result = dataclasses.replace(result, stats=dataclasses.replace(result.stats, compile_s=compiled))
@@ -272,6 +277,9 @@ def cmd_generate(args) -> int:
     else:
         print(file=sys.stderr)
         print(comparison_table(results), file=sys.stderr)
+    if shared:
+        print(f"note: other processes used the CPU while these runs decoded (CPUs' worth of {os.cpu_count()}): "
+              f"{', '.join(shared)}; their timings are not reliable", file=sys.stderr)
     if any(r.run.hf_universal_assisted for r in results):
         print(f"note: {universal_note(target, draft.model)}", file=sys.stderr)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import time
 from importlib import metadata
 
 import torch
@@ -52,6 +53,33 @@ def other_cpu(before: tuple[float, float] | None, after: tuple[float, float] | N
     if before is None or after is None or wall_s <= 0:
         return None
     return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall_s
+
+
+BUSY_CPUS = 0.25  # CPUs' worth of other processes' time beyond which a run's timing is flagged
+
+
+class OtherCpu:
+    """A run's token callback that also reads how much CPU other processes used from its first streamed
+    tokens to `result()` (after any compiling, which happens before the clock and may run in worker
+    processes): on a machine of few cores a busy neighbour slows a run without a sign in its own figures."""
+
+    MIN_WINDOW_S = 1.0  # /proc/stat counts in 10 ms ticks: shorter windows would give noise
+
+    def __init__(self, forward=None):
+        self.forward, self.start = forward, None  # forward: the callback it wraps, or None
+
+    def __call__(self, new: list[int]) -> None:
+        if self.start is None:
+            self.start = (cpu_seconds(), time.perf_counter())
+        if self.forward is not None:
+            self.forward(new)
+
+    def result(self) -> float | None:
+        """CPUs' worth of time other processes used while this run decoded; None when unknown."""
+        if self.start is None:
+            return None
+        wall = time.perf_counter() - self.start[1]
+        return other_cpu(self.start[0], cpu_seconds(), wall) if wall >= self.MIN_WINDOW_S else None
 
 
 def describe(device: torch.device | str = "cpu") -> dict:

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 from .. import cpu
+from ..env import BUSY_CPUS
 from ..draftspec import parse
 from ..methods import get_method
 from ..wording import counted
@@ -240,9 +241,6 @@ def sweep_section(results: dict) -> str:
                       _speedup(a), f"{a['mean']['tokens_per_iter']:.2f}",
                       f"{a['mean']['drafted_tokens'] / max(a['mean']['iterations'] - 1, 1):.1f}"] for a in aggs])]
     return "\n".join(lines)
-
-
-BUSY_CPUS = 0.25  # CPUs' worth of other processes' time beyond which a run's timing is flagged
 
 
 def contention_line(results: dict) -> str | None:

@@ -124,7 +124,7 @@ def run(
                     bar.start(f"{dataset} {index + 1}/{len(texts[dataset])}", v.label, t_new)
                     paired = protocol.bandwidth_limit  # around every variant, so none runs in a different pause
                     bandwidth = read_bandwidth(target.device) if paired else None
-                    watch = OtherCpu(bar.tokens)
+                    watch = env.OtherCpu(bar.tokens)
                     rec = run_one(prepare(Request(
                         method=v.method, options=v.options, target=target, draft=drafts.get(v.draft, v.draft),
                         prompt_ids=ids, max_new_tokens=t_new, ignore_eos=protocol.ignore_eos,
@@ -173,29 +173,6 @@ def run(
     if out_dir is not None:
         save(results, out_dir)
     return results
-
-
-class OtherCpu:
-    """A run's token callback that also reads how much CPU other processes used from its first streamed
-    tokens to `result()` (after any compiling, which happens before the clock and may run in worker
-    processes): on a machine of few cores a busy neighbour slows a run without a sign in its own figures."""
-
-    MIN_WINDOW_S = 1.0  # /proc/stat counts in 10 ms ticks: shorter windows would give noise
-
-    def __init__(self, forward):
-        self.forward, self.start = forward, None
-
-    def __call__(self, new: list[int]) -> None:
-        if self.start is None:
-            self.start = (env.cpu_seconds(), time.perf_counter())
-        self.forward(new)
-
-    def result(self) -> float | None:
-        """CPUs' worth of time other processes used while this run decoded; None when unknown."""
-        if self.start is None:
-            return None
-        wall = time.perf_counter() - self.start[1]
-        return env.other_cpu(self.start[0], env.cpu_seconds(), wall) if wall >= self.MIN_WINDOW_S else None
 
 
 def rotated(variants: list, index: int) -> list:
