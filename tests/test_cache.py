@@ -160,3 +160,59 @@ def test_layers_sliding_over_different_windows_are_refused(monkeypatch):
     monkeypatch.setattr(kv, "get_layer_types_and_kwargs", lambda config: (types, kwargs))
     with pytest.raises(DynaTreeError, match=r"^mistral is refused: its layers slide over different windows \(\[8, 16\]\)"):
         kv.attention_layout(SimpleNamespace(config=mistral))
+
+
+def test_draft_slots_on_a_hand_drawn_tree():
+    """The draft LM's and the feature head's shared bookkeeping (drafters/slots.py): what each fed query
+    sees, which entries a commit keeps, and what a window evicts."""
+    from dynatree.drafters.slots import DraftSlots
+    from dynatree.tree import TreeBuilder
+    from dynatree.window import KVWindow
+
+    slots = DraftSlots(None)
+    allowed, key_pos = slots.committed([0, 1, 2])  # three committed positions, fed causally
+    assert key_pos == [0, 1, 2] and allowed.tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    slots.fed_committed([0, 1, 2])
+    tree = TreeBuilder(7)  # the root (position 2, already fed) -> a, b; a -> c
+    a, b = tree.add(0, 8, 0.6), tree.add(0, 9, 0.3)
+    c = tree.add(a, 10, 0.9)
+    allowed, positions, key_pos = slots.level(tree, [a, b], root_pos=2, base=3)
+    assert positions == [3, 3] and key_pos == [0, 1, 2, 3, 3]
+    assert allowed.tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]  # each node: the committed ones and itself
+    slots.fed_level([a, b], 3, positions)
+    allowed, positions, key_pos = slots.level(tree, [c], root_pos=2, base=5)
+    assert positions == [4] and key_pos == [0, 1, 2, 3, 3, 4]
+    assert allowed.tolist() == [[1, 1, 1, 1, 0, 1]]  # c sees a (slot 3), not its sibling b (slot 4)
+    slots.fed_level([c], 5, positions)
+
+    cache = _entries(6)  # one entry per slot, valued by its slot
+    assert slots.keep_path(cache, [a, c]) == 2  # a and c move after the committed entries; b is dropped
+    assert slots.slot_pos == [0, 1, 2, 3, 4] and slots.nodes == {}
+    assert cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 5]
+    unfed = DraftSlots(None)
+    unfed.fed_committed([0, 1])
+    unfed.fed_level([a], 2, [2])
+    assert unfed.keep_path(_entries(3), [a, c]) == 1  # c was never fed: the kept path stops at a
+
+    dropped = DraftSlots(None)
+    dropped.fed_committed([0, 1, 2])
+    dropped.fed_level([a, b], 3, [3, 3])
+    cache = _entries(5)
+    dropped.drop_tree(cache)
+    assert kv.length(cache) == 3 and dropped.nodes == {}
+
+    windowed = DraftSlots(KVWindow(sink=1, recent=2))
+    allowed, key_pos = windowed.committed([0, 1, 2, 3, 4])
+    assert allowed[4].tolist() == [True, False, True, True, True]  # position 4: the sink, its 2 recent and itself
+    windowed.fed_committed([0, 1, 2, 3, 4])
+    cache = _entries(5)
+    windowed.evict(cache, next_query=5)  # position 5 will see 0 (sink), 3 and 4
+    assert windowed.slot_pos == [0, 3, 4] and cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 3, 4]
+
+
+def _entries(n: int):
+    """A one-layer slot cache (cache.py) of n entries whose keys and values hold their slot number."""
+    cache = kv.Cache(layers=[kv.SlotLayer()])
+    values = torch.arange(n, dtype=torch.float32).view(1, 1, n, 1)
+    cache.update(values.clone(), values.clone(), 0)
+    return cache

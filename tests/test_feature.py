@@ -80,8 +80,8 @@ def test_cache_equals_one_built_from_a_plain_pass_after_every_iteration(arch, wi
             fed = torch.arange(1, windowed.n_fed)
             later = torch.arange(windowed.n_fed, len(decoder.run.seq))  # queries of the next root expansion
             seen = window.visible(later, fed).any(0)
-            assert set(fed[seen].tolist()) <= set(windowed.slot_pos)
-            assert len(windowed.slot_pos) <= window.sink + window.recent
+            assert set(fed[seen].tolist()) <= set(windowed.slots.slot_pos)
+            assert len(windowed.slots.slot_pos) <= window.sink + window.recent
         assert decoder.run.new_tokens == windowed_reference(target, window, PROMPT * 3, 40)
 
 

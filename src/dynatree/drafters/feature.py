@@ -33,6 +33,7 @@ from ..runtime import compiled_graphs, compiles_on
 from ..tree import TreeBuilder, additive_mask, causal_allowed
 from ..window import KVWindow
 from .base import Proposal
+from .slots import DraftSlots
 
 
 class FeatureDrafter:
@@ -57,8 +58,7 @@ class FeatureDrafter:
         self.tokens = list(tokens)
         self.n_fed = 1  # next committed position to feed (position 0 has no feature before it)
         self.features = hidden[: len(tokens) - 1]  # true features of positions n_fed - 1 .. len(tokens) - 2
-        self.slot_pos: list[int] = []  # position of each committed cache slot
-        self.slots: dict[int, int] = {}  # tree node -> cache slot, nodes fed this iteration
+        self.slots = DraftSlots(self.window)  # which position each cache slot holds (slots.py)
         self.node_feat: dict[int, torch.Tensor] = {}  # tree node -> the head's predicted feature at it
 
     @torch.no_grad()
@@ -122,23 +122,19 @@ class FeatureDrafter:
             raise ValueError("a feature drafter needs the target's hidden states of the accepted path")
         new = len(tokens) - len(self.tokens)  # committed tokens; their features are those of the positions before
         self.features = torch.cat([self.features, hidden[:new]])
-        kv.crop(self.cache, len(self.slot_pos))  # the tree's entries were computed from predicted features
+        self.slots.drop_tree(self.cache)  # the tree's entries were computed from predicted features
         self.tokens = list(tokens)
-        self.slots, self.node_feat = {}, {}
-        if self.window is not None:
-            # the next query is the first committed position not fed yet (the root, or earlier when it lags)
-            self.slot_pos = self.window.evict(self.cache, torch.tensor(self.slot_pos, dtype=torch.long),
-                                              self.n_fed).tolist()
+        self.node_feat = {}
+        self.slots.evict(self.cache, self.n_fed)
 
     def _feed_committed(self) -> torch.Tensor:
         """Feed committed positions n_fed .. root with their true features; the root's prediction."""
         start, end = self.n_fed, len(self.tokens)
-        n, cached = end - start, len(self.slot_pos)
         positions = list(range(start, end))
-        allowed = causal_allowed(cached, n)
-        out = self._run(self.tokens[start:end], self.features, positions, allowed, self.slot_pos + positions)
-        self.slot_pos.extend(positions)
-        self.n_fed, self.features = end, self.features[n:]
+        allowed, _ = self.slots.committed(positions)
+        out = self._run(self.tokens[start:end], self.features, positions, allowed)
+        self.slots.fed_committed(positions)
+        self.n_fed, self.features = end, self.features[end - start:]
         self.node_feat[0] = out[-1]
         return out[-1:]
 
@@ -146,22 +142,15 @@ class FeatureDrafter:
         """Feed one tree level: each node from its parent's predicted feature, seeing the committed
         positions and its own ancestors."""
         base = kv.length(self.cache)
-        allowed = tree.level_allowed(nodes, self.slots, len(self.slot_pos), base)
-        root_pos = len(self.tokens) - 1
-        positions = [root_pos + tree.depths[node] for node in nodes]
-        fed_pos = [root_pos + tree.depths[node] for node, _ in sorted(self.slots.items(), key=lambda item: item[1])]
+        allowed, positions, _ = self.slots.level(tree, nodes, len(self.tokens) - 1, base)
         features = torch.stack([self.node_feat[tree.parents[node]] for node in nodes])
-        out = self._run([tree.tokens[node] for node in nodes], features, positions, allowed,
-                        self.slot_pos + fed_pos + positions)
+        out = self._run([tree.tokens[node] for node in nodes], features, positions, allowed)
+        self.slots.fed_level(nodes, base, positions)
         for row, node in enumerate(nodes):
-            self.slots[node] = base + row
             self.node_feat[node] = out[row]
         return out
 
-    def _run(self, ids: list[int], features: torch.Tensor, positions: list[int], allowed: torch.Tensor,
-             key_pos: list[int]) -> torch.Tensor:
-        if self.window is not None:
-            allowed = allowed & self.window.visible(torch.tensor(positions), torch.tensor(key_pos))
+    def _run(self, ids: list[int], features: torch.Tensor, positions: list[int], allowed: torch.Tensor) -> torch.Tensor:
         device = self.out_rows.device
         embeds = self.embed(torch.tensor([ids], device=device)).to(self.out_rows.dtype)
         mask = additive_mask(allowed, self.out_rows.dtype, device)

@@ -1,7 +1,7 @@
 """A draft language model with its own KV cache, expanding a whole tree level per forward.
 
-Cache layout while a tree grows: [committed tokens | tree nodes fed so far, level by level].
-Each fed node attends to the committed tokens and to its own ancestors only (4-D mask,
+Cache layout while a tree grows (slots.py): [committed tokens | tree nodes fed so far, level by
+level]. Each fed node attends to the committed tokens and to its own ancestors only (4-D mask,
 position = root position + depth), so every branch is drafted from its own context.
 With `compile` (a `--compile` run; by default the draft's own `compile` setting) every draft forward
 after the first of a sequence (the prompt's, eager as the target's prefill is) on a cache of 2+
@@ -21,9 +21,10 @@ import torch
 
 from .. import cache as kv
 from ..runtime import LoadedModel, compiles_on
-from ..tree import TreeBuilder, causal_allowed
+from ..tree import TreeBuilder
 from ..window import KVWindow
 from .base import Proposal
+from .slots import DraftSlots
 
 
 class LMDrafter:
@@ -43,8 +44,7 @@ class LMDrafter:
         self.cache = kv.new_cache(self.model)
         self.tokens = list(tokens)
         self.n_cached = 0  # committed tokens already run through the draft (cached, or evicted by the window)
-        self.slot_pos: list[int] = []  # position of each committed cache slot (they come first in the cache)
-        self.slots: dict[int, tuple[int, int]] = {}  # tree node -> (cache slot, position), nodes fed this iteration
+        self.slots = DraftSlots(self.window)  # which position each cache slot holds (slots.py)
 
     @torch.no_grad()
     def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
@@ -72,47 +72,28 @@ class LMDrafter:
         return self.draft.warm_up(("masked-token", "tree")) if self.compile else 0.0
 
     def commit(self, tokens: list[int], path: list[int], hidden=None) -> None:
-        committed_slots = len(self.slot_pos)
-        fed = []
-        for node in path:  # fed nodes on a path form a prefix of it: a node is fed only if its parent was
-            if node not in self.slots:
-                break
-            slot, pos = self.slots[node]
-            fed.append(slot - committed_slots)
-            self.slot_pos.append(pos)
-        kv.keep(self.cache, committed_slots, torch.tensor(fed, dtype=torch.long))
-        self.n_cached += len(fed)
+        self.n_cached += self.slots.keep_path(self.cache, path)  # the path's entries are what the draft would compute
         self.tokens = list(tokens)
-        self.slots = {}
-        if self.window is not None:
-            # the next query is the first committed token not fed yet (the root, or earlier when the draft
-            # lags: a hybrid's n-gram side or an idle policy skipped it)
-            self.slot_pos = self.window.evict(self.cache, torch.tensor(self.slot_pos, dtype=torch.long),
-                                              self.n_cached).tolist()
+        self.slots.evict(self.cache, self.n_cached)
 
     def _feed_committed(self) -> torch.Tensor:
         """Feed the committed tokens not yet run through the draft (the root is always among them)."""
         start, end = self.n_cached, len(self.tokens)
-        n, cached = end - start, len(self.slot_pos)
-        allowed = causal_allowed(cached, n)
         positions = list(range(start, end))
+        allowed, key_pos = self.slots.committed(positions)
         logits = self.draft.forward(self.cache, self.draft.readable(self.tokens[start:end]), positions,
-                                    self._mask(allowed, positions, self.slot_pos + positions), compiled=self._compiled())
-        self.slot_pos.extend(range(start, end))
+                                    self._mask(allowed, positions, key_pos), compiled=self._compiled())
+        self.slots.fed_committed(positions)
         self.n_cached = end
         return logits[-1:]
 
     def _feed_nodes(self, tree: TreeBuilder, nodes: list[int]) -> torch.Tensor:
         """Feed one tree level: each node sees the committed tokens and its own ancestors."""
         base = kv.length(self.cache)
-        allowed = tree.level_allowed(nodes, {node: slot for node, (slot, _) in self.slots.items()}, len(self.slot_pos), base)
-        root_pos = len(self.tokens) - 1
-        positions = [root_pos + tree.depths[node] for node in nodes]
-        key_pos = self.slot_pos + [pos for _, pos in sorted(self.slots.values())] + positions
+        allowed, positions, key_pos = self.slots.level(tree, nodes, len(self.tokens) - 1, base)
         logits = self.draft.forward(self.cache, self.draft.readable([tree.tokens[node] for node in nodes]), positions,
                                     self._mask(allowed, positions, key_pos), compiled=self._compiled())
-        for row, (node, pos) in enumerate(zip(nodes, positions)):
-            self.slots[node] = (base + row, pos)
+        self.slots.fed_level(nodes, base, positions)
         return logits
 
     def _compiled(self) -> bool:
@@ -120,6 +101,4 @@ class LMDrafter:
         return self.compile and compiles_on(self.cache)
 
     def _mask(self, allowed: torch.Tensor, query_pos: list[int], key_pos: list[int]) -> torch.Tensor:
-        if self.window is not None:
-            allowed = allowed & self.window.visible(torch.tensor(query_pos), torch.tensor(key_pos))
         return self.draft.masks(allowed, torch.tensor(query_pos), torch.tensor(key_pos))
