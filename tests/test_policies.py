@@ -51,8 +51,11 @@ def test_a_policy_asks_and_is_answered_without_holding_a_drafter():
 def test_the_decoder_refuses_an_ask_it_has_no_drafter_for():
     with pytest.raises(ValueError, match="^a tree policy asked for proposals without a drafter$"):
         draft(LinearPolicy(make_config("linear", k=2)), None, 1, max_depth=10)
+    from dynatree.costmodel import CostCurve
+
     policy = dynatree(cost_aware=True)
-    policy.idle, policy.model_free = 1, True  # idle, told of a model-free part the drafter lacks
+    policy.prepare(CostCurve((1, 2), (0.1, 0.2)), model_free=True)  # told of a model-free part the drafter lacks
+    policy.gate.idle = 1  # idle
     with pytest.raises(ValueError, match="^a tree policy asked for the model-free part of scripted, which has none$"):
         draft(policy, ScriptedDrafter(uniform(2)), 1, max_depth=10)
 
@@ -303,7 +306,7 @@ def test_cost_aware_dynatree_stops_calling_a_draft_that_does_not_pay_and_probes_
         root = (100 + len(path)) if right else 7  # the target's choice (the bonus): never the draft's while wrong
         policy.observe(tree, path, root, Timing(draft_s=0.02 * calls[-1], verify_s=curve.at(len(tree.tokens))))
     assert sum(calls[40:60]) <= 3, calls  # wrong and dear: at most a probe or two in 20 iterations
-    assert policy.idle_iterations > 30
+    assert policy.gate.idle_iterations > 30
     assert all(c > 0 for c in calls[100:]), calls  # right again: drafting every iteration
     assert sum(sizes[100:]) > sum(sizes[80:100]) >= 20  # and deeper as acceptance is learnt back
 
@@ -536,14 +539,14 @@ def test_cost_aware_dynatree_idles_after_an_accepted_tree_that_did_not_pay():
     policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
     policy.prepare(curve, model_free=False)
     drafter = ScriptedDrafter(lambda path: [(100 + len(path), 0.95)])
-    assert _step(policy, drafter, 1, curve, 0.02, bonus=101).n_drafted >= 1 and policy.idle == 0  # cost not known yet
+    assert _step(policy, drafter, 1, curve, 0.02, bonus=101).n_drafted >= 1 and policy.gate.idle == 0  # cost not known yet
     assert policy.costs.forward_s == pytest.approx(0.02)
     tree = draft(policy, drafter, 101, max_depth=10)
-    assert policy.idle == 1 and tree.n_drafted >= 1
+    assert policy.gate.idle == 1 and tree.n_drafted >= 1
     policy.observe(tree, list(range(1, tree.n_drafted + 1)), 7, Timing(0.02, curve.at(len(tree.tokens))))
-    assert policy.idle == 1  # not a probe: the spell stands
+    assert policy.gate.idle == 1  # not a probe: the spell stands
     calls = len(drafter.calls)
-    assert draft(policy, drafter, 7, max_depth=10).n_drafted == 0 and policy.idle_iterations == 1
+    assert draft(policy, drafter, 7, max_depth=10).n_drafted == 0 and policy.gate.idle_iterations == 1
     assert len(drafter.calls) == calls  # no drafter call while idle
 
 
@@ -573,7 +576,7 @@ def test_cost_aware_dynatree_declines_only_the_model_part_of_a_drafter():
     dear = Hybrid(lambda path: [(100 + len(path), 0.95)])
     _step(policy, dear, 1, curve, 0.02)  # learns that a model call costs 20 ms
     _step(policy, dear, 1, curve, 0.02)  # does not pay: an idle spell starts
-    assert policy.idle >= 1
+    assert policy.gate.idle >= 1
     calls, tree = len(dear.calls), _step(policy, dear, 1, curve, 0.02)
     assert len(dear.calls) == calls and free.calls  # idle: the free part drafted, the model was not asked
     assert tree.n_drafted >= 1 and tree.tokens[1].item() == 200
@@ -583,7 +586,7 @@ def test_cost_aware_dynatree_declines_only_the_model_part_of_a_drafter():
     wrong = Free(lambda path: [(300, 0.3)])
     for _ in range(10):
         _step(policy, wrong, 1, curve, 0.0001, accept=False)
-    assert policy.idle == 0 and policy.idle_iterations == 0 and len(wrong.calls) == 10
+    assert policy.gate.idle == 0 and policy.gate.idle_iterations == 0 and len(wrong.calls) == 10
 
 def test_cost_aware_dynatree_keeps_a_draft_that_pays_on_average_though_most_probes_fail():
     """A cheap draft, wrong for a while (the policy idles), then right 45% of the time: most single
@@ -604,7 +607,7 @@ def test_cost_aware_dynatree_keeps_a_draft_that_pays_on_average_though_most_prob
         path = [1] if right and tree.n_drafted else []
         policy.observe(tree, path, 1, Timing(draft_s=0.005 * (len(drafter.calls) - before),
                                              verify_s=curve.at(len(tree.tokens))))
-        idle[i] = policy.idle_iterations
+        idle[i] = policy.gate.idle_iterations
     assert idle[99] > 30  # the wrong spell was declined
     assert idle[399] - idle[199] < 40, idle[399] - idle[199]  # the last 200 iterations draft
 
@@ -619,3 +622,56 @@ def test_learnt_verification_costs_never_make_a_tree_look_free():
     assert costs.extra_s[1] < 0 and costs.at(8) == pytest.approx(0.04) and costs.at(2) == pytest.approx(0.03)
     assert costs.at(1) == pytest.approx(0.05)  # one-token steps are learnt apart
     assert best_rate([0.9, 0.9], costs, draft_s=0.0)[1] < 1e3  # finite, no division by zero
+
+
+def test_the_draft_gate_idles_probes_and_backs_off():
+    """gate.py on its own: a tree that did not pay starts a one-iteration spell, then a probe; a probe
+    that does not pay doubles the spell (up to backoff_max) unless it beat plain steps (halved), and
+    one that pays resumes drafting."""
+    from dynatree.policies.gate import DRAFT, IDLE, PROBE, DraftGate
+
+    gate = DraftGate(backoff_max=4)
+    assert gate.begin() == DRAFT
+    gate.drafted(paid=True)
+    assert gate.begin() == DRAFT
+    gate.drafted(paid=False)
+    assert [gate.begin()] == [IDLE] and gate.begin() == PROBE
+    gate.probed(pays_now=False, beat_plain=False)  # spell 2
+    assert [gate.begin(), gate.begin(), gate.begin()] == [IDLE, IDLE, PROBE]
+    gate.probed(pays_now=False, beat_plain=False)  # spell 4
+    assert [gate.begin() for _ in range(5)] == [IDLE] * 4 + [PROBE]
+    gate.probed(pays_now=False, beat_plain=False)  # 8, capped at 4
+    assert [gate.begin() for _ in range(5)] == [IDLE] * 4 + [PROBE]
+    gate.probed(pays_now=False, beat_plain=True)  # acceptance coming back: halved
+    assert [gate.begin() for _ in range(3)] == [IDLE] * 2 + [PROBE]
+    gate.probed(pays_now=True, beat_plain=False)
+    assert gate.begin() == DRAFT and gate.idle_iterations == 1 + 2 + 4 + 4 + 2
+    gate.reset()
+    assert (gate.idle, gate.backoff, gate.idle_iterations) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"idle_slack": 1.0}, "--idle-slack must be in [0, 1), got 1.0"),
+    ({"idle_slack": -0.1}, "--idle-slack must be in [0, 1)"),
+    ({"backoff_max": 0}, "--backoff-max must be at least 1, got 0"),
+])
+def test_the_cost_aware_knobs_are_checked(options, message):
+    from dynatree import DynaTreeError
+
+    with pytest.raises(DynaTreeError) as info:
+        make_config("dynatree", **options)
+    assert message in str(info.value)
+
+
+def test_idle_slack_sets_how_far_below_plain_steps_a_draft_may_stay():
+    """The draft of the test above (four target steps per call: about a third of plain steps' rate)
+    idles at the default slack of 5% and keeps drafting when told a drop of 90% is fine."""
+    from dynatree.costmodel import CostCurve
+
+    curve = CostCurve((1, 2, 8), (0.005, 0.0051, 0.006))
+    for slack, idles in ((0.05, 1), (0.9, 0)):
+        policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False, idle_slack=slack)
+        policy.prepare(curve, model_free=False)
+        drafter = ScriptedDrafter(lambda path: [(100 + len(path), 0.95)])
+        _step(policy, drafter, 1, curve, 0.02, bonus=101)  # its cost learnt
+        assert draft(policy, drafter, 101, max_depth=10).n_drafted >= 1 and policy.gate.idle == idles, slack

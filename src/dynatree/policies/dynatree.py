@@ -26,9 +26,9 @@ expected tokens per second (`_stop`). Times are predicted, never read from a clo
 target's cost curve (measured by the decoder, handed over in `prepare`) corrected, like the
 drafting time per drafter call, by the timings the decoder reports after every iteration
 (`IterationCosts`). The policy may also decline to pay for draft-model forwards: when a tree
-that ran one has a best expected rate more than `IDLE_SLACK` under the rate of plain one-token
-steps (the model costs more than its calibrated acceptance brings back), the next `backoff`
-iterations draft with the drafter's model-free part only (`Drafter.without_model`: a hybrid's
+that ran one has a best expected rate more than `idle_slack` under the rate of plain one-token
+steps (the model costs more than its calibrated acceptance brings back), the next iterations
+(an idle spell, `gate.py`) draft with the drafter's model-free part only (`Drafter.without_model`: a hybrid's
 n-gram copying, so the hybrid does not fall below its free part) or verify the root alone. The
 iteration after a spell is a probe that asks the model again and verifies at least its
 likeliest node, so acceptance is learnt back (calibration forgets old trials,
@@ -36,7 +36,7 @@ likeliest node, so acceptance is learnt back (calibration forgets old trials,
 nodes) is learnt, its tree is judged again: if it would now pay in expectation drafting
 resumes; else a probe that beat plain steps in measured tokens per second halves the next
 spell (acceptance is coming back faster than the calibration shows) and one that did not
-doubles it (up to `BACKOFF_MAX`). Judging probes on their single outcome alone would stop a
+doubles it (up to `backoff_max`). Judging probes on their single outcome alone would stop a
 draft that is right less than half the time yet pays on average (most single probes fail), and resuming
 on any accepted node would keep a right but dear draft running half the time. Trees whose
 drafting ran no model (n-gram lookups) cost next to nothing and never start a spell.
@@ -52,9 +52,7 @@ from ..costmodel import Calibration, CostCurve, IterationCosts, best_rate, step_
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
 from .base import Growing, Growth, Timing, TreePolicy, grow_levels
-
-IDLE_SLACK = 0.05  # drafting "pays" while its expected rate is at most this far below plain steps'
-BACKOFF_MAX = 16  # longest spell of iterations without drafting between two probes
+from .gate import IDLE, PROBE, DraftGate
 
 
 @dataclass
@@ -80,9 +78,14 @@ class DynaTreeConfig(MethodConfig):
     cost_aware: bool = option(False, "grow and cut each tree to the size that maximises expected tokens per second "
                                      "under the target's measured verification cost and the time spent drafting "
                                      "(costmodel.py)")
+    idle_slack: float = option(0.05, "with --cost-aware: a tree drafted by a model pays while its expected rate is "
+                                     "at most this fraction below plain one-token steps'; else the model idles")
+    backoff_max: int = option(16, "with --cost-aware: longest spell of iterations without the draft model between "
+                                  "two probes of it")
 
     def validate(self) -> None:
-        positive(self, "d0", "d_max", "b_min", "b_mid", "b_max", "n_max", "history_window")
+        positive(self, "d0", "d_max", "b_min", "b_mid", "b_max", "n_max", "history_window", "backoff_max")
+        in_unit(self, "idle_slack")
         require(self.d0 < self.d_max, f"--d0 must be smaller than --d-max, got {self.d0} >= {self.d_max}")
         require(
             self.b_min <= self.b_mid <= self.b_max,
@@ -110,16 +113,14 @@ class DynaTreePolicy(TreePolicy):
         self._grown: TreeBuilder | None = None  # the last tree as drafted, before the cut (cost_aware, greedy)
         self._growth = Growth()  # the drafter calls the last tree cost (cost_aware)
         self._drafted: TreeBuilder | None = None  # the last tree as drafted (cost_aware), to judge a probe by
-        self.idle = 0  # iterations left to run without drafting (cost_aware: the draft did not pay)
-        self.backoff = 0  # idle iterations after the next probe if it does not pay either (0: drafting pays)
-        self.idle_iterations = 0  # iterations this run verified the root alone by that rule (state())
+        self.gate = DraftGate(config.backoff_max)  # idle spells and probes of the draft model (cost_aware)
         self.model_free = False  # whether the drafter has a part that runs no model (`prepare`)
         self._paid = True  # whether the last grown tree's drafting paid for itself
         self._probe = False  # whether the last grown tree was a probe after an idle spell
 
     def prepare(self, curve: CostCurve | None, model_free: bool) -> None:
         self.model_free = model_free
-        self.idle = self.backoff = self.idle_iterations = 0
+        self.gate.reset()
         self.costs = IterationCosts(curve) if curve is not None else None
 
     def _accept_estimates(self, tree: TreeBuilder) -> list[float]:
@@ -140,8 +141,8 @@ class DynaTreePolicy(TreePolicy):
         return ranked[:k], rate, est
 
     def _plain_rate(self) -> float:
-        """The rate drafting must reach to pay: plain one-token steps', less `IDLE_SLACK`."""
-        return (1.0 - IDLE_SLACK) / self.costs.at(1)
+        """The rate drafting must reach to pay: plain one-token steps', less `idle_slack`."""
+        return (1.0 - self.config.idle_slack) / self.costs.at(1)
 
     def _cut(self, tree: TreeBuilder, growth: Growth, greedy: bool) -> list[int] | None:
         """The root and the drafted nodes worth verifying (drafting them took `growth`), or None for all."""
@@ -191,15 +192,11 @@ class DynaTreePolicy(TreePolicy):
                 return c.b_min
             return c.b_mid if confidence >= c.tau_l else c.b_max
 
-        self._growth, self._grown, self._paid, self._probe = Growth(), None, True, False
-        idle = self.idle > 0  # the draft model did not pay lately: its model-free part only, or the root alone
-        if idle:
-            self.idle -= 1
-            self.idle_iterations += 1
-            if not self.model_free:
-                return TreeBuilder(root_token).build()
-        else:
-            self._probe = self.backoff > 0
+        self._growth, self._grown, self._paid = Growth(), None, True
+        mode = self.gate.begin() if self.costs is not None else None
+        idle, self._probe = mode == IDLE, mode == PROBE  # idle: the draft model did not pay lately
+        if idle and not self.model_free:  # its model-free part only, or the root alone
+            return TreeBuilder(root_token).build()
         depth_limit = min(c.d_max, max_depth)
         tree = yield from grow_levels(
             root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max,
@@ -209,7 +206,7 @@ class DynaTreePolicy(TreePolicy):
             model_free=idle,
         )
         if self.costs is not None and self._growth.forwards and not self._probe:  # a model ran: did it pay?
-            self.backoff = self.idle = 0 if self._paid else 1  # (a probe is judged on its outcome, in observe)
+            self.gate.drafted(self._paid)  # (a probe is judged on its outcome, in observe)
         return tree
 
     def observe(self, tree: Tree, path: list[int], bonus: int, timing: Timing) -> None:
@@ -223,11 +220,7 @@ class DynaTreePolicy(TreePolicy):
                 plain = self._plain_rate()
                 expected = self._worth(self._drafted, self.costs.drafting(g.levels, g.forwards))[1]
                 achieved = (1 + len(path)) / max(timing.draft_s + timing.verify_s, 1e-9)
-                if expected >= plain:
-                    self.backoff = 0
-                else:
-                    self.backoff = self.backoff // 2 if achieved >= plain else min(2 * self.backoff, BACKOFF_MAX)
-                self.idle = self.backoff
+                self.gate.probed(pays_now=expected >= plain, beat_plain=achieved >= plain)
             if last is not None:  # the bonus: the target's choice at the last accepted node, learnt after a
                 grown, node = last  # probe is judged on what the verified nodes taught (as the policy was tuned)
                 self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: bonus})
@@ -258,7 +251,7 @@ class DynaTreePolicy(TreePolicy):
         """The adapted parameters as they are now, and the cost curve the tree sizes were chosen on."""
         state = {"d0": round(self.d0), "d0_continuous": self.d0, "tau_h": self.tau_h}
         if self.config.cost_aware:
-            state["idle_iterations"] = self.idle_iterations  # declined the draft model: it did not pay
+            state["idle_iterations"] = self.gate.idle_iterations  # declined the draft model: it did not pay
         if self.costs is not None:  # so a run's tree sizes can be checked against what it measured and learnt
             curve = self.costs.curve
             state["cost_curve_ms"] = {n: round(s * 1e3, 3) for n, s in zip(curve.sizes, curve.seconds)}
