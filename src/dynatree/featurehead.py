@@ -41,9 +41,9 @@ class HeadConfig:
     vocab_size: int  # rows of the target's output layer
     tokenizer_sha1: str  # fingerprint of the target tokenizer's vocabulary (`tokenizer_fingerprint`)
     draft_vocab: int  # rows of the output layer the head proposes from (its sub-vocabulary)
-    heads: int = 9  # attention heads of the head's decoder layer
-    kv_heads: int = 3  # key/value heads (grouped-query attention)
-    ffn: int = 1536  # inner size of the decoder layer's MLP
+    heads: int  # attention heads of the head's decoder layer (distill: the target's, unless set)
+    kv_heads: int  # key/value heads (grouped-query attention)
+    ffn: int  # inner size of the decoder layer's MLP
     context: int = 8192  # longest position the head's rotary embedding is set up for
     rms_norm_eps: float = 1e-5
     # norms of a few rows of the target's output layer (`output_signature`): another model with the
