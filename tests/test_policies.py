@@ -228,9 +228,10 @@ def test_grow_levels_asks_stop_after_each_drafter_call():
         asked.append((growth.levels, growth.forwards, len(tree)))
         return growth.levels == 2
 
-    tree = answer(grow_levels(1, max_depth=6, n_max=64, max_breadth=1, expandable=lambda d, p: True,
-                              breadth=lambda c: 1, stop=stop), drafter)
-    assert asked == [(1, 1, 2), (2, 2, 3)] and len(drafter.calls) == 2 and tree.max_depth == 2  # one forward per call
+    grown = answer(grow_levels(1, max_depth=6, n_max=64, max_breadth=1, expandable=lambda d, p: True,
+                               breadth=lambda c: 1, stop=stop), drafter)
+    assert asked == [(1, 1, 2), (2, 2, 3)] and len(drafter.calls) == 2  # one forward per call
+    assert grown.tree.build().max_depth == 2 and (grown.growth.levels, grown.growth.forwards) == (2, 2)
 
 
 def test_cost_aware_dynatree_stops_growing_at_the_first_level_not_worth_verifying():

@@ -58,6 +58,14 @@ class Growth:
     forwards: int = 0  # of those, calls that ran a model (the rest were n-gram lookups)
 
 
+@dataclass(frozen=True)
+class Grown:
+    """What `grow_levels` returns: the tree as drafted (not built yet: a policy may cut it) and its cost."""
+
+    tree: TreeBuilder
+    growth: Growth
+
+
 class TreePolicy:
     """The contract between the decoder and a tree policy. The decoder calls `prepare` once per
     run, then `grow` and `observe` once per iteration; subclasses implement `grow`."""
@@ -137,10 +145,9 @@ def grow_levels(
     expandable: Callable[[int, float], bool],
     breadth: Callable[[float], int],
     tau: float = 0.0,
-    cut: Callable[[TreeBuilder, Growth], list[int] | None] | None = None,
     stop: Callable[[TreeBuilder, Growth], bool] | None = None,
     model_free: bool = False,
-) -> Growing:
+) -> Generator[Ask, Proposal, Grown]:
     """Grow a tree breadth-first, one drafter call per level.
 
     A node at depth d with cumulative draft probability p is expanded when d < max_depth
@@ -148,9 +155,9 @@ def grow_levels(
     probability at that node. Children whose cumulative probability is below `tau` are
     pruned. At most `n_max` drafted nodes: when a level's children exceed the remaining
     budget, the most probable (by cumulative probability) are kept. `stop(tree, growth)`, when
-    given, is asked after each drafter call (`growth`: the calls so far) whether to stop growing;
-    `cut(tree, growth)`, when given, picks the nodes to keep from the grown tree (None: all).
-    With `model_free`, only the drafter's model-free part is asked.
+    given, is asked after each drafter call (`growth`: the calls so far) whether to stop growing.
+    With `model_free`, only the drafter's model-free part is asked. Returns the tree as drafted and
+    what drafting it cost (the caller builds it, cut or whole).
     """
     tree = TreeBuilder(root_token)
     frontier = [0]
@@ -178,4 +185,4 @@ def grow_levels(
         frontier = [node for _, parent, token, prob in children if (node := tree.add(parent, token, prob)) is not None]
         if stop is not None and stop(tree, growth):
             break
-    return tree.build(keep=cut(tree, growth) if cut is not None else None)
+    return Grown(tree, growth)

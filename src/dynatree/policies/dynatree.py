@@ -115,7 +115,6 @@ class DynaTreePolicy(TreePolicy):
         self._drafted: TreeBuilder | None = None  # the last tree as drafted (cost_aware), to judge a probe by
         self.gate = DraftGate(config.backoff_max)  # idle spells and probes of the draft model (cost_aware)
         self.model_free = False  # whether the drafter has a part that runs no model (`prepare`)
-        self._paid = True  # whether the last grown tree's drafting paid for itself
         self._probe = False  # whether the last grown tree was a probe after an idle spell
 
     def prepare(self, curve: CostCurve | None, model_free: bool) -> None:
@@ -144,17 +143,13 @@ class DynaTreePolicy(TreePolicy):
         """The rate drafting must reach to pay: plain one-token steps', less `idle_slack`."""
         return (1.0 - self.config.idle_slack) / self.costs.at(1)
 
-    def _cut(self, tree: TreeBuilder, growth: Growth, greedy: bool) -> list[int] | None:
-        """The root and the drafted nodes worth verifying (drafting them took `growth`), or None for all."""
-        if self.costs is None:
-            return None
-        self._grown = tree if greedy else None  # greedy: learn from the nodes cut here too (`_learn`)
-        self._drafted, self._growth = tree, growth
+    def _cut(self, tree: TreeBuilder, growth: Growth) -> tuple[list[int] | None, bool]:
+        """The root and the drafted nodes worth verifying (drafting them took `growth`), or None for
+        all; and whether verifying them pays (their expected rate reaches plain steps')."""
         kept, rate, est = self._worth(tree, self.costs.drafting(growth.levels, growth.forwards))
-        self._paid = rate >= self._plain_rate()
         if self._probe and not kept and len(tree) > 1:  # a probe verifies its likeliest node: acceptance is learnt
             kept = [max(range(1, len(tree)), key=lambda u: (est[u], -u))]
-        return None if len(kept) == len(tree) - 1 else [0, *kept]
+        return (None if len(kept) == len(tree) - 1 else [0, *kept]), rate >= self._plain_rate()
 
     def _stop(self, tree: TreeBuilder, growth: Growth, depth_limit: int) -> bool:
         """Stop growing unless a deeper chain below the likeliest node u of the level just drafted
@@ -192,22 +187,25 @@ class DynaTreePolicy(TreePolicy):
                 return c.b_min
             return c.b_mid if confidence >= c.tau_l else c.b_max
 
-        self._growth, self._grown, self._paid = Growth(), None, True
+        self._growth, self._grown, self._drafted = Growth(), None, None
         mode = self.gate.begin() if self.costs is not None else None
         idle, self._probe = mode == IDLE, mode == PROBE  # idle: the draft model did not pay lately
         if idle and not self.model_free:  # its model-free part only, or the root alone
             return TreeBuilder(root_token).build()
         depth_limit = min(c.d_max, max_depth)
-        tree = yield from grow_levels(
+        grown = yield from grow_levels(
             root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max,
             expandable=expandable, breadth=breadth, tau=c.tau,
-            cut=lambda tree, growth: self._cut(tree, growth, sampler is None),
-            stop=lambda tree, growth: self._stop(tree, growth, depth_limit),
-            model_free=idle,
+            stop=lambda tree, growth: self._stop(tree, growth, depth_limit), model_free=idle,
         )
-        if self.costs is not None and self._growth.forwards and not self._probe:  # a model ran: did it pay?
-            self.gate.drafted(self._paid)  # (a probe is judged on its outcome, in observe)
-        return tree
+        if self.costs is None:
+            return grown.tree.build()
+        self._growth, self._drafted = grown.growth, grown.tree  # what observe learns from and judges a probe by
+        self._grown = grown.tree if sampler is None else None  # greedy: learn from the nodes cut too (`_learn`)
+        keep, paid = self._cut(grown.tree, grown.growth)
+        if grown.growth.forwards and not self._probe:  # a model ran: did it pay? (a probe is judged in observe)
+            self.gate.drafted(paid)
+        return grown.tree.build(keep=keep)
 
     def observe(self, tree: Tree, path: list[int], bonus: int, timing: Timing) -> None:
         c = self.config

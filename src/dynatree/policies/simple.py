@@ -39,10 +39,9 @@ class LinearPolicy(TreePolicy):
         k = self.config.k
         if sampler is not None:
             return (yield from self._sampled_chain(root_token, min(k, max_depth), sampler))
-        return (yield from grow_levels(
-            root_token, max_depth=min(k, max_depth), n_max=k, max_breadth=1,
-            expandable=lambda depth, prob: True, breadth=lambda conf: 1,
-        ))
+        grown = yield from grow_levels(root_token, max_depth=min(k, max_depth), n_max=k, max_breadth=1,
+                                       expandable=lambda depth, prob: True, breadth=lambda conf: 1)
+        return grown.tree.build()
 
     @staticmethod
     def _sampled_chain(root_token: int, length: int, sampler: Sampler) -> Growing:
@@ -78,7 +77,7 @@ class FixedTreePolicy(TreePolicy):
 
     def grow(self, root_token: int, max_depth: int, sampler: Sampler | None = None) -> Growing:
         c = self.config
-        return (yield from grow_levels(
-            root_token, max_depth=min(c.depth, max_depth), n_max=c.n_max, max_breadth=c.branch,
-            expandable=lambda depth, prob: True, breadth=lambda conf: c.branch, tau=c.tau,
-        ))
+        grown = yield from grow_levels(root_token, max_depth=min(c.depth, max_depth), n_max=c.n_max,
+                                       max_breadth=c.branch, expandable=lambda depth, prob: True,
+                                       breadth=lambda conf: c.branch, tau=c.tau)
+        return grown.tree.build()
