@@ -60,6 +60,9 @@ def test_llamacpp_decodes_the_embedded_gguf_greedily():
     assert theirs.new_token_ids[:3] == ours.new_token_ids[:3]  # the same model, decoded by another engine
     again = generate(question, "llamacpp-ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True)
     assert again.new_token_ids == theirs.new_token_ids  # each run starts from an empty cache
+    cut = generate(question, "llamacpp-ar", target=target, chat=True, max_new_tokens=12, ignore_eos=True, stop="Paris")
+    assert cut.text == theirs.text[:theirs.text.find("Paris")] and cut.finish_reason == "stop"
+    assert cut.stats.new_tokens == len(cut.new_token_ids) < 12  # llama.cpp's loop ended at the stop string
 
 
 @pytest.mark.parametrize("kwargs,message", [
