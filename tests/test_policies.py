@@ -647,7 +647,7 @@ def test_the_draft_gate_idles_probes_and_backs_off():
     assert [gate.begin() for _ in range(3)] == [IDLE] * 2 + [PROBE]
     gate.probed(pays_now=True, beat_plain=False)
     assert gate.begin() == DRAFT and gate.idle_iterations == 1 + 2 + 4 + 4 + 2
-    gate.reset()
+    gate.start_run()
     assert (gate.idle, gate.backoff, gate.idle_iterations) == (0, 0, 0)
 
 

@@ -119,7 +119,7 @@ class DynaTreePolicy(TreePolicy):
 
     def prepare(self, curve: CostCurve | None, model_free: bool) -> None:
         self.model_free = model_free
-        self.gate.reset()
+        self.gate.start_run()
         self.costs = IterationCosts(curve) if curve is not None else None
 
     def _accept_estimates(self, tree: TreeBuilder) -> list[float]:
