@@ -157,7 +157,8 @@ class Prepared:
         )
         return Result(method=self.method, target=tgt.name, draft=None if self.draft is None else self.draft.name,
                       prompt_tokens=len(self.prompt_ids),
-                      new_token_ids=new_ids, text=words, finish_reason=reason, stats=stats.summary(), config=dataclasses.asdict(self.config), run=info,
+                      new_token_ids=new_ids, text=words, finish_reason=reason, stats=stats.summary(),
+                      config=dataclasses.asdict(self.config), run=info,
                       env=env.describe(tgt.device), policy_state=policy_state)
 
 
