@@ -596,7 +596,8 @@ def test_serve_cli_refuses_bad_settings_before_loading(capsys):
                           (["serve", "--draft", "ngram+"], "ngram+MODEL needs a draft model after 'ngram+'"),
                           (["serve", "--kv-window", "4"], "SINK,RECENT"),
                           (["serve", "--served-model-name", " "], "--served-model-name must not be empty"),
-                          (["serve", "--allow-origin", "localhost:3000"], "--allow-origin takes an origin such as")):
+                          (["serve", "--allow-origin", "localhost:3000"], "--allow-origin takes an origin such as"),
+                          (["serve", "--allow-origin", "http://LocalHost:3000"], "lower case")):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1

@@ -218,7 +218,7 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> 
     """Decode a prepared request once and return its result (transformers' generate()
     for the hf-* methods, dynatree's decoder for the others). `on_tokens` gets every group of
     tokens as it is committed; with stop strings the decode ends after the group that completes
-    one, and the result's ids and text end there."""
+    one, and `on_tokens`, the result's ids and its text end there."""
     if not isinstance(job, Prepared):
         raise DynaTreeError(f"run() takes what prepare() returns, got {type(job).__name__}"
                             + (": run(prepare(request))" if isinstance(job, (Request, Checked)) else ""))
@@ -227,7 +227,7 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> 
     tgt = job.target
     text = job.text_stream() if job.stops else None  # (decoding the text at every commit costs time: only for stops)
     watch = on_tokens if text is None else _watching(text, on_tokens)
-    stopped = (lambda: False) if text is None else (lambda: text.stopped)
+    stopped = None if text is None else (lambda: text.stopped)  # (None: the engines ask nothing per step)
     if isinstance(job.config, (LlamaCppArConfig, LlamaCppLookupConfig)):
         lookup = job.config if isinstance(job.config, LlamaCppLookupConfig) else None
         new_ids, stats = llamacpp_generate(tgt, job.prompt_ids, job.max_new_tokens, job.ignore_eos, watch,
@@ -244,7 +244,7 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> 
     steps = decoder.steps(job.prompt_ids, job.max_new_tokens, job.ignore_eos, watch)
     try:
         for _ in steps:
-            if stopped():
+            if stopped is not None and stopped():
                 break
     finally:
         steps.close()
@@ -253,9 +253,15 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> 
 
 
 def _watching(text: TextStream, on_tokens: Callable[[list[int]], None] | None) -> Callable[[list[int]], None]:
-    """A commit callback that feeds `text` (which watches for the stop strings), then `on_tokens`."""
+    """A commit callback that feeds `text` (which watches for the stop strings), then hands `on_tokens`
+    the ids up to the token that completed a stop string, and nothing after it."""
     def watch(ids: list[int]) -> None:
+        if text.stopped:
+            return
+        before = len(text.ids)
         text.push(ids)
+        if text.stopped:
+            ids = ids[:text.stop_at - before]
         if on_tokens is not None:
             on_tokens(ids)
     return watch

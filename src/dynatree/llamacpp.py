@@ -19,6 +19,8 @@ up front with a one-line error saying how to rebuild the binding.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import atexit
 import contextlib
 import dataclasses
@@ -219,7 +221,7 @@ def check_target(target, prompt_tokens: int, max_new_tokens: int, sampling, meth
 
 def llamacpp_generate(target, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False,
                       on_tokens=None, sampling=None, lookup: LlamaCppLookupConfig | None = None,
-                      stopped=None) -> tuple[list[int], Stats]:
+                      stopped: Callable[[], bool] | None = None) -> tuple[list[int], Stats]:
     """Greedy decoding by llama.cpp of the target's GGUF file, one pass per token, or with `lookup`
     its prompt-lookup speculative mode; new tokens and stats. `stopped()`, asked after each token
     reached `on_tokens`, ends the run when true (a stop string in the text)."""

@@ -270,7 +270,8 @@ def _converted_gguf_dir(gguf: Path, label: str) -> Path:
     return out
 
 
-# what a saved tokenizer leaves in a checkpoint directory (fast, sentencepiece, BPE and WordPiece files)
+# what a saved tokenizer leaves in a checkpoint directory (fast, sentencepiece, BPE and WordPiece files; any
+# *.model or *.tiktoken file counts too: sentencepiece.bpe.model, qwen.tiktoken, ...)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json",
                    "vocab.txt", "merges.txt", "tokenizer.tiktoken")
 
@@ -296,7 +297,8 @@ def _from_pretrained(spec, directory, gguf_file, local_only, dtype):
         raise DynaTreeError(
             f"{spec!r} is a {architectures[0]} checkpoint, not a causal language model; dynatree needs a decoder-only LM"
         )
-    if Path(directory).is_dir() and not any((Path(directory) / name).exists() for name in TOKENIZER_FILES):
+    if Path(directory).is_dir() and not any((Path(directory) / name).exists() for name in TOKENIZER_FILES) \
+            and not any(Path(directory).glob("*.model")) and not any(Path(directory).glob("*.tiktoken")):
         raise DynaTreeError(f"{spec!r} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}): save the "
                             "tokenizer beside the model (tokenizer.save_pretrained(DIR))")
     try:

@@ -25,6 +25,8 @@ inside the compiled graph, so `hf-lookup` runs uncompiled only (methods.py says 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import contextlib
 import time
 from dataclasses import dataclass
@@ -144,9 +146,10 @@ class _Stamps(BaseStreamer):
 
 
 class _Asked(StoppingCriteria):
-    """Ends generate() when the caller's `stopped()` says so. generate() asks its criteria before
-    it streams a step's tokens, so it stops one step after the step that completed a stop string;
-    `Prepared.result` cuts the ids there."""
+    """Ends generate() when the caller's `stopped()` says so. Plain decoding (hf-ar) asks its
+    criteria before it streams a step's token, so it stops one step after the one that completed a
+    stop string; assisted decoding (hf-assisted, hf-lookup) streams first and stops in the same
+    step. `Prepared.result` cuts the ids at the stop either way."""
 
     def __init__(self, stopped):
         self.stopped = stopped
@@ -182,12 +185,12 @@ def hf_generate(
     on_tokens=None,
     sampling=None,
     compile: bool = False,
-    stopped=None,
+    stopped: Callable[[], bool] | None = None,
 ) -> tuple[list[int], Stats]:
     """Run transformers' generate() for one of the hf-* configs; return new tokens and stats.
     `compile` (hf-ar and hf-assisted): a static cache and transformers' compiled forward (see above).
-    `stopped()` (a stop string in the text streamed to `on_tokens`) ends generate() when true, one
-    step late (see `_Asked`)."""
+    `stopped()` (a stop string in the text streamed to `on_tokens`) ends generate() when true (hf-ar
+    one step late: see `_Asked`)."""
     device = target.device
     received: list[int] = []
 

@@ -41,7 +41,6 @@ class Request:
     prompt_ids: list[int] | None = None  # token ids instead of `prompt`, used as they are (a 1-D integer tensor too)
     max_new_tokens: int = 128  # at most this many new tokens
     ignore_eos: bool = False  # go on after an end-of-sequence token
-    stop: str | list[str] | None = None  # stop strings: the decode ends at the first, the text just before it
     chat: bool = False  # wrap `prompt` in the tokenizer's chat template
     device: str | None = None  # where specs are loaded (None: cpu; a loaded target's own device)
     dtype: str | None = None  # dtype specs are loaded in; None: float32 (bfloat16 for low-bit weights)
@@ -55,6 +54,7 @@ class Request:
     top_p: float | None = None  # nucleus sampling mass (only with sample)
     compile: bool | None = None  # decode steps through torch.compile (hf-ar: transformers' static cache + compile); None: the loaded target's own setting
     linear: str = "auto"  # linear-layer kernels of models loaded here: auto, onednn, stock (kernels.py)
+    stop: str | list[str] | None = None  # stop strings: the decode ends at the first, the text just before it
 
     def check(self) -> Checked:
         """Every check that needs no model, each a one-line DynaTreeError naming the argument

@@ -72,9 +72,9 @@ def settings_from(args):
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise DynaTreeError("--served-model-name must not be empty")
     for origin in args.allow_origin:
-        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+        if origin != "*" and not re.fullmatch(r"https?://[^/\sA-Z]+", origin):
             raise DynaTreeError(f"--allow-origin takes an origin such as http://localhost:3000 (scheme and host, no "
-                                f"path) or '*', got {origin!r}")
+                                f"path, lower case as browsers send it) or '*', got {origin!r}")
     return ServeSettings(target=args.target, draft=args.draft, method=args.method, options=options,
                          compile=args.compile, device=args.device, dtype=args.dtype, linear=args.linear,
                          weights=args.weights, ngram_max=args.ngram_max, kv_window=args.kv_window, queue=args.queue,
