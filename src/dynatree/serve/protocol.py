@@ -167,7 +167,7 @@ class _Request(_Strict):
                     if not (v is None and k in NULL_MEANS_DEFAULT and k in cls.model_fields)}
         return data
 
-    @field_validator("max_tokens", "top_k", "seed", "n", "top_logprobs", mode="before")
+    @field_validator("max_tokens", "seed", "n", "top_logprobs", mode="before")
     @classmethod
     def _whole_numbers(cls, value):
         return _whole(value)
@@ -175,7 +175,8 @@ class _Request(_Strict):
     @field_validator("top_k", mode="before")
     @classmethod
     def _all_tokens(cls, value):
-        return None if _whole(value) in (-1, 0) and not isinstance(value, bool) else value  # vLLM's "no top-k"
+        value = _whole(value)
+        return None if value in (-1, 0) and not isinstance(value, bool) else value  # vLLM's "no top-k"
 
     @field_validator(*UNUSED)
     @classmethod
