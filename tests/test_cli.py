@@ -119,8 +119,8 @@ def test_compare_warms_up_every_compared_method_with_its_own_settings(capsys, sa
     from dynatree import api
 
     calls, real = [], api.run
-    monkeypatch.setattr(api, "run", lambda job, on_tokens=None: calls.append(
-        (job.method, job.max_new_tokens, getattr(job.config, "k", None))) or real(job, on_tokens))
+    monkeypatch.setattr(api, "run", lambda job, **callbacks: calls.append(
+        (job.method, job.max_new_tokens, getattr(job.config, "k", None))) or real(job, **callbacks))
     code, _, _ = run_cli(capsys, "generate", "w5 w6 w7", "--target", str(saved_tiny), "--max-new-tokens", "12",
                          "--method", "dynatree", "--compare", "ar,linear", "--k", "3")
     assert code == 0

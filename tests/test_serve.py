@@ -480,19 +480,19 @@ def test_eight_clients_five_requests_each_all_answered(server):
 
 
 def held_until_cancelled(engine: Engine) -> None:
-    """Make the engine's next decode stop after its first tokens until its job is cancelled (at most 20 s):
+    """Make the engine's next decode stop after its first text until its job is cancelled (at most 20 s):
     the decode cannot end before the server has noticed the client leave."""
     decode = engine._decode
 
     def hold(job, observe=True):
         engine._decode = decode  # only the first
-        tokens = job.on_tokens
+        text = job.on_text
 
-        def then_wait(ids):
-            tokens(ids)
+        def then_wait(delta):
+            text(delta)
             job.cancelled.wait(20)
 
-        job.on_tokens = then_wait
+        job.on_text = then_wait
         return decode(job, observe)
 
     engine._decode = hold

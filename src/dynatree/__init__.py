@@ -11,6 +11,7 @@ _EXPORTS = {
     "generate": "api",
     "prepare": "api",
     "run": "api",
+    "stream": "api",
     "Request": "request",
     "Result": "result",
     "Decoder": "decode",

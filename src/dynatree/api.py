@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 from typing import Callable
 
 import torch
@@ -71,7 +73,7 @@ class Prepared:
     `prepare()` builds it (all argument checks, model loading, prompt encoding; no forward pass),
     `decoder()` gives a fresh seeded decoder for one run of it, `result()` a run's typed result.
     The server prepares each request in its handler (bad requests fail there) and decodes it later
-    on its worker thread, one `Decoder.steps` iteration at a time.
+    on its worker thread (`run` with its `on_text` and `cancel`).
     """
 
     method: str
@@ -117,17 +119,18 @@ class Prepared:
         return TextStream(self.target.tokenizer, self.stops)
 
     def result(self, new_ids: list[int], stats: Stats, policy_state: dict | None = None,
-               text: TextStream | None = None) -> Result:
+               text: TextStream | None = None, cancelled: bool = False) -> Result:
         """The typed result of a run (`Result.to_json()` is the JSON of `dynatree generate --json`);
         `text`, the stream that watched the run, cuts the ids and text at a stop string it saw
-        (OpenAI's rule: the ids end with the token that completed it, the text just before it)."""
+        (OpenAI's rule: the ids end with the token that completed it, the text just before it);
+        `cancelled`: the caller ended the run early."""
         tgt, draft, ours = self.target, self.draft_model, self.ours
         if text is not None and text.stopped:
             new_ids, words, reason = new_ids[:text.stop_at], text.text, "stop"
         else:
             words = tgt.tokenizer.decode(new_ids, skip_special_tokens=True)
             ended = bool(new_ids) and new_ids[-1] in tgt.eos_ids and not self.ignore_eos
-            reason = "stop" if ended else "length"
+            reason = "cancelled" if cancelled else "stop" if ended else "length"
         engine = get_method(self.method).engine
         llama = engine == "llama.cpp"  # llama.cpp decodes the GGUF file as stored, whatever the target's format
         info = RunInfo(
@@ -214,56 +217,89 @@ def prepare(request: Request | Checked) -> Prepared:
                     compile=bool(compile) and spec.compilable, stops=checked.stops)
 
 
-def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None) -> Result:
+def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
+        on_text: Callable[[str], None] | None = None, cancel: Callable[[], bool] | None = None) -> Result:
     """Decode a prepared request once and return its result (transformers' generate()
-    for the hf-* methods, dynatree's decoder for the others). `on_tokens` gets every group of
-    tokens as it is committed; with stop strings the decode ends after the group that completes
-    one, and `on_tokens`, the result's ids and its text end there."""
+    for the hf-* methods, llama.cpp's loop for llama-*, dynatree's decoder for the others).
+
+    `on_tokens` gets every group of tokens as it is committed. `on_text` gets the text as it may
+    be shown: pieces of the decoded text, holding back an incomplete character and what may begin
+    a stop string (their concatenation is the result's `text`). With stop strings the decode ends
+    after the group that completes one, and `on_tokens`, `on_text`, the result's ids and its text
+    end there. `cancel`, asked between steps, ends the decode when it returns True (a client
+    gone): the result's `finish_reason` is then "cancelled"."""
     if not isinstance(job, Prepared):
         raise DynaTreeError(f"run() takes what prepare() returns, got {type(job).__name__}"
                             + (": run(prepare(request))" if isinstance(job, (Request, Checked)) else ""))
-    if on_tokens is not None and not callable(on_tokens):
-        raise DynaTreeError(f"on_tokens must be a function of the new token ids, got {type(on_tokens).__name__}")
+    for name, fn, takes in (("on_tokens", on_tokens, "the new token ids"), ("on_text", on_text, "the new text"),
+                            ("cancel", cancel, "no arguments returning True to end the decode")):
+        if fn is not None and not callable(fn):
+            raise DynaTreeError(f"{name} must be a function of {takes}, got {type(fn).__name__}")
     tgt = job.target
-    text = job.text_stream() if job.stops else None  # (decoding the text at every commit costs time: only for stops)
-    watch = on_tokens if text is None else _watching(text, on_tokens)
-    stopped = None if text is None else (lambda: text.stopped)  # (None: the engines ask nothing per step)
+    # the text is decoded at every commit only when someone reads it (it costs time)
+    text = job.text_stream() if job.stops or on_text is not None else None
+    watch = on_tokens if text is None else _watching(text, on_tokens, on_text)
+    ends = _Ends(text if job.stops else None, cancel)
+    stopped = ends if ends.asks else None  # (None: the engines ask nothing per step)
     if isinstance(job.config, (LlamaCppArConfig, LlamaCppLookupConfig)):
         lookup = job.config if isinstance(job.config, LlamaCppLookupConfig) else None
         new_ids, stats = llamacpp_generate(tgt, job.prompt_ids, job.max_new_tokens, job.ignore_eos, watch,
                                            job.sampling, lookup, stopped)
-        return job.result(new_ids, stats, text=text)
-    if not job.ours:
+        result = job.result(new_ids, stats, text=text, cancelled=ends.cancelled)
+    elif not job.ours:
         torch.manual_seed(job.seed)
         new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos, job.draft_model,
                                      watch, job.sampling, compile=job.compile, stopped=stopped)
-        return job.result(new_ids, stats, text=text)
-    decoder = job.decoder()
-    decoder.prepare(job.prompt_ids, job.max_new_tokens)  # compiled graphs and cost curve, before the span measured
-    memory = PeakMemory(tgt.device)
-    steps = decoder.steps(job.prompt_ids, job.max_new_tokens, job.ignore_eos, watch)
-    try:
-        for _ in steps:
-            if stopped is not None and stopped():
-                break
-    finally:
-        steps.close()
-    decoder.run.stats.peak_mem_mb = memory.peak_mb()
-    return job.result(decoder.run.new_tokens, decoder.run.stats, decoder.policy.state(), text)
+        result = job.result(new_ids, stats, text=text, cancelled=ends.cancelled)
+    else:
+        decoder = job.decoder()
+        decoder.prepare(job.prompt_ids, job.max_new_tokens)  # compiled graphs and cost curve, before the span measured
+        memory = PeakMemory(tgt.device)
+        for _ in decoder.steps(job.prompt_ids, job.max_new_tokens, job.ignore_eos, watch, stop=stopped):
+            pass
+        decoder.run.stats.peak_mem_mb = memory.peak_mb()
+        result = job.result(decoder.run.new_tokens, decoder.run.stats, decoder.policy.state(), text,
+                            cancelled=ends.cancelled)
+    if on_text is not None:
+        rest = text.finish()  # what was held back (an incomplete character) once the decode ended without a stop
+        if rest:
+            on_text(rest)
+    return result
 
 
-def _watching(text: TextStream, on_tokens: Callable[[list[int]], None] | None) -> Callable[[list[int]], None]:
+class _Ends:
+    """What the engines ask between steps: has the decode ended early? (a stop string in the text,
+    or the caller's `cancel()`); `cancelled` remembers that the caller ended it."""
+
+    def __init__(self, text: TextStream | None, cancel: Callable[[], bool] | None):
+        self.text, self.cancel = text, cancel
+        self.asks = text is not None or cancel is not None
+        self.cancelled = False
+
+    def __call__(self) -> bool:
+        if self.text is not None and self.text.stopped:
+            return True
+        if self.cancel is not None and self.cancel():
+            self.cancelled = True
+        return self.cancelled
+
+
+def _watching(text: TextStream, on_tokens: Callable[[list[int]], None] | None,
+              on_text: Callable[[str], None] | None) -> Callable[[list[int]], None]:
     """A commit callback that feeds `text` (which watches for the stop strings), then hands `on_tokens`
-    the ids up to the token that completed a stop string, and nothing after it."""
+    the ids up to the token that completed a stop string, and nothing after it, and `on_text` the
+    text that may be shown now."""
     def watch(ids: list[int]) -> None:
         if text.stopped:
             return
         before = len(text.ids)
-        text.push(ids)
+        delta = text.push(ids)
         if text.stopped:
             ids = ids[:text.stop_at - before]
         if on_tokens is not None:
             on_tokens(ids)
+        if on_text is not None and delta:
+            on_text(delta)
     return watch
 
 
@@ -319,11 +355,133 @@ def generate(
     `dtype`, `weights` and `linear` other than their defaults must be what it was loaded with
     (an error says so; nothing is converted behind the caller's back).
     """
-    if "options" in options:
-        raise DynaTreeError("generate() takes the method's options as keywords (e.g. d0=4), not options={...} "
-                            "(that is Request's field)")
-    request = Request(prompt=prompt, method=method, options=options, target=target, draft=draft,
-                      prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop, chat=chat,
-                      device=device, dtype=dtype, weights=weights, seed=seed, ngram_max=ngram_max, kv_window=kv_window, sample=sample,
-                      temperature=temperature, top_k=top_k, top_p=top_p, compile=compile, linear=linear)
+    request = _request("generate", prompt, method, options, target=target, draft=draft,
+                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop, chat=chat,
+                       device=device, dtype=dtype, weights=weights, seed=seed, ngram_max=ngram_max, kv_window=kv_window,
+                       sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, compile=compile, linear=linear)
     return run(prepare(request), on_tokens)
+
+
+def _request(caller: str, prompt, method, options: dict, **fields) -> Request:
+    if "options" in options:
+        raise DynaTreeError(f"{caller}() takes the method's options as keywords (e.g. d0=4), not options={{...}} "
+                            "(that is Request's field)")
+    return Request(prompt=prompt, method=method, options=options, **fields)
+
+
+def stream(
+    prompt: str | None = None,
+    method: str = "dynatree",
+    *,
+    target: str | LoadedModel = DEFAULT_TARGET,
+    draft: str | LoadedModel | FeatureHead | Hybrid | Draft | None = None,
+    prompt_ids: list[int] | None = None,
+    max_new_tokens: int = 128,
+    ignore_eos: bool = False,
+    stop: str | list[str] | None = None,
+    chat: bool = False,
+    device: str | None = None,
+    dtype: str | None = None,
+    weights: str | None = None,
+    seed: int = 0,
+    ngram_max: int = NGRAM_MAX,
+    kv_window: str | KVWindow | None = None,
+    sample: bool = False,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    compile: bool | None = None,
+    linear: str = "auto",
+    **options,
+) -> TextIterator:
+    """`generate()` as a stream: iterating gives the text as it is decoded (the pieces `run`'s
+    `on_text` gets; together they are the result's `text`), and `.result` the `Result` when the
+    decode has ended. The arguments are `generate()`'s and are checked here, before any decoding:
+
+        with dynatree.stream("Write a haiku", chat=True) as pieces:
+            for piece in pieces:
+                print(piece, end="", flush=True)
+        print(pieces.result.stats.tokens_per_s)
+
+    The decode runs on a thread of its own; leaving the `with` block (or `close()`) before the end
+    ends it after the step it is in (`finish_reason` "cancelled")."""
+    request = _request("stream", prompt, method, options, target=target, draft=draft,
+                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop, chat=chat,
+                       device=device, dtype=dtype, weights=weights, seed=seed, ngram_max=ngram_max, kv_window=kv_window,
+                       sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, compile=compile, linear=linear)
+    return TextIterator(prepare(request))
+
+
+class TextIterator:
+    """The text of one decode as it comes (`stream()`): an iterator of text pieces, `result` at the end.
+
+    `run(job)` runs on a daemon thread and hands its `on_text` pieces over a queue; an error in the
+    decode is raised where the pieces are read (or by `result`). `close()` (also on leaving a `with`
+    block, or when the iterator is dropped) asks the decode to end after its current step."""
+
+    def __init__(self, job: Prepared, on_tokens: Callable[[list[int]], None] | None = None):
+        # the thread holds the channel, not this object, so that dropping the iterator cancels the decode
+        self._channel = _Channel()
+        self._ended = False  # the iteration has seen the end
+        self._thread = threading.Thread(target=self._channel.decode, args=(job, on_tokens), name="dynatree-stream",
+                                        daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> TextIterator:
+        return self
+
+    def __next__(self) -> str:
+        if self._ended:
+            raise StopIteration
+        try:
+            piece = self._channel.pieces.get()
+        except BaseException:  # Ctrl-C while waiting: the decode ends too
+            self._channel.cancel.set()
+            raise
+        if piece is _Channel.END:
+            self._ended = True
+            self.result  # noqa: B018 (raises the decode's error, if any)
+            raise StopIteration
+        return piece
+
+    @property
+    def result(self) -> Result:
+        """The decode's `Result`, once it has ended (waits for it; raises the decode's error)."""
+        self._thread.join()
+        if self._channel.error is not None:
+            raise self._channel.error
+        return self._channel.result
+
+    def close(self) -> None:
+        """End the decode after the step it is in (its result says "cancelled" if it had not ended)."""
+        self._channel.cancel.set()
+        self._thread.join()
+
+    def __enter__(self) -> TextIterator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self._channel.cancel.set()
+
+
+class _Channel:
+    """What a `TextIterator`'s decoding thread shares with it: the pieces, the cancel flag, the outcome."""
+
+    END = object()  # the last item of `pieces`
+
+    def __init__(self):
+        self.pieces: queue.SimpleQueue = queue.SimpleQueue()
+        self.cancel = threading.Event()
+        self.result: Result | None = None
+        self.error: BaseException | None = None
+
+    def decode(self, job: Prepared, on_tokens) -> None:
+        try:
+            self.result = run(job, on_tokens, self.pieces.put, self.cancel.is_set)
+        except BaseException as exc:  # noqa: BLE001 (handed to the reading thread, raised there)
+            self.error = exc
+        finally:
+            self.pieces.put(self.END)

@@ -18,7 +18,6 @@ from .drafters.ngram import NGRAM_MAX
 from .errors import DynaTreeError
 from .methods import METHODS, get_method, lossy_reason
 from .result import Result, Summary
-from .textstream import TextStream
 
 EXIT_USAGE = 2
 
@@ -107,24 +106,16 @@ def _read_prompt(args) -> str:
         raise DynaTreeError(f"cannot read prompt file {args.prompt_file!r}: {exc.strerror}") from None
 
 
-class _TextStream:
-    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 sequences and what may
-    begin a stop string, and nothing from a stop string on (textstream.py)."""
+class _Printer:
+    """Prints the text a run streams (`api.run`'s `on_text`: incomplete characters and what may
+    begin a stop string held back, nothing from a stop string on) as it arrives."""
 
-    def __init__(self, text: TextStream, out):
-        self.text, self.out = text, out
+    def __init__(self, out):
+        self.out = out
 
-    def __call__(self, new_ids: list[int]) -> None:
-        self._write(self.text.push(new_ids))
-
-    def finish(self) -> None:
-        """What was still held back when the decode ended (an incomplete character, as the result's text has it)."""
-        self._write(self.text.finish())
-
-    def _write(self, delta: str) -> None:
-        if delta:
-            self.out.write(delta)
-            self.out.flush()
+    def __call__(self, delta: str) -> None:
+        self.out.write(delta)
+        self.out.flush()
 
 
 def stats_line(result: Result) -> str:
@@ -256,9 +247,9 @@ def cmd_generate(args) -> int:
             warm_compile[method] = warm.stats.compile_s or 0.0
     results, shared = [], []
     for i, (method, job) in enumerate(jobs.items()):
-        stream = None if args.json or i > 0 else _TextStream(job.text_stream(), sys.stdout)
-        watch = env.OtherCpu(stream)  # other processes slow a run of few cores without a sign in its figures
-        result = api.run(job, on_tokens=watch)
+        printer = None if args.json or i > 0 else _Printer(sys.stdout)
+        watch = env.OtherCpu()  # other processes slow a run of few cores without a sign in its figures
+        result = api.run(job, on_tokens=watch, on_text=printer)
         busy = watch.result()
         if busy is not None and busy > env.BUSY_CPUS:
             shared.append(f"{method} ({busy:.2f})")
@@ -266,8 +257,7 @@ def cmd_generate(args) -> int:
             compiled = result.stats.compile_s + warm_compile.get(method, 0.0)
             result = dataclasses.replace(result, stats=dataclasses.replace(result.stats, compile_s=compiled))
         results.append(result)
-        if stream:
-            stream.finish()
+        if printer:
             print(flush=True)
     if args.json:
         records = [r.to_json() for r in results]

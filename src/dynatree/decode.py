@@ -98,9 +98,12 @@ class Decoder:
         self._prepared = True
 
     @torch.no_grad()
-    def steps(self, prompt_ids, max_new_tokens, ignore_eos=False, on_tokens=None) -> Iterator[Step]:
+    def steps(self, prompt_ids, max_new_tokens, ignore_eos=False, on_tokens=None,
+              stop: Callable[[], bool] | None = None) -> Iterator[Step]:
         """Generate, yielding after every verification (the prefill is not a `Step`). Closing the
-        generator early ends the run there, with its stats complete up to that step."""
+        generator early ends the run there, with its stats complete up to that step. `stop`, asked
+        before every iteration (after the prefill too), ends the run when it says so: a stop string
+        that `on_tokens` saw completed, or a client gone."""
         device = self.target.device
         compiled = self.compile  # the setting of this whole run
         hidden = self.drafter is not None and self.drafter.uses_target_hidden  # hand the target's features over
@@ -117,7 +120,7 @@ class Decoder:
         self._prefill(run, hidden, clock, on_tokens)
 
         try:  # a consumer that stops early (a server cancelling) still gets the stats so far
-            while stats.new_tokens < max_new_tokens and run.seq[-1] not in stop_ids:
+            while stats.new_tokens < max_new_tokens and run.seq[-1] not in stop_ids and not (stop and stop()):
                 remaining = max_new_tokens - stats.new_tokens
                 cached = kv.length(run.cache)
 

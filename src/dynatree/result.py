@@ -74,7 +74,8 @@ class Result:
     prompt_tokens: int
     new_token_ids: list[int]
     text: str  # the new tokens decoded, special tokens skipped (ending just before a stop string)
-    finish_reason: str  # "stop": an end-of-sequence token or a stop string; "length": max_new_tokens
+    finish_reason: str  # "stop": an end-of-sequence token or a stop string; "length": max_new_tokens;
+    # "cancelled": the caller's `cancel()` ended the run (api.run; a server client gone)
     stats: Summary
     config: dict  # the method's config fields
     run: RunInfo

@@ -1,8 +1,8 @@
 """The server's engine: models loaded once, one decode at a time, a bounded FIFO queue in front.
 
 Tree speculation decodes one sequence per target pass, so requests do not share passes: a single
-worker thread takes jobs from the queue in arrival order and runs each through `Decoder.steps`,
-checking between iterations whether the client went away or a stop string appeared. Text reaches
+worker thread takes jobs from the queue in arrival order and runs each through `api.run`, which
+asks between iterations whether the client went away or a stop string appeared. Text reaches
 the HTTP side as events on an asyncio queue of the event loop that submitted the job.
 """
 
@@ -28,7 +28,7 @@ from ..methods import METHODS, Method, get_method
 from ..models import DEFAULT_TARGET, load_model
 from ..prompts import encode_messages, encode_prompt
 from ..runtime import LoadedModel
-from ..stats import Stats
+from ..stats import Summary
 from ..window import KVWindow
 from .metrics import Metrics
 from .protocol import ChatRequest, CompletionRequest
@@ -112,7 +112,6 @@ class Job:
 
     def __init__(self, prepared: api.Prepared, loop: asyncio.AbstractEventLoop | None):
         self.prepared = prepared
-        self.text = prepared.text_stream()  # the request's stop strings
         self.events: asyncio.Queue = asyncio.Queue()  # ('text', str), then ('done', Finished) or ('error', str)
         self.cancelled = threading.Event()  # set by the HTTP side when the client goes away
         self.loop = loop  # None: nobody listens (the warm-up)
@@ -131,9 +130,9 @@ class Job:
     def on_tokens(self, ids: list[int]) -> None:
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter() - self.submitted
-        delta = self.text.push(ids)
-        if delta:
-            self.emit("text", delta)
+
+    def on_text(self, delta: str) -> None:
+        self.emit("text", delta)
 
 
 def _moving_average(average: float, value: float) -> float:
@@ -341,31 +340,18 @@ class Engine:
                 self.metrics.running.set(0)
                 self._running = None
 
-    def _decode(self, job: Job, observe: bool = True) -> Stats:
-        """Run one job to its end (length, EOS, stop string, or cancellation); emit its events; its
-        decode's stats."""
-        prepared = job.prepared
+    def _decode(self, job: Job, observe: bool = True) -> Summary:
+        """Run one job to its end (length, EOS, stop string, or cancellation) through `api.run`;
+        emit its events; its decode's stats (every committed token counted: the result's ids end
+        at a stop string)."""
         queue_s = time.perf_counter() - job.submitted
-        decoder = prepared.decoder()
-        steps = decoder.steps(prepared.prompt_ids, prepared.max_new_tokens, prepared.ignore_eos, job.on_tokens)
-        try:
-            for _ in steps:
-                if job.cancelled.is_set() or job.text.stopped:
-                    break
-        finally:
-            steps.close()
-        run = decoder.run
-        # stats count every committed token; the result's ids end at a stop string
-        result = prepared.result(run.new_tokens, run.stats, decoder.policy.state(), job.text)
-        new_ids = result.new_token_ids
-        reason = "cancelled" if job.cancelled.is_set() else result.finish_reason
-        rest = job.text.finish()
-        if rest:
-            job.emit("text", rest)
+        result = api.run(job.prepared, on_tokens=job.on_tokens, on_text=job.on_text, cancel=job.cancelled.is_set)
         if observe:
-            self.metrics.observe(result, queue_s, job.first_token_s, time.perf_counter() - job.submitted, reason)
-        job.emit("done", Finished(reason, len(prepared.prompt_ids), new_ids, result, queue_s))
-        return run.stats
+            self.metrics.observe(result, queue_s, job.first_token_s, time.perf_counter() - job.submitted,
+                                 result.finish_reason)
+        job.emit("done", Finished(result.finish_reason, len(job.prepared.prompt_ids), result.new_token_ids, result,
+                                  queue_s))
+        return result.stats
 
     def close(self) -> None:
         """Stop the worker after the job it is running."""
