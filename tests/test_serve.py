@@ -145,6 +145,39 @@ def test_text_completion_streamed_and_whole_equal_generate(server):
     assert by_ids.choices[0].text == want.text
 
 
+def test_logprobs_are_the_decodes_own_in_openais_shapes(server):
+    want = expected("w5 w6 w7", 12, logprobs=2)
+    assert [s.token for s in want.logprobs] == want.new_token_ids
+    chat = server.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5 w6 w7"}],
+                                                 temperature=0, max_tokens=12, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert [c.token for c in content] == [TARGET.tokenizer.decode([t]) for t in want.new_token_ids]
+    assert [c.logprob for c in content] == [s.logprob for s in want.logprobs]
+    assert all(c.bytes == list(c.token.encode()) for c in content)
+    assert [[(t.token, t.logprob) for t in c.top_logprobs] for c in content] == [
+        [(TARGET.tokenizer.decode([t]), v) for t, v in s.top] for s in want.logprobs]
+    chunks = list(server.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "w5 w6 w7"}], temperature=0, max_tokens=12, logprobs=True,
+        stream=True))
+    scored = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
+    assert len(scored) == 1 and chunks[-1].choices[0].finish_reason  # every token's, in the finishing chunk
+    assert [c.logprob for c in scored[0].content] == [s.logprob for s in want.logprobs]
+    assert all(c.top_logprobs == [] for c in scored[0].content)
+    plain = server.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5 w6 w7"}],
+                                                  temperature=0, max_tokens=12)
+    assert plain.choices[0].logprobs is None
+
+    text = expected("w5 w6 w7", 12, chat=False, logprobs=1)
+    whole = server.client.completions.create(model=MODEL, prompt="w5 w6 w7", temperature=0, max_tokens=12, logprobs=1)
+    columns = whole.choices[0].logprobs
+    words = [TARGET.tokenizer.decode([t]) for t in text.new_token_ids]
+    assert columns.tokens == words and columns.token_logprobs == [s.logprob for s in text.logprobs]
+    assert columns.top_logprobs == [{TARGET.tokenizer.decode([t]): v for t, v in s.top} for s in text.logprobs]
+    ids = text.new_token_ids  # where each token's text begins: the length of the text before it
+    assert columns.text_offset == [len(TARGET.tokenizer.decode(ids[:i])) for i in range(len(ids))]
+    assert whole.choices[0].text == text.text
+
+
 def test_method_and_options_per_request(server):
     for extra in ({"method": "fixed-tree", "depth": 3}, {"method": "ar"}, {"method": "linear", "k": 3},
                   {"cost_aware": True}, {"method": "dynatree", "n-max": 8}):
@@ -269,6 +302,16 @@ BAD = [  # (path, body, what the message says, the `param` it names)
                               "stream_options": {"include_usage": True}}, "applies only with stream", "stream_options"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}],
                               "max_completion_tokens": 500}, "exceeds this server's limit 200", "max_completion_tokens"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "top_logprobs": 2},
+     "top_logprobs needs logprobs: true", "top_logprobs"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "logprobs": True,
+                              "top_logprobs": 21}, "top_logprobs", "top_logprobs"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "logprobs": 2},
+     "logprobs", "logprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "logprobs": 21}, "logprobs", "logprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "logprobs": True}, "logprobs", "logprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "w5", "logprobs": 2, "top_logprobs": 2},
+     "top_logprobs is a chat completions field; text completions take logprobs: N", "top_logprobs"),
 ]
 
 

@@ -90,6 +90,7 @@ class Prepared:
     sampling: SamplingConfig | None  # None: greedy
     compile: bool  # decode steps through torch.compile (dynatree's methods; hf-ar with a static cache)
     stops: tuple[str, ...] = ()  # stop strings: the decode ends at the first one
+    logprobs: int | None = None  # score each new token, with this many alternatives (dynatree's decoder); None: not
 
     @property
     def ours(self) -> bool:
@@ -112,18 +113,18 @@ class Prepared:
         drafter = None if self.draft is None else make_drafter(self.draft, self.target, self.ngram_max, self.window,
                                                                compile=self.compile)
         sampler = Sampler(self.sampling, self.seed) if self.sampling is not None else None
-        return Decoder(self.target, policy, drafter, self.window, sampler, compile=self.compile)
+        return Decoder(self.target, policy, drafter, self.window, sampler, compile=self.compile, logprobs=self.logprobs)
 
     def text_stream(self) -> TextStream:
         """What watches a run's text for the stop strings (textstream.py)."""
         return TextStream(self.target.tokenizer, self.stops)
 
     def result(self, new_ids: list[int], stats: Stats, policy_state: dict | None = None,
-               text: TextStream | None = None, cancelled: bool = False) -> Result:
+               text: TextStream | None = None, cancelled: bool = False, logprobs: list | None = None) -> Result:
         """The typed result of a run (`Result.to_json()` is the JSON of `dynatree generate --json`);
         `text`, the stream that watched the run, cuts the ids and text at a stop string it saw
         (OpenAI's rule: the ids end with the token that completed it, the text just before it);
-        `cancelled`: the caller ended the run early."""
+        `cancelled`: the caller ended the run early; `logprobs`, one per new token, are cut with the ids."""
         tgt, draft, ours = self.target, self.draft_model, self.ours
         if text is not None and text.stopped:
             new_ids, words, reason = new_ids[:text.stop_at], text.text, "stop"
@@ -162,7 +163,8 @@ class Prepared:
                       prompt_tokens=len(self.prompt_ids),
                       new_token_ids=new_ids, text=words, finish_reason=reason, stats=stats.summary(),
                       config=dataclasses.asdict(self.config), run=info,
-                      env=env.describe(tgt.device), policy_state=policy_state)
+                      env=env.describe(tgt.device), policy_state=policy_state,
+                      logprobs=None if logprobs is None else logprobs[:len(new_ids)])
 
 
 def prepare(request: Request | Checked) -> Prepared:
@@ -214,7 +216,7 @@ def prepare(request: Request | Checked) -> Prepared:
     return Prepared(method=r.method, config=checked.config, target=tgt, draft=draft,
                     prompt_ids=prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos, chat=r.chat,
                     seed=r.seed, ngram_max=r.ngram_max, window=window, sampling=checked.sampling,
-                    compile=bool(compile) and spec.compilable, stops=checked.stops)
+                    compile=bool(compile) and spec.compilable, stops=checked.stops, logprobs=r.logprobs)
 
 
 def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
@@ -259,7 +261,7 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
             pass
         decoder.run.stats.peak_mem_mb = memory.peak_mb()
         result = job.result(decoder.run.new_tokens, decoder.run.stats, decoder.policy.state(), text,
-                            cancelled=ends.cancelled)
+                            cancelled=ends.cancelled, logprobs=decoder.run.logprobs)
     if on_text is not None:
         rest = text.finish()  # what was held back (an incomplete character) once the decode ended without a stop
         if rest:
@@ -313,6 +315,7 @@ def generate(
     max_new_tokens: int = 128,
     ignore_eos: bool = False,
     stop: str | list[str] | None = None,
+    logprobs: int | None = None,
     chat: bool = False,
     device: str | None = None,
     dtype: str | None = None,
@@ -349,6 +352,8 @@ def generate(
     ("auto", "onednn", "stock") picks the linear kernels of models loaded here (kernels.py).
     `stop` (a string or a list) ends the decode at the first stop string: the result's text just
     before it, its ids with the token that completed it, `finish_reason` "stop" (OpenAI's rule).
+    `logprobs` (0-20) fills `Result.logprobs`: each new token's log-probability under the target
+    (temperature 1) with that many most likely alternatives, from the pass that committed it.
     Method options go as keywords here (`options=` is `Request`'s field for the same dict).
     `weights` ("dense", "q4", "int8", "auto"; None: dense) is the format of a target loaded here
     (weights.py); drafts load dense, in the target's dtype. With a loaded target, `device`,
@@ -356,7 +361,7 @@ def generate(
     (an error says so; nothing is converted behind the caller's back).
     """
     request = _request("generate", prompt, method, options, target=target, draft=draft,
-                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop, chat=chat,
+                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop, logprobs=logprobs, chat=chat,
                        device=device, dtype=dtype, weights=weights, seed=seed, ngram_max=ngram_max, kv_window=kv_window,
                        sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, compile=compile, linear=linear)
     return run(prepare(request), on_tokens)
@@ -379,6 +384,7 @@ def stream(
     max_new_tokens: int = 128,
     ignore_eos: bool = False,
     stop: str | list[str] | None = None,
+    logprobs: int | None = None,
     chat: bool = False,
     device: str | None = None,
     dtype: str | None = None,
@@ -406,7 +412,7 @@ def stream(
     The decode runs on a thread of its own; leaving the `with` block (or `close()`) before the end
     ends it after the step it is in (`finish_reason` "cancelled")."""
     request = _request("stream", prompt, method, options, target=target, draft=draft,
-                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop, chat=chat,
+                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop, logprobs=logprobs, chat=chat,
                        device=device, dtype=dtype, weights=weights, seed=seed, ngram_max=ngram_max, kv_window=kv_window,
                        sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, compile=compile, linear=linear)
     return TextIterator(prepare(request))

@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(repeat for several; OpenAI's stop rule)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON record instead of the streamed text")
+    gen.add_argument("--logprobs", type=int, metavar="N", help="record each new token's log-probability under the "
+                     "target and the N most likely alternatives (0-20) in the JSON record (with --json)")
     gen.add_argument("--compare", metavar="M1,M2", help="also run these methods on the same prompt (each after a short untimed run of every method) and print a table")
     gen.add_argument("--seed", type=int, default=0, help="random seed [0]")
     gen.add_argument("--ngram-max", type=int, default=None, help="longest context the n-gram drafter matches [4]")
@@ -212,13 +214,15 @@ def cmd_generate(args) -> int:
     for name in given:
         if not any(m in args.method_fields[name] for m in methods):
             make_config(args.method, **{name: given[name]})  # raises "does not apply to method ..."
+    if args.logprobs is not None and not args.json:
+        raise DynaTreeError("--logprobs are written into the JSON record: add --json")
     compilable = [m for m in methods if METHODS[m].compilable]  # the others run uncompiled, labelled so
     if args.compile and not compilable:
         raise DynaTreeError(f"--compile does not apply to {methods[0]!r}: {METHODS[methods[0]].not_compilable}")
     requests = {method: Request(  # one per method, every value checked before any model loads
         prompt=prompt, method=method, options=options_for(method), target=args.target,
         draft=args.draft if method in drafting else None, max_new_tokens=args.max_new_tokens,
-        ignore_eos=args.ignore_eos, stop=args.stop, chat=args.chat, device=args.device, dtype=args.dtype, weights=args.weights, seed=args.seed,
+        ignore_eos=args.ignore_eos, stop=args.stop, logprobs=args.logprobs, chat=args.chat, device=args.device, dtype=args.dtype, weights=args.weights, seed=args.seed,
         ngram_max=ngram_max, kv_window=args.kv_window, compile=args.compile and method in compilable, linear=args.linear,
         **sampling_kwargs(args)) for method in methods}
     checked = {method: request.check() for method, request in requests.items()}  # the one check of each

@@ -20,6 +20,7 @@ from .drafters.base import Drafter
 from .runtime import LoadedModel, compiled_graphs
 from .costmeasure import curve_for
 from .policies.base import Growing, Timing, TreePolicy
+from .result import TokenLogprob
 from .stats import Clock, Stats
 from .tree import Tree, causal_allowed
 from .sampling import Sampler
@@ -45,6 +46,7 @@ class Run:
     cache: object  # target KV cache: entries for seq[:-1] (those the KV window keeps, if any)
     slot_pos: torch.Tensor  # [cache length] long, position in `seq` of each cache slot
     stats: Stats = field(default_factory=Stats)
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when the decoder scores them
 
     @property
     def new_tokens(self) -> list[int]:
@@ -56,7 +58,8 @@ class Decoder:
     sampling with a `Sampler`; optionally under an attention-sink KV window."""
 
     def __init__(self, target: LoadedModel, policy: TreePolicy, drafter: Drafter | None = None,
-                 window: KVWindow | None = None, sampler: Sampler | None = None, compile: bool | None = None):
+                 window: KVWindow | None = None, sampler: Sampler | None = None, compile: bool | None = None,
+                 logprobs: int | None = None):
         if policy.needs_drafter and drafter is None:
             raise ValueError("this policy needs a drafter")
         self.target = target
@@ -68,6 +71,7 @@ class Decoder:
         self.sampler = sampler  # sampling mode (lossless rejection sampling), or None for greedy
         self.compile = target.compile if compile is None else compile  # target steps through torch.compile
         self.verifier = policy.verifier or default_verifier(sampler)  # the policy's own rule (lossy), else ours
+        self.logprobs = logprobs  # score every new token (with this many alternatives) from the logits at hand; None: not
         self._prepared, self._compile_s = False, 0.0  # `prepare` ran for the next run; what compiling took
 
     @torch.no_grad()
@@ -114,7 +118,8 @@ class Decoder:
         clock = Clock(device)
         stop_ids = set() if ignore_eos else set(self.target.eos_ids)
         run = self.run = Run(seq=list(prompt_ids), prompt_len=len(prompt_ids),
-                             cache=kv.new_cache(self.target.model), slot_pos=torch.empty(0, dtype=torch.long))
+                             cache=kv.new_cache(self.target.model), slot_pos=torch.empty(0, dtype=torch.long),
+                             logprobs=None if self.logprobs is None else [])
         stats = run.stats
         stats.draft_s = stats.verify_s = stats.commit_s = 0.0
         self._prefill(run, hidden, clock, on_tokens)
@@ -132,6 +137,8 @@ class Decoder:
                 accepted = self.verifier.accept(tree, logits, self.sampler)  # 3. accept (its host sync ends the verification)
                 t_commit = time.perf_counter()
                 committed = self._commit(run, tree, accepted, positions, features, cached, stop_ids, remaining)  # 4. commit
+                if run.logprobs is not None:  # each committed token scored by the row of the node before it
+                    run.logprobs += token_logprobs(logits, [0] + accepted.path, committed, self.logprobs)
                 t_done = time.perf_counter()
 
                 self.policy.observe(tree, accepted.path, accepted.bonus, Timing(draft_s=t_verify - t_draft, verify_s=t_done - t_verify))
@@ -154,6 +161,8 @@ class Decoder:
         run.slot_pos = prompt_pos
         first = int(logits[-1].argmax()) if self.sampler is None else self.sampler.draw(self.sampler.probs(logits[-1:])[0])
         run.seq.append(first)
+        if run.logprobs is not None:
+            run.logprobs += token_logprobs(logits[-1:], [0], [first], self.logprobs)
         run.stats.iterations, run.stats.new_tokens, run.stats.ttft_s = 1, 1, clock.elapsed()
         if on_tokens:
             on_tokens([first])
@@ -262,3 +271,15 @@ def _truncate(tokens: list[int], stop_ids: set[int], limit: int) -> list[int]:
         if token in stop_ids:
             return tokens[: i + 1]
     return tokens[:limit]
+
+
+def token_logprobs(logits: torch.Tensor, rows: list[int], tokens: list[int], top: int) -> list[TokenLogprob]:
+    """`tokens[i]`'s log-probability in the target's distribution `logits[rows[i]]` (temperature 1,
+    in float32 or the logits' wider dtype), with the `top` most likely tokens there."""
+    rows = rows[:len(tokens)]  # (the committed group may be cut at a stop token or the length limit)
+    dist = torch.log_softmax(logits[rows].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    chosen = dist.gather(1, torch.tensor(tokens, device=dist.device)[:, None])[:, 0].tolist()
+    best = dist.topk(top, dim=-1) if top > 0 else None
+    alternatives = [[]] * len(tokens) if best is None else [
+        list(zip(ids, values)) for ids, values in zip(best.indices.tolist(), best.values.tolist())]
+    return [TokenLogprob(token, value, alts) for token, value, alts in zip(tokens, chosen, alternatives)]

@@ -55,6 +55,7 @@ class Request:
     compile: bool | None = None  # decode steps through torch.compile (hf-ar: transformers' static cache + compile); None: the loaded target's own setting
     linear: str = "auto"  # linear-layer kernels of models loaded here: auto, onednn, stock (kernels.py)
     stop: str | list[str] | None = None  # stop strings: the decode ends at the first, the text just before it
+    logprobs: int | None = None  # each new token's log-probability under the target with this many alternatives (0-20); None: none
 
     def check(self) -> Checked:
         """Every check that needs no model, each a one-line DynaTreeError naming the argument
@@ -89,6 +90,13 @@ class Request:
                                 f"{type(self.kv_window).__name__}")
         sampling = sampling_config(self.sample, self.temperature, self.top_k, self.top_p)
         stops = _stops(self.stop)
+        if self.logprobs is not None:
+            if not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise DynaTreeError(f"logprobs (--logprobs) must be an integer from 0 to {MAX_LOGPROBS} (the most likely "
+                                    f"alternatives to list beside each token) or None, got {self.logprobs!r}")
+            if spec.policy_cls is None:
+                raise DynaTreeError(f"logprobs (--logprobs) come from dynatree's decoder; {self.method!r} runs "
+                                    f"{spec.baseline}")
         if window is not None and spec.policy_cls is None:
             raise DynaTreeError(f"kv_window (--kv-window) is not available for {self.method!r} ({spec.baseline})")
         if self.compile and not spec.compilable:
@@ -172,6 +180,9 @@ class Checked:
         if draft is not None:
             request._check_draft(self.method)  # a Draft of the wrong kind for the method (hybrid for hf-assisted)
         return dataclasses.replace(self, request=request)
+
+
+MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's top_logprobs bound)
 
 
 def is_int(value) -> bool:

@@ -65,6 +65,15 @@ class RunInfo:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One new token's log-probability under the target (`logprobs` of a request)."""
+
+    token: int  # the token id
+    logprob: float  # its natural log-probability in the target's distribution at its position (temperature 1)
+    top: list[tuple[int, float]]  # the most likely tokens there with theirs, most likely first (`logprobs` of them)
+
+
+@dataclass(frozen=True)
 class Result:
     """One decode of one prompt by one method."""
 
@@ -81,10 +90,12 @@ class Result:
     run: RunInfo
     env: dict  # the machine, library versions and threads (env.describe)
     policy_state: dict | None = None  # what an adaptive policy learnt (e.g. DynaTree's cost rule)
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked for them
 
     def to_json(self) -> dict:
-        """The JSON record (policy_state only where the policy has one)."""
+        """The JSON record (policy_state only where the policy has one, logprobs only when asked)."""
         record = dataclasses.asdict(self)
-        if record["policy_state"] is None:
-            del record["policy_state"]
+        for key in ("policy_state", "logprobs"):
+            if record[key] is None:
+                del record[key]
         return record

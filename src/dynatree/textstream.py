@@ -1,6 +1,12 @@
-"""Committed token groups -> text deltas, with stop strings cut out and incomplete text held back."""
+"""Committed token groups -> text deltas, with stop strings cut out and incomplete text held back;
+one token's own text and bytes (for log-probability listings)."""
 
 from __future__ import annotations
+
+import functools
+import re
+
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 
 class TextStream:
@@ -65,3 +71,31 @@ class TextStream:
             if any(s.startswith(text[-n:]) for s in self.stops):
                 return n
         return 0
+
+
+def token_text(tokenizer, token: int) -> tuple[str, list[int] | None]:
+    """One token's text as it reads alone, and its UTF-8 bytes: a token holding part of a character
+    (it reads as U+FFFD alone) gives its own bytes where the tokenizer says them (byte-level BPE
+    symbols, `<0xHH>` byte tokens), else None."""
+    text = tokenizer.decode([token])
+    if "\ufffd" not in text:
+        return text, list(text.encode("utf-8"))
+    symbol = tokenizer.convert_ids_to_tokens(token)
+    byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", symbol)
+    if byte:
+        return text, [int(byte.group(1), 16)]
+    decoder = _byte_decoder()
+    if _byte_level(tokenizer) and all(c in decoder for c in symbol):
+        return text, [decoder[c] for c in symbol]
+    return text, None
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    return {char: byte for byte, char in bytes_to_unicode().items()}
+
+
+def _byte_level(tokenizer) -> bool:
+    """The tokenizer's symbols are GPT-2's byte-level alphabet (a ByteLevel decoder)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and type(backend.decoder).__name__ == "ByteLevel"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -20,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from ..errors import DynaTreeError
+from ..textstream import token_text
 from .engine import Engine, Finished, Job, QueueFull, RequestError
 from .protocol import ChatRequest, CompletionRequest, error_body, validation_message
 
@@ -148,7 +150,7 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
             return answer(_error(429, str(exc), "rate_limit_error", code="queue_full",
                                  headers={"Retry-After": str(exc.retry_after)}))
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        shape = _Shape(ident, engine.model_id, chat)
+        shape = _Shape(ident, engine.model_id, chat, engine.tokenizer)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return answer(StreamingResponse(_stream(job, shape, usage, request), media_type="text/event-stream",
@@ -161,9 +163,29 @@ def create_app(engine: Engine, load: bool = True) -> FastAPI:
 class _Shape:
     """The JSON shapes of one response: chat or text completion, whole or in chunks."""
 
-    def __init__(self, ident: str, model: str, chat: bool):
+    def __init__(self, ident: str, model: str, chat: bool, tokenizer):
         self.ident, self.model, self.chat = ident, model, chat
+        self.tokenizer = tokenizer  # the HTTP side's copy: token texts for logprobs
         self.created = int(time.time())
+
+    def logprobs(self, done: Finished | None) -> dict | None:
+        """The choice's `logprobs` (None unless asked): chat's `content` list, or text completions'
+        `tokens`/`token_logprobs`/`top_logprobs`/`text_offset` columns."""
+        scored = None if done is None else done.result.logprobs
+        if scored is None:
+            return None
+        text = functools.partial(token_text, self.tokenizer)
+        if self.chat:
+            def entry(token: int, logprob: float) -> dict:
+                word, raw = text(token)
+                return {"token": word, "logprob": logprob, "bytes": raw}
+            return {"content": [{**entry(s.token, s.logprob), "top_logprobs": [entry(t, v) for t, v in s.top]}
+                                for s in scored]}
+        words = [text(s.token)[0] for s in scored]
+        ids = [s.token for s in scored]  # offsets into the completion's text, which joins tokens as the tokenizer does:
+        offsets = [len(self.tokenizer.decode(ids[:i], skip_special_tokens=True)) for i in range(len(ids))]
+        return {"tokens": words, "token_logprobs": [s.logprob for s in scored],
+                "top_logprobs": [{text(t)[0]: v for t, v in s.top} for s in scored], "text_offset": offsets}
 
     def _head(self, obj: str) -> dict:
         return {"id": self.ident, "object": obj, "created": self.created, "model": self.model}
@@ -171,17 +193,19 @@ class _Shape:
     def whole(self, text: str, done: Finished) -> dict:
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if self.chat
                   else {"index": 0, "text": text})
-        choice.update(finish_reason=done.finish_reason, logprobs=None)
+        choice.update(finish_reason=done.finish_reason, logprobs=self.logprobs(done))
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": _usage(done), "dynatree": _extra(done)}
 
-    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False) -> dict:
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
+              done: Finished | None = None) -> dict:
+        """One streamed chunk; the finishing one (`done`) carries every token's logprobs, when asked."""
         if self.chat:
             delta = ({"role": "assistant", "content": ""} if role else {}) | ({"content": text} if text else {})
             choice = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": text or ""}
-        choice.update(finish_reason=finish_reason, logprobs=None)
+        choice.update(finish_reason=finish_reason, logprobs=self.logprobs(done))
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
     def usage_chunk(self, done: Finished) -> dict:
@@ -220,7 +244,7 @@ async def _stream(job: Job, shape: _Shape, include_usage: bool, request: Request
             elif kind == "error":
                 yield _sse(error_body(value, "server_error"))
             else:
-                yield _sse({**shape.chunk(finish_reason=value.finish_reason), "dynatree": _extra(value)})
+                yield _sse({**shape.chunk(finish_reason=value.finish_reason, done=value), "dynatree": _extra(value)})
                 if include_usage:
                     yield _sse(shape.usage_chunk(value))
         if not job.cancelled.is_set():

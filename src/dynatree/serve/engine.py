@@ -267,7 +267,8 @@ class Engine:
         sample = request.temperature >= GREEDY_BELOW
         sampling = dict(sample=True, temperature=request.temperature, top_k=request.top_k,
                         top_p=request.top_p) if sample else {}
-        return self._prepare(ids, spec, options, max_tokens, seed, stop=request.stops, **sampling)
+        return self._prepare(ids, spec, options, max_tokens, seed, stop=request.stops, logprobs=request.asked_logprobs,
+                             **sampling)
 
     def _spec(self, method: str) -> Method:
         """A method the server decodes with (RequestError naming `dynatree.method` otherwise)."""
@@ -281,13 +282,15 @@ class Engine:
                                "decodes with dynatree's methods (ar, linear, dynatree, ...)", "dynatree.method")
         return spec
 
-    def _prepare(self, ids, spec: Method, options, max_new_tokens, seed, stop=None, **sampling) -> api.Prepared:
+    def _prepare(self, ids, spec: Method, options, max_new_tokens, seed, stop=None, logprobs=None,
+                 **sampling) -> api.Prepared:
         """The engine's Request for a decode with `spec` (from `_spec`): its checks (the method's options:
         RequestError naming `dynatree`), then `api.prepare` against the loaded models (an error there names
         no field)."""
         request = Request(method=spec.name, options=options, target=self.target,
                           draft=self.draft if spec.draft != "none" else None, prompt_ids=ids,
-                          max_new_tokens=max_new_tokens, stop=stop, seed=seed, ngram_max=self.settings.ngram_max,
+                          max_new_tokens=max_new_tokens, stop=stop, logprobs=logprobs, seed=seed,
+                          ngram_max=self.settings.ngram_max,
                           kv_window=self.window, compile=self.settings.compile and spec.compilable, **sampling)
         try:
             checked = request.check()

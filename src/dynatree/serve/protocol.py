@@ -4,7 +4,7 @@ pydantic validates types and ranges (an unknown field, a negative `max_tokens`, 
 are 400s); what depends on the loaded models (context length, the method's options, the draft)
 is checked by `api.prepare` when the request is prepared. Fields OpenAI defines that change
 nothing here (`user`) are accepted; fields whose non-default values dynatree cannot honour
-(penalties, logprobs, `echo`, `suffix`, tools) are 400s when set to anything else, never silently
+(penalties, `echo`, `suffix`, tools) are 400s when set to anything else, never silently
 ignored; every field neither OpenAI nor this server (`top_k`, `dynatree`) defines (vLLM's
 `repetition_penalty`, ...) is a 400. Text must be
 valid Unicode (JSON can carry a lone surrogate, which no tokenizer encodes).
@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` strings
+MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's top_logprobs bound; request.MAX_LOGPROBS)
 
 
 class _Strict(BaseModel):
@@ -138,8 +139,8 @@ class _Request(_Strict):
     user: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logprobs: Any = None
-    top_logprobs: int | None = None
+    logprobs: Any = None  # chat: true/false (with top_logprobs); text completions: how many alternatives
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     logit_bias: dict | None = None
     response_format: dict | None = None
     metadata: dict | None = None
@@ -217,13 +218,6 @@ class _Request(_Strict):
                              "tree verification keeps exact (leave it 0)")
         return value
 
-    @field_validator("logprobs", "top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, value):
-        if value not in (None, False, 0):
-            raise ValueError("logprobs are not supported by this server")
-        return value
-
     @field_validator("logit_bias")
     @classmethod
     def _no_bias(cls, value):
@@ -249,12 +243,18 @@ class _Request(_Strict):
     def stops(self) -> list[str]:
         return self.stop or []  # a list once validated (a default None is not validated)
 
+    @property
+    def asked_logprobs(self) -> int | None:
+        """How many alternatives to list beside each new token's log-probability; None: no logprobs."""
+        raise NotImplementedError
+
 
 class ChatRequest(_Request):
     """POST /v1/chat/completions: `messages` go through the tokenizer's chat template."""
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    logprobs: bool | None = None  # each new token's log-probability (top_logprobs: alternatives beside it)
 
     @field_validator("max_completion_tokens", mode="before")
     @classmethod
@@ -275,6 +275,17 @@ class ChatRequest(_Request):
             self.max_tokens = self.max_completion_tokens
         return self
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
+    @property
+    def asked_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_Request):
     """POST /v1/completions: `prompt` is plain text (one string), or token ids."""
@@ -282,6 +293,23 @@ class CompletionRequest(_Request):
     prompt: str | list[int] | list[str]
     echo: bool = False
     suffix: str | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # each new token's log-probability, this many alternatives
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _whole_logprobs(cls, value):
+        return _whole(value)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _chat_only(cls, value):
+        if value is not None:
+            raise ValueError("top_logprobs is a chat completions field; text completions take logprobs: N")
+        return value
+
+    @property
+    def asked_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
