@@ -39,9 +39,19 @@ def test_text_pieces_add_up_to_the_result_text_with_and_without_stops(method, dr
     assert "".join(cut) == got.text == full.text[:full.text.find(stop)] and got.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("method,drafted", METHODS)
+def test_text_pieces_add_up_to_the_result_text_when_the_run_ends_at_an_end_of_sequence_token(method, drafted):
+    ids = run(_job("ar", None)).new_token_ids
+    target, draft = tiny("llama", eos_ids=[ids[5]]), tiny("llama", seed=1, eos_ids=[ids[5]])
+    pieces = []
+    got = run(prepare(Request(prompt_ids=PROMPT, method=method, target=target, draft=draft if drafted == "draft"
+                              else drafted, max_new_tokens=24)), on_text=pieces.append)
+    assert got.finish_reason == "stop" and got.new_token_ids == ids[:ids.index(ids[5]) + 1]
+    assert "".join(pieces) == got.text
+
+
 @pytest.mark.parametrize("method,drafted", (("ar", None), ("dynatree", "draft"), ("linear", "ngram")))
 def test_a_stop_completed_by_the_first_token_ends_the_run_after_the_prefill(method, drafted):
-    target, _ = _models()
     first = run(_job("ar", None, max_new_tokens=1)).text  # the first new token's text
     got = run(_job(method, drafted, stop=first))
     assert got.text == "" and got.new_token_ids == run(_job("ar", None, max_new_tokens=1)).new_token_ids
@@ -57,6 +67,9 @@ def test_cancel_ends_the_decode_early_with_the_reason_cancelled(method, drafted)
     assert got.finish_reason == "cancelled" and 5 <= len(ids) < len(full) and ids == full[:len(ids)]
     never = run(_job(method, drafted), cancel=lambda: False)
     assert never.finish_reason == "length" and never.new_token_ids == full
+    seen.clear()  # a cancel that comes with the last token: the run had ended by itself
+    late = run(_job(method, drafted), on_tokens=seen.extend, cancel=lambda: len(seen) >= len(full))
+    assert late.finish_reason == "length" and late.new_token_ids == full
 
 
 def test_run_refuses_callbacks_that_are_not_functions():
@@ -89,6 +102,21 @@ def test_a_stream_closed_early_ends_its_decode_cancelled():
     result = s.result
     assert first and result.finish_reason == "cancelled" and len(result.new_token_ids) < 400
     assert result.text.startswith(first)
+
+
+def test_a_dropped_stream_ends_its_decode_and_the_result_waits_for_the_end():
+    target, _ = _models()
+    seen = []
+    s = stream(prompt_ids=PROMPT, method="ar", target=target, max_new_tokens=400, ignore_eos=True,
+               on_tokens=seen.extend)
+    assert next(s)
+    thread = s._thread
+    del s  # dropped without close(): the decode is asked to end
+    thread.join(60)
+    assert not thread.is_alive() and len(seen) < 400
+    unread = stream(prompt_ids=PROMPT, method="dynatree", target=target, draft="ngram", max_new_tokens=20)
+    result = unread.result  # before any piece was read: the pieces wait
+    assert result.finish_reason == "length" and "".join(unread) == result.text
 
 
 def test_a_stream_checks_its_arguments_before_decoding_and_raises_the_decodes_error_where_read():

@@ -131,7 +131,8 @@ class Prepared:
         else:
             words = tgt.tokenizer.decode(new_ids, skip_special_tokens=True)
             ended = bool(new_ids) and new_ids[-1] in tgt.eos_ids and not self.ignore_eos
-            reason = "cancelled" if cancelled else "stop" if ended else "length"
+            early = not ended and len(new_ids) < self.max_new_tokens  # (transformers asks its criteria at the end too)
+            reason = "cancelled" if cancelled and early else "stop" if ended else "length"
         engine = get_method(self.method).engine
         llama = engine == "llama.cpp"  # llama.cpp decodes the GGUF file as stored, whatever the target's format
         info = RunInfo(
@@ -220,7 +221,8 @@ def prepare(request: Request | Checked) -> Prepared:
 
 
 def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
-        on_text: Callable[[str], None] | None = None, cancel: Callable[[], bool] | None = None) -> Result:
+        on_text: Callable[[str], None] | None = None, cancel: Callable[[], bool] | None = None,
+        peak_memory: bool = True) -> Result:
     """Decode a prepared request once and return its result (transformers' generate()
     for the hf-* methods, llama.cpp's loop for llama-*, dynatree's decoder for the others).
 
@@ -229,7 +231,9 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
     a stop string (their concatenation is the result's `text`). With stop strings the decode ends
     after the group that completes one, and `on_tokens`, `on_text`, the result's ids and its text
     end there. `cancel`, asked between steps, ends the decode when it returns True (a client
-    gone): the result's `finish_reason` is then "cancelled"."""
+    gone): the result's `finish_reason` is then "cancelled". `peak_memory` False leaves the peak
+    memory of dynatree's decoder unmeasured (None; a server's decodes share the process with its HTTP
+    side, and resetting the peak-RSS counter costs time per request)."""
     if not isinstance(job, Prepared):
         raise DynaTreeError(f"run() takes what prepare() returns, got {type(job).__name__}"
                             + (": run(prepare(request))" if isinstance(job, (Request, Checked)) else ""))
@@ -256,10 +260,10 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
     else:
         decoder = job.decoder()
         decoder.prepare(job.prompt_ids, job.max_new_tokens)  # compiled graphs and cost curve, before the span measured
-        memory = PeakMemory(tgt.device)
+        memory = PeakMemory(tgt.device) if peak_memory else None
         for _ in decoder.steps(job.prompt_ids, job.max_new_tokens, job.ignore_eos, watch, stop=stopped):
             pass
-        decoder.run.stats.peak_mem_mb = memory.peak_mb()
+        decoder.run.stats.peak_mem_mb = None if memory is None else memory.peak_mb()
         result = job.result(decoder.run.new_tokens, decoder.run.stats, decoder.policy.state(), text,
                             cancelled=ends.cancelled, logprobs=decoder.run.logprobs)
     if on_text is not None:
@@ -398,6 +402,7 @@ def stream(
     top_p: float | None = None,
     compile: bool | None = None,
     linear: str = "auto",
+    on_tokens: Callable[[list[int]], None] | None = None,
     **options,
 ) -> TextIterator:
     """`generate()` as a stream: iterating gives the text as it is decoded (the pieces `run`'s
@@ -409,13 +414,17 @@ def stream(
                 print(piece, end="", flush=True)
         print(pieces.result.stats.tokens_per_s)
 
-    The decode runs on a thread of its own; leaving the `with` block (or `close()`) before the end
-    ends it after the step it is in (`finish_reason` "cancelled")."""
+    The decode runs on a thread of its own, and uses the models until that thread ends: leaving the
+    `with` block (or `close()`) before the end ends the decode after the step it is in
+    (`finish_reason` "cancelled") and waits for it (through a compile or the cost curve's measurement
+    if it was in one), so that the next decode on these models starts alone. An iterator dropped
+    without closing (or a Ctrl-C while reading) asks its decode to end the same way without waiting.
+    `on_tokens` gets each committed group of token ids on the decode's thread."""
     request = _request("stream", prompt, method, options, target=target, draft=draft,
                        prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop, logprobs=logprobs, chat=chat,
                        device=device, dtype=dtype, weights=weights, seed=seed, ngram_max=ngram_max, kv_window=kv_window,
                        sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, compile=compile, linear=linear)
-    return TextIterator(prepare(request))
+    return TextIterator(prepare(request), on_tokens)
 
 
 class TextIterator:
@@ -453,7 +462,11 @@ class TextIterator:
     @property
     def result(self) -> Result:
         """The decode's `Result`, once it has ended (waits for it; raises the decode's error)."""
-        self._thread.join()
+        try:
+            self._thread.join()
+        except BaseException:  # Ctrl-C while waiting: the decode ends too
+            self._channel.cancel.set()
+            raise
         if self._channel.error is not None:
             raise self._channel.error
         return self._channel.result

@@ -348,7 +348,8 @@ class Engine:
         emit its events; its decode's stats (every committed token counted: the result's ids end
         at a stop string)."""
         queue_s = time.perf_counter() - job.submitted
-        result = api.run(job.prepared, on_tokens=job.on_tokens, on_text=job.on_text, cancel=job.cancelled.is_set)
+        result = api.run(job.prepared, on_tokens=job.on_tokens, on_text=job.on_text, cancel=job.cancelled.is_set,
+                         peak_memory=False)  # (the process's peak: the HTTP side's memory too)
         if observe:
             self.metrics.observe(result, queue_s, job.first_token_s, time.perf_counter() - job.submitted,
                                  result.finish_reason)
