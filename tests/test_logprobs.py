@@ -4,15 +4,20 @@ plain teacher-forced pass of the target over the same text (float64 tiny models:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from helpers import DEVICE, noisy_copy, tiny
 from dynatree import DynaTreeError, Request, prepare, run
 from dynatree.cli import main
+from dynatree.textstream import TokenTexts
 
 PROMPT = [5, 6, 7, 5, 6, 7, 5]
 
@@ -27,13 +32,15 @@ def _reference(target, prompt: list[int], new: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("method,draft,sample", [
     ("ar", None, False), ("dynatree", "draft", False), ("linear", "ngram", False), ("fixed-tree", "draft", False),
-    ("wetap", "draft", False), ("specinfer", "draft", True), ("dynatree", "draft", True)])
+    ("wetap", "draft", False), ("specexec", "draft", False), ("opt-tree", "draft", False), ("dsbd", "draft", False),
+    ("mtad", "draft", False), ("specinfer", "draft", True), ("dynatree", "draft", True), ("wetap", "draft", True)])
 def test_each_new_token_is_scored_as_a_plain_pass_scores_it(method, draft, sample):
     target, drafter = tiny("llama", eos_ids=[]), noisy_copy("llama", 0, 0.1)  # a draft that agrees often
-    result = run(prepare(Request(prompt_ids=PROMPT, method=method, target=target,
-                                 draft=drafter if draft == "draft" else draft, max_new_tokens=30, logprobs=3,
-                                 sample=sample, seed=4)))
+    request = Request(prompt_ids=PROMPT, method=method, target=target, draft=drafter if draft == "draft" else draft,
+                      max_new_tokens=30, logprobs=3, sample=sample, seed=4)
+    result = run(prepare(request))
     ids, scored = result.new_token_ids, result.logprobs
+    assert run(prepare(dataclasses.replace(request, logprobs=None))).new_token_ids == ids  # scoring changes nothing
     assert [s.token for s in scored] == ids and len(ids) == 30
     want = _reference(target, PROMPT, ids)
     for i, s in enumerate(scored):
@@ -58,6 +65,59 @@ def test_logprobs_end_with_the_ids_at_a_stop_and_zero_alternatives_list_none():
     record = got.to_json()
     assert json.loads(json.dumps(record))["logprobs"][0] == {"token": got.new_token_ids[0],
                                                              "logprob": got.logprobs[0].logprob, "top": []}
+
+
+def test_a_group_cut_at_an_end_of_sequence_token_is_scored_up_to_it():
+    ids = run(prepare(Request(prompt_ids=PROMPT, method="ar", target=tiny("llama", eos_ids=[]),
+                              max_new_tokens=20))).new_token_ids
+    eos = ids[7]
+    target, drafter = tiny("llama", eos_ids=[eos]), noisy_copy("llama", 0, 0.1)
+    got = run(prepare(Request(prompt_ids=PROMPT, method="dynatree", target=target, draft=drafter, max_new_tokens=20,
+                              logprobs=1)))
+    assert got.new_token_ids == ids[:ids.index(eos) + 1] and [s.token for s in got.logprobs] == got.new_token_ids
+    want = _reference(target, PROMPT, got.new_token_ids)
+    assert all(math.isclose(s.logprob, want[i, s.token].item(), abs_tol=1e-9) for i, s in enumerate(got.logprobs))
+
+
+def test_under_a_kv_window_tree_methods_score_as_plain_decoding_in_the_same_window():
+    target, drafter = tiny("llama", eos_ids=[]), noisy_copy("llama", 0, 0.1)
+    plain = run(prepare(Request(prompt_ids=PROMPT * 3, method="ar", target=target, max_new_tokens=40, logprobs=2,
+                                kv_window="4,12")))
+    tree = run(prepare(Request(prompt_ids=PROMPT * 3, method="dynatree", target=target, draft=drafter,
+                               max_new_tokens=40, logprobs=2, kv_window="4,12")))
+    assert tree.new_token_ids == plain.new_token_ids
+    for a, b in zip(plain.logprobs, tree.logprobs):
+        assert math.isclose(a.logprob, b.logprob, abs_tol=1e-9) and [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+def _byte_level_tokenizer():
+    to_char = bytes_to_unicode()
+    vocab = {to_char[b]: b for b in range(256)}
+    for text in (b" the", b"a", " \U0001F600".encode()[:4], b" caf\xc3\xa9"):
+        vocab.setdefault("".join(to_char[b] for b in text), len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok), vocab, to_char
+
+
+def test_token_texts_keep_leading_spaces_and_give_the_bytes_of_partial_characters():
+    fast, vocab, to_char = _byte_level_tokenizer()
+    text = TokenTexts(fast)
+    assert text(vocab[to_char[32] + "the"]) == (" the", list(b" the"))
+    assert text(vocab["".join(to_char[b] for b in b" caf\xc3\xa9")]) == (" café", list(" café".encode()))
+    smiley = " \U0001F600".encode()  # a space and four bytes: the token holds the space and three of them
+    assert text(vocab["".join(to_char[b] for b in smiley[:4])]) == (" \ufffd", list(smiley[:4]))
+    assert text(vocab[to_char[smiley[4]]]) == ("\ufffd", [smiley[4]])
+    # SentencePiece-style (Llama 2, Mistral): "▁the" decodes alone as "the"; byte-fallback tokens <0xHH>
+    pieces = {"<unk>": 0, "▁the": 1, "▁a": 2, "a": 3, "<0xE2>": 4}
+    tok = Tokenizer(models.BPE(vocab=pieces, merges=[], unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    spm = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    assert spm.decode([1]) == "the"  # (what decoding a token alone gives)
+    text = TokenTexts(spm)
+    assert text(1) == (" the", list(b" the")) and text(3) == ("a", [97]) and text(4) == ("\ufffd", [0xE2])
 
 
 @pytest.mark.parametrize("value,message", [

@@ -151,11 +151,12 @@ def test_logprobs_are_the_decodes_own_in_openais_shapes(server):
     chat = server.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5 w6 w7"}],
                                                  temperature=0, max_tokens=12, logprobs=True, top_logprobs=2)
     content = chat.choices[0].logprobs.content
-    assert [c.token for c in content] == [TARGET.tokenizer.decode([t]) for t in want.new_token_ids]
+    # each token's text as it reads after others (this word-level tokenizer puts a space between tokens)
+    assert [c.token for c in content] == [" " + TARGET.tokenizer.decode([t]) for t in want.new_token_ids]
     assert [c.logprob for c in content] == [s.logprob for s in want.logprobs]
     assert all(c.bytes == list(c.token.encode()) for c in content)
     assert [[(t.token, t.logprob) for t in c.top_logprobs] for c in content] == [
-        [(TARGET.tokenizer.decode([t]), v) for t, v in s.top] for s in want.logprobs]
+        [(" " + TARGET.tokenizer.decode([t]), v) for t, v in s.top] for s in want.logprobs]
     chunks = list(server.client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "w5 w6 w7"}], temperature=0, max_tokens=12, logprobs=True,
         stream=True))
@@ -170,11 +171,10 @@ def test_logprobs_are_the_decodes_own_in_openais_shapes(server):
     text = expected("w5 w6 w7", 12, chat=False, logprobs=1)
     whole = server.client.completions.create(model=MODEL, prompt="w5 w6 w7", temperature=0, max_tokens=12, logprobs=1)
     columns = whole.choices[0].logprobs
-    words = [TARGET.tokenizer.decode([t]) for t in text.new_token_ids]
+    words = [" " + TARGET.tokenizer.decode([t]) for t in text.new_token_ids]
     assert columns.tokens == words and columns.token_logprobs == [s.logprob for s in text.logprobs]
-    assert columns.top_logprobs == [{TARGET.tokenizer.decode([t]): v for t, v in s.top} for s in text.logprobs]
-    ids = text.new_token_ids  # where each token's text begins: the length of the text before it
-    assert columns.text_offset == [len(TARGET.tokenizer.decode(ids[:i])) for i in range(len(ids))]
+    assert columns.top_logprobs == [{" " + TARGET.tokenizer.decode([t]): v for t, v in s.top} for s in text.logprobs]
+    assert columns.text_offset == [sum(len(w) for w in words[:i]) for i in range(len(words))]  # from the completion's start
     assert whole.choices[0].text == text.text
 
 

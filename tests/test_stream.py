@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import pytest
 
@@ -108,7 +109,7 @@ def test_a_dropped_stream_ends_its_decode_and_the_result_waits_for_the_end():
     target, _ = _models()
     seen = []
     s = stream(prompt_ids=PROMPT, method="ar", target=target, max_new_tokens=400, ignore_eos=True,
-               on_tokens=seen.extend)
+               on_tokens=lambda ids: seen.extend(ids) or time.sleep(0.005))  # (400 tokens take 2 s at least)
     assert next(s)
     thread = s._thread
     del s  # dropped without close(): the decode is asked to end

@@ -137,13 +137,13 @@ class Decoder:
                 accepted = self.verifier.accept(tree, logits, self.sampler)  # 3. accept (its host sync ends the verification)
                 t_commit = time.perf_counter()
                 committed = self._commit(run, tree, accepted, positions, features, cached, stop_ids, remaining)  # 4. commit
-                if run.logprobs is not None:  # each committed token scored by the row of the node before it
-                    run.logprobs += token_logprobs(logits, [0] + accepted.path, committed, self.logprobs)
                 t_done = time.perf_counter()
 
                 self.policy.observe(tree, accepted.path, accepted.bonus, Timing(draft_s=t_verify - t_draft, verify_s=t_done - t_verify))
                 stats.count_iteration(tree.n_drafted, min(len(accepted.path), len(committed)), len(committed),
                                       draft_s=t_verify - t_draft, verify_s=t_commit - t_verify, commit_s=t_done - t_commit)
+                if run.logprobs is not None:  # each committed token scored by the row of the node before it (outside the policy's timings)
+                    run.logprobs += token_logprobs(logits, [0] + accepted.path, committed, self.logprobs)
                 if on_tokens:
                     on_tokens(committed)
                 yield Step(tree=tree, path=accepted.path, committed=committed)
@@ -280,6 +280,6 @@ def token_logprobs(logits: torch.Tensor, rows: list[int], tokens: list[int], top
     dist = torch.log_softmax(logits[rows].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     chosen = dist.gather(1, torch.tensor(tokens, device=dist.device)[:, None])[:, 0].tolist()
     best = dist.topk(top, dim=-1) if top > 0 else None
-    alternatives = [[]] * len(tokens) if best is None else [
+    alternatives = [[] for _ in tokens] if best is None else [
         list(zip(ids, values)) for ids, values in zip(best.indices.tolist(), best.values.tolist())]
     return [TokenLogprob(token, value, alts) for token, value, alts in zip(tokens, chosen, alternatives)]

@@ -98,4 +98,6 @@ class Result:
         for key in ("policy_state", "logprobs"):
             if record[key] is None:
                 del record[key]
+        for scored in record.get("logprobs", []):
+            scored["top"] = [list(pair) for pair in scored["top"]]  # (JSON has no tuples)
         return record

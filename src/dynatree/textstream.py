@@ -73,21 +73,37 @@ class TextStream:
         return 0
 
 
-def token_text(tokenizer, token: int) -> tuple[str, list[int] | None]:
-    """One token's text as it reads alone, and its UTF-8 bytes: a token holding part of a character
-    (it reads as U+FFFD alone) gives its own bytes where the tokenizer says them (byte-level BPE
-    symbols, `<0xHH>` byte tokens), else None."""
-    text = tokenizer.decode([token])
-    if "\ufffd" not in text:
-        return text, list(text.encode("utf-8"))
-    symbol = tokenizer.convert_ids_to_tokens(token)
-    byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", symbol)
-    if byte:
-        return text, [int(byte.group(1), 16)]
-    decoder = _byte_decoder()
-    if _byte_level(tokenizer) and all(c in decoder for c in symbol):
-        return text, [decoder[c] for c in symbol]
-    return text, None
+class TokenTexts:
+    """Each token's own text, as it reads after other text (a SentencePiece token's leading space
+    kept, which decoding it alone drops), and its UTF-8 bytes: a token holding part of a character
+    (its text reads U+FFFD) gives its own bytes where the tokenizer says them (byte-level BPE
+    symbols, `<0xHH>` byte tokens), else None. For log-probability listings."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.anchor = tokenizer.encode("a", add_special_tokens=False)[-1:]  # decoded before each token, then cut off
+        self.prefix = tokenizer.decode(self.anchor)
+        self.byte_level = _byte_level(tokenizer)
+        self._known: dict[int, tuple[str, list[int] | None]] = {}
+
+    def __call__(self, token: int) -> tuple[str, list[int] | None]:
+        if token not in self._known:
+            self._known[token] = self._text(token)
+        return self._known[token]
+
+    def _text(self, token: int) -> tuple[str, list[int] | None]:
+        after = self.tokenizer.decode(self.anchor + [token])
+        text = after[len(self.prefix):] if after.startswith(self.prefix) else self.tokenizer.decode([token])
+        if "\ufffd" not in text:
+            return text, list(text.encode("utf-8"))
+        symbol = self.tokenizer.convert_ids_to_tokens(token)
+        byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", symbol)
+        if byte:
+            return text, [int(byte.group(1), 16)]
+        decoder = _byte_decoder()
+        if self.byte_level and all(c in decoder for c in symbol):
+            return text, [decoder[c] for c in symbol]
+        return text, None
 
 
 @functools.cache

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import time
 import uuid
@@ -21,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from ..errors import DynaTreeError
-from ..textstream import token_text
+from ..textstream import TokenTexts
 from .engine import Engine, Finished, Job, QueueFull, RequestError
 from .protocol import ChatRequest, CompletionRequest, error_body, validation_message
 
@@ -170,11 +169,12 @@ class _Shape:
 
     def logprobs(self, done: Finished | None) -> dict | None:
         """The choice's `logprobs` (None unless asked): chat's `content` list, or text completions'
-        `tokens`/`token_logprobs`/`top_logprobs`/`text_offset` columns."""
+        `tokens`/`token_logprobs`/`top_logprobs`/`text_offset` columns (each offset the one before plus
+        the text of the token before, from 0: counted from the start of the completion, as vLLM's)."""
         scored = None if done is None else done.result.logprobs
         if scored is None:
             return None
-        text = functools.partial(token_text, self.tokenizer)
+        text = TokenTexts(self.tokenizer)
         if self.chat:
             def entry(token: int, logprob: float) -> dict:
                 word, raw = text(token)
@@ -182,10 +182,11 @@ class _Shape:
             return {"content": [{**entry(s.token, s.logprob), "top_logprobs": [entry(t, v) for t, v in s.top]}
                                 for s in scored]}
         words = [text(s.token)[0] for s in scored]
-        ids = [s.token for s in scored]  # offsets into the completion's text, which joins tokens as the tokenizer does:
-        offsets = [len(self.tokenizer.decode(ids[:i], skip_special_tokens=True)) for i in range(len(ids))]
+        offsets = [0]
+        for word in words[:-1]:
+            offsets.append(offsets[-1] + len(word))
         return {"tokens": words, "token_logprobs": [s.logprob for s in scored],
-                "top_logprobs": [{text(t)[0]: v for t, v in s.top} for s in scored], "text_offset": offsets}
+                "top_logprobs": [{text(t)[0]: v for t, v in s.top} for s in scored], "text_offset": offsets[:len(words)]}
 
     def _head(self, obj: str) -> dict:
         return {"id": self.ident, "object": obj, "created": self.created, "model": self.model}
@@ -243,8 +244,9 @@ async def _stream(job: Job, shape: _Shape, include_usage: bool, request: Request
                 yield _sse(shape.chunk(value))
             elif kind == "error":
                 yield _sse(error_body(value, "server_error"))
-            else:
-                yield _sse({**shape.chunk(finish_reason=value.finish_reason, done=value), "dynatree": _extra(value)})
+            else:  # (token texts for logprobs are built off the event loop)
+                last = await asyncio.to_thread(shape.chunk, finish_reason=value.finish_reason, done=value)
+                yield _sse({**last, "dynatree": _extra(value)})
                 if include_usage:
                     yield _sse(shape.usage_chunk(value))
         if not job.cancelled.is_set():
@@ -261,6 +263,6 @@ async def _whole(job: Job, shape: _Shape, request: Request):
             parts.append(value)
         elif kind == "error":
             return _error(500, value, "server_error")
-        else:
-            return JSONResponse(shape.whole("".join(parts), value))
+        else:  # (token texts for logprobs are built off the event loop)
+            return JSONResponse(await asyncio.to_thread(shape.whole, "".join(parts), value))
     return Response(status_code=499)  # the client left: nobody reads it
