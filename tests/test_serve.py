@@ -601,6 +601,14 @@ def test_whole_floats_and_vllms_disabled_top_k_are_taken(server):
                                                "top_k": k}).json()["dynatree"] for k in (0, -1, None)]
     assert sampled[0]["completion_token_ids"] == sampled[1]["completion_token_ids"] == sampled[2]["completion_token_ids"]
     assert sampled[0]["sampling"]["top_k"] == 0  # (SamplingConfig's "no top-k")
+    chat = server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5 w6 w7"}],
+                                                "max_completion_tokens": 6.0, "temperature": 0, "logprobs": True,
+                                                "top_logprobs": 2.0})
+    assert chat.status_code == 200, chat.text
+    assert [len(c["top_logprobs"]) for c in chat.json()["choices"][0]["logprobs"]["content"]] == [2] * 6
+    text = server.post("/v1/completions", {"model": MODEL, "prompt": "w5 w6 w7", "max_tokens": 6, "temperature": 0,
+                                           "logprobs": 2.0})
+    assert text.status_code == 200, text.text and len(text.json()["choices"][0]["logprobs"]["tokens"]) == 6
 
 
 def test_a_served_model_name_and_cors_origins():

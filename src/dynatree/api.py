@@ -378,33 +378,8 @@ def _request(caller: str, prompt, method, options: dict, **fields) -> Request:
     return Request(prompt=prompt, method=method, options=options, **fields)
 
 
-def stream(
-    prompt: str | None = None,
-    method: str = "dynatree",
-    *,
-    target: str | LoadedModel = DEFAULT_TARGET,
-    draft: str | LoadedModel | FeatureHead | Hybrid | Draft | None = None,
-    prompt_ids: list[int] | None = None,
-    max_new_tokens: int = 128,
-    ignore_eos: bool = False,
-    stop: str | list[str] | None = None,
-    logprobs: int | None = None,
-    chat: bool = False,
-    device: str | None = None,
-    dtype: str | None = None,
-    weights: str | None = None,
-    seed: int = 0,
-    ngram_max: int = NGRAM_MAX,
-    kv_window: str | KVWindow | None = None,
-    sample: bool = False,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    compile: bool | None = None,
-    linear: str = "auto",
-    on_tokens: Callable[[list[int]], None] | None = None,
-    **options,
-) -> TextIterator:
+def stream(prompt: str | None = None, method: str = "dynatree", *,
+           on_tokens: Callable[[list[int]], None] | None = None, **arguments) -> TextIterator:
     """`generate()` as a stream: iterating gives the text as it is decoded (the pieces `run`'s
     `on_text` gets; together they are the result's `text`), and `.result` the `Result` when the
     decode has ended. The arguments are `generate()`'s and are checked here, before any decoding:
@@ -420,11 +395,10 @@ def stream(
     if it was in one), so that the next decode on these models starts alone. An iterator dropped
     without closing (or a Ctrl-C while reading) asks its decode to end the same way without waiting.
     `on_tokens` gets each committed group of token ids on the decode's thread."""
-    request = _request("stream", prompt, method, options, target=target, draft=draft,
-                       prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=stop, logprobs=logprobs, chat=chat,
-                       device=device, dtype=dtype, weights=weights, seed=seed, ngram_max=ngram_max, kv_window=kv_window,
-                       sample=sample, temperature=temperature, top_k=top_k, top_p=top_p, compile=compile, linear=linear)
-    return TextIterator(prepare(request), on_tokens)
+    fields = {f.name for f in dataclasses.fields(Request)}  # generate()'s keywords are Request's fields and options
+    given = {k: v for k, v in arguments.items() if k in fields and k != "options"}
+    options = {k: v for k, v in arguments.items() if k not in given}
+    return TextIterator(prepare(_request("stream", prompt, method, options, **given)), on_tokens)
 
 
 class TextIterator:

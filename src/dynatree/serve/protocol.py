@@ -168,7 +168,9 @@ class _Request(_Strict):
                     if not (v is None and k in NULL_MEANS_DEFAULT and k in cls.model_fields)}
         return data
 
-    @field_validator("max_tokens", "seed", "n", "top_logprobs", mode="before")
+    # (check_fields=False: max_completion_tokens is chat's field, an integer logprobs text completions')
+    @field_validator("max_tokens", "seed", "n", "top_logprobs", "max_completion_tokens", "logprobs", mode="before",
+                     check_fields=False)
     @classmethod
     def _whole_numbers(cls, value):
         return _whole(value)
@@ -256,11 +258,6 @@ class ChatRequest(_Request):
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     logprobs: bool | None = None  # each new token's log-probability (top_logprobs: alternatives beside it)
 
-    @field_validator("max_completion_tokens", mode="before")
-    @classmethod
-    def _whole_number(cls, value):
-        return _whole(value)
-
     @field_validator("max_completion_tokens")
     @classmethod
     def _agrees(cls, value, info: ValidationInfo):
@@ -294,11 +291,6 @@ class CompletionRequest(_Request):
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # each new token's log-probability, this many alternatives
-
-    @field_validator("logprobs", mode="before")
-    @classmethod
-    def _whole_logprobs(cls, value):
-        return _whole(value)
 
     @field_validator("top_logprobs")
     @classmethod
