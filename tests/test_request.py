@@ -100,6 +100,18 @@ def test_the_result_is_typed_and_its_json_is_the_cli_record():
         result.text = "changed"
 
 
+def test_the_python_api_names_method_options_by_their_keywords_and_the_cli_by_its_flags():
+    target = tiny("llama")
+    for options, message in (({"d0": 0}, "^d0 must be at least 1, got 0"),
+                             ({"d0": 8, "d_max": 6}, "^d0 must be smaller than d_max, got 8 >= 6"),
+                             ({"tau_h": 2.0}, r"^tau_h must be in \(0, 1\)")):
+        with pytest.raises(DynaTreeError, match=message):
+            prepare(Request(prompt_ids=[5, 6], target=target, draft="ngram", options=options))
+        with pytest.raises(DynaTreeError, match=message.replace("d0", "--d0").replace("d_max", "--d-max")
+                           .replace("tau_h", "--tau-h")):
+            Request(prompt_ids=[5, 6], target=target, draft="ngram", options=options).check()  # (what the CLI shows)
+
+
 def test_stop_strings_end_every_method_at_the_same_text():
     """OpenAI's rule, as the server keeps it: the text ends just before the first stop string, the
     ids with the token that completed it, the finish reason is "stop"; every method cuts alike."""

@@ -126,8 +126,8 @@ def test_a_stream_checks_its_arguments_before_decoding_and_raises_the_decodes_er
         stream(prompt_ids=PROMPT, target=target, method="ar", max_new_tokens=0)
     with pytest.raises(DynaTreeError, match=r"stream\(\) takes the method's options as keywords"):
         stream(prompt_ids=PROMPT, target=target, options={"d0": 3})
-    with pytest.raises(DynaTreeError, match="colour does not apply to method"):
-        stream(prompt_ids=PROMPT, target=target, colour=3)
+    with pytest.raises(DynaTreeError, match=r"^option colour does not apply to method 'dynatree' \(its options: d0, d_max,"):
+        stream(prompt_ids=PROMPT, target=target, colour=3)  # (the API's keywords, not the CLI's --flags)
     linear = stream(prompt_ids=PROMPT, method="linear", target=target, draft="ngram", k=3, max_new_tokens=6)
     assert linear.result.config["k"] == 3 and "".join(linear) == linear.result.text  # method options as keywords
     started = threading.Event()

@@ -22,7 +22,8 @@ from .kernels import linear_kernel
 from .llamacpp import LlamaCppArConfig, LlamaCppLookupConfig, gguf_format, llamacpp_generate
 from .weights import inexact_greedy
 from .llamacpp import check_target as check_llamacpp
-from .methods import get_method, is_lossy
+from .config import renamed_options
+from .methods import METHODS, get_method, is_lossy
 from .models import DEFAULT_TARGET, load_model, resolve_device, resolve_dtype, same_device
 from .runtime import LoadedModel
 from .peers import hf_generate, universal_assisted
@@ -175,7 +176,7 @@ def prepare(request: Request | Checked) -> Prepared:
     if not isinstance(request, (Request, Checked)):
         raise DynaTreeError(f"prepare() takes a dynatree.Request, got {type(request).__name__} "
                             "(dynatree.generate takes the prompt and options directly)")
-    checked = request if isinstance(request, Checked) else request.check()
+    checked = request if isinstance(request, Checked) else _checked(request)
     r, spec = checked.request, checked.method
     if isinstance(r.target, LoadedModel):
         tgt = r.target
@@ -218,6 +219,21 @@ def prepare(request: Request | Checked) -> Prepared:
                     prompt_ids=prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos, chat=r.chat,
                     seed=r.seed, ngram_max=r.ngram_max, window=window, sampling=checked.sampling,
                     compile=bool(compile) and spec.compilable, stops=checked.stops, logprobs=r.logprobs)
+
+
+def _checked(request: Request) -> Checked:
+    """`request.check()`, its method options named as the Python API names them (`tau_h`, not the
+    CLI's `--tau-h`)."""
+    try:
+        return request.check()
+    except DynaTreeError as exc:
+        names = set(request.options) if isinstance(request.options, dict) else set()
+        if request.method in METHODS:
+            names |= {f.name for f in dataclasses.fields(METHODS[request.method].config_cls)}
+        message, named = renamed_options(str(exc), names, lambda name: name)
+        if not named:
+            raise
+        raise DynaTreeError(message) from None
 
 
 def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,

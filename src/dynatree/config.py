@@ -7,7 +7,9 @@ option per field (`n_max` -> `--n-max`), so command line and config map 1:1.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import field
+from typing import Callable
 
 from .errors import DynaTreeError
 
@@ -37,6 +39,22 @@ def field_type(f: dataclasses.Field) -> type:
 
 def cli_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def renamed_options(message: str, names: set[str], name_of: Callable[[str], str]) -> tuple[str, list[str]]:
+    """A method option's error, worded for the CLI (`--tau-h must be ...`), with the flags of the
+    options `names` written `name_of(option)` instead (the Python API's keyword, the server's
+    `dynatree.tau_h`); and the options it mentions, in order."""
+    named: list[str] = []
+
+    def renamed(match: re.Match) -> str:
+        name = match.group(1).replace("-", "_")
+        if name not in names:
+            return match.group(0)
+        named.append(name)
+        return name_of(name)
+
+    return re.sub(r"--([a-z0-9][a-z0-9-]*)", renamed, message), named
 
 
 def require(condition: bool, message: str) -> None:

@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import math
 import queue
-import re
 import secrets
 import threading
 import time
@@ -23,6 +22,7 @@ from ..request import Request
 from ..result import Result
 from ..draftload import Draft, load_draft
 from ..drafters.ngram import NGRAM_MAX
+from ..config import renamed_options
 from ..errors import DynaTreeError
 from ..methods import METHODS, Method, get_method
 from ..models import DEFAULT_TARGET, load_model
@@ -75,16 +75,7 @@ def _option_error(message: str, spec: Method, options: dict) -> RequestError:
     """A method option's error (worded for the CLI: `--tau-h must be ...`) in the request's own
     terms (`dynatree.tau_h must be ...`), naming the first option it mentions as `param`."""
     names = {f.name for f in dataclasses.fields(spec.config_cls)} | set(options)
-    named: list[str] = []
-
-    def server_name(match: re.Match) -> str:
-        name = match.group(1).replace("-", "_")
-        if name not in names:
-            return match.group(0)
-        named.append(name)
-        return f"dynatree.{name}"
-
-    message = re.sub(r"--([a-z0-9][a-z0-9-]*)", server_name, message)
+    message, named = renamed_options(message, names, lambda name: f"dynatree.{name}")
     return RequestError(message, f"dynatree.{named[0]}" if named else "dynatree")
 
 
