@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -98,6 +99,48 @@ def test_the_result_is_typed_and_its_json_is_the_cli_record():
     assert "policy_state" not in plain and plain["new_token_ids"] == record["new_token_ids"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.text = "changed"
+
+
+def _chat_target():
+    import copy
+
+    from dynatree.runtime import LoadedModel
+    base = tiny("llama", eos_ids=[])
+    tok = copy.deepcopy(base.tokenizer)
+    tok.chat_template = ("{% for m in messages %}{{ {'system': 'w8', 'user': 'w3', 'assistant': 'w4'}[m['role']] }} "
+                         "{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w4{% endif %}")
+    return LoadedModel(model=base.model, tokenizer=tok, name="tiny-chat-template", eos_ids=[])
+
+
+def test_a_conversation_goes_through_the_chat_template():
+    target = _chat_target()
+    talk = [{"role": "system", "content": "w9"}, {"role": "user", "content": "w5 w6"},
+            {"role": "assistant", "content": "w7"}, {"role": "user", "content": "w10 w11"}]
+    got = run(prepare(Request(talk, method="dynatree", target=target, draft="ngram", max_new_tokens=12)))
+    ids = target.tokenizer("w8 w9 w3 w5 w6 w4 w7 w3 w10 w11 w4").input_ids  # the template's text
+    want = run(prepare(Request(prompt_ids=ids, method="ar", target=target, max_new_tokens=12)))
+    assert got.prompt_tokens == len(ids) and got.new_token_ids == want.new_token_ids and got.run.chat is True
+    one = run(prepare(Request([{"role": "user", "content": "w5 w6"}], method="ar", target=target, max_new_tokens=6)))
+    text = run(prepare(Request("w5 w6", method="ar", target=target, max_new_tokens=6, chat=True)))
+    assert one.new_token_ids == text.new_token_ids and one.prompt_tokens == text.prompt_tokens
+    with pytest.raises(DynaTreeError, match="needs a tokenizer with a chat template; this one has none"):
+        prepare(Request(talk, method="ar", target=tiny("llama"), max_new_tokens=4))
+
+
+@pytest.mark.parametrize("prompt,message", [
+    ([], "the prompt is an empty conversation"),
+    (["w5"], "prompt[0] must be a dict with the keys 'role' and 'content', got 'w5'"),
+    ([{"role": "user"}], "prompt[0] must be a dict with the keys 'role' and 'content'"),
+    ([{"role": "user", "content": "w5", "name": "me"}], "prompt[0] must be a dict with the keys 'role' and 'content'"),
+    ([{"role": "user", "content": "w5"}, {"role": "robot", "content": "w6"}],
+     "prompt[1]['role'] must be one of system, user, assistant, got 'robot'"),
+    ([{"role": "user", "content": 5}], "prompt[0]['content'] must be a string, got int"),
+    ([{"role": "user", "content": "  "}], "the prompt is empty (every message's content is blank)"),
+    ((("user", "w5"),), "prompt must be a string or a list of {'role', 'content'} messages"),
+])
+def test_a_bad_conversation_is_refused_before_anything_loads(prompt, message):
+    with pytest.raises(DynaTreeError, match=re.escape(message)):
+        Request(prompt, method="ar", target=MISSING).check()
 
 
 def test_the_python_api_names_method_options_by_their_keywords_and_the_cli_by_its_flags():

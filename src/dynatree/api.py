@@ -27,7 +27,7 @@ from .methods import METHODS, get_method, is_lossy
 from .models import DEFAULT_TARGET, load_model, resolve_device, resolve_dtype, same_device
 from .runtime import LoadedModel
 from .peers import hf_generate, universal_assisted
-from .prompts import encode_prompt
+from .prompts import encode_conversation, encode_prompt
 from .sampling import Sampler, SamplingConfig
 from .stats import PeakMemory, Stats
 from .textstream import TextStream
@@ -196,7 +196,8 @@ def prepare(request: Request | Checked) -> Prepared:
     draft = _method_draft(r.method, r.draft, tgt, r.linear)
     readable = tgt.prompt_id_bound  # every prompt token must be a row the target reads
     if r.prompt_ids is None:
-        prompt_ids = encode_prompt(tgt.tokenizer, r.prompt, r.chat)
+        prompt_ids = (encode_conversation(tgt.tokenizer, r.prompt) if isinstance(r.prompt, list)
+                      else encode_prompt(tgt.tokenizer, r.prompt, r.chat))
         beyond = [t for t in prompt_ids if t >= readable]
         if beyond:
             raise DynaTreeError(f"the prompt encodes to token {beyond[0]}, which {tgt.name!r} cannot read (its embedding "
@@ -216,7 +217,8 @@ def prepare(request: Request | Checked) -> Prepared:
     if spec.engine == "llama.cpp":
         check_llamacpp(tgt, len(prompt_ids), r.max_new_tokens, checked.sampling, r.method)
     return Prepared(method=r.method, config=checked.config, target=tgt, draft=draft,
-                    prompt_ids=prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos, chat=r.chat,
+                    prompt_ids=prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos,
+                    chat=r.chat or isinstance(r.prompt, list),
                     seed=r.seed, ngram_max=r.ngram_max, window=window, sampling=checked.sampling,
                     compile=bool(compile) and spec.compilable, stops=checked.stops, logprobs=r.logprobs)
 
@@ -326,7 +328,7 @@ def _watching(text: TextStream, on_tokens: Callable[[list[int]], None] | None,
 
 
 def generate(
-    prompt: str | None = None,
+    prompt: str | list[dict] | None = None,
     method: str = "dynatree",
     *,
     target: str | LoadedModel = DEFAULT_TARGET,
@@ -361,7 +363,8 @@ def generate(
     `Hybrid(model)` for n-gram copying backed by a draft LM (`HybridDrafter`), or a `Draft` from
     `draftload.load_draft` (loaded once for many calls). `options` are the
     method's config fields (e.g. k=5 for linear, d0=4 for dynatree). Give either `prompt`
-    (text) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
+    (text; or a conversation, a list of {"role", "content"} dicts with roles system, user and
+    assistant, through the chat template) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
     the KV caches with attention sinks plus a window of recent tokens (see `window.py`).
     `sample=True` samples (temperature, then top-k, then top-p; seeded by `seed`) with lossless
     verification instead of greedy decoding (see `sampling.py`). `compile=True` runs the
@@ -394,7 +397,7 @@ def _request(caller: str, prompt, method, options: dict, **fields) -> Request:
     return Request(prompt=prompt, method=method, options=options, **fields)
 
 
-def stream(prompt: str | None = None, method: str = "dynatree", *,
+def stream(prompt: str | list[dict] | None = None, method: str = "dynatree", *,
            on_tokens: Callable[[list[int]], None] | None = None, **arguments) -> TextIterator:
     """`generate()` as a stream: iterating gives the text as it is decoded (the pieces `run`'s
     `on_text` gets; together they are the result's `text`), and `.result` the `Result` when the

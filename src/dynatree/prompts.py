@@ -327,6 +327,15 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = False, history=()) -> lis
     return _nonempty(tokenizer(prompt).input_ids)
 
 
+def encode_conversation(tokenizer, messages: list[dict]) -> list[int]:
+    """`encode_messages` for a conversation given to the Python API (checked by Request.check), with
+    a one-line error for a tokenizer that has no chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DynaTreeError("a conversation (prompt as a list of messages) needs a tokenizer with a chat template; "
+                            "this one has none: give the prompt as text")
+    return encode_messages(tokenizer, messages)
+
+
 def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of chat `messages` ({"role", "content"} dicts) through the tokenizer's chat template,
     ready for the assistant's answer (the template's own special tokens, none added twice)."""

@@ -33,7 +33,8 @@ from .window import KVWindow
 class Request:
     """One decode: what to run, on which models, with which prompt and settings."""
 
-    prompt: str | None = None  # the text to continue (the user turn with `chat`); or give prompt_ids
+    prompt: str | list[dict] | None = None  # the text to continue (the user turn with `chat`), or a conversation
+    # ({"role", "content"} dicts, through the chat template); or give prompt_ids
     method: str = "dynatree"  # a registered method (dynatree.METHODS)
     options: dict = field(default_factory=dict)  # the method's options by config field name, e.g. {"d0": 4}
     target: str | LoadedModel = DEFAULT_TARGET  # model spec (alias, directory, .gguf file, hub id) or a loaded model
@@ -75,9 +76,12 @@ class Request:
             raise DynaTreeError(f"seed (--seed) must be an integer in [-2**63, 2**64), got {self.seed!r}")
         if self.prompt is not None and self.prompt_ids is not None:
             raise DynaTreeError("give either prompt (text) or prompt_ids (token ids), not both")
-        if self.prompt_ids is None and not isinstance(self.prompt, str):
-            raise DynaTreeError(f"prompt must be a string (or give prompt_ids), got {type(self.prompt).__name__}")
-        if self.prompt_ids is None and not self.prompt.strip():
+        if self.prompt_ids is None and not isinstance(self.prompt, (str, list)):
+            raise DynaTreeError("prompt must be a string or a list of {'role', 'content'} messages (or give "
+                                f"prompt_ids), got {type(self.prompt).__name__}")
+        if isinstance(self.prompt, list):
+            _check_messages(self.prompt)
+        elif self.prompt_ids is None and not self.prompt.strip():
             raise DynaTreeError("the prompt is empty")  # before any model loads (encode_prompt says so too)
         if self.dtype is not None:
             resolve_dtype(self.dtype)  # an unknown name, before any model loads
@@ -180,6 +184,24 @@ class Checked:
         if draft is not None:
             request._check_draft(self.method)  # a Draft of the wrong kind for the method (hybrid for hf-assisted)
         return dataclasses.replace(self, request=request)
+
+
+ROLES = ("system", "user", "assistant")  # the roles a conversation's messages take
+
+
+def _check_messages(messages: list) -> None:
+    """A conversation: {"role", "content"} dicts, roles from ROLES, string contents, not all blank."""
+    if not messages:
+        raise DynaTreeError("the prompt is an empty conversation (give at least one message)")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise DynaTreeError(f"prompt[{i}] must be a dict with the keys 'role' and 'content', got {m!r}"[:300])
+        if m["role"] not in ROLES:
+            raise DynaTreeError(f"prompt[{i}]['role'] must be one of {', '.join(ROLES)}, got {m['role']!r}")
+        if not isinstance(m["content"], str):
+            raise DynaTreeError(f"prompt[{i}]['content'] must be a string, got {type(m['content']).__name__}")
+    if not any(m["content"].strip() for m in messages):
+        raise DynaTreeError("the prompt is empty (every message's content is blank)")
 
 
 MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's top_logprobs bound)
