@@ -123,8 +123,14 @@ def test_a_conversation_goes_through_the_chat_template():
     one = run(prepare(Request([{"role": "user", "content": "w5 w6"}], method="ar", target=target, max_new_tokens=6)))
     text = run(prepare(Request("w5 w6", method="ar", target=target, max_new_tokens=6, chat=True)))
     assert one.new_token_ids == text.new_token_ids and one.prompt_tokens == text.prompt_tokens
-    with pytest.raises(DynaTreeError, match="needs a tokenizer with a chat template; this one has none"):
+    with pytest.raises(DynaTreeError, match="needs a chat template; 'tiny-llama-0' has none"):
         prepare(Request(talk, method="ar", target=tiny("llama"), max_new_tokens=4))
+    strict = _chat_target()
+    strict.tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception("
+                                      "'System role not supported') }}{% endif %}{{ m['content'] }} {% endfor %}")
+    with pytest.raises(DynaTreeError, match="the chat template of 'tiny-chat-template' rejects these messages: "
+                                            "System role not supported"):
+        prepare(Request(talk, method="ar", target=strict, max_new_tokens=4))
 
 
 @pytest.mark.parametrize("prompt,message", [
@@ -137,6 +143,7 @@ def test_a_conversation_goes_through_the_chat_template():
     ([{"role": "user", "content": 5}], "prompt[0]['content'] must be a string, got int"),
     ([{"role": "user", "content": "  "}], "the prompt is empty (every message's content is blank)"),
     ((("user", "w5"),), "prompt must be a string or a list of {'role', 'content'} messages"),
+    ([5, 6, 7], "prompt is a list of integers: give token ids as prompt_ids"),
 ])
 def test_a_bad_conversation_is_refused_before_anything_loads(prompt, message):
     with pytest.raises(DynaTreeError, match=re.escape(message)):
@@ -153,6 +160,8 @@ def test_the_python_api_names_method_options_by_their_keywords_and_the_cli_by_it
         with pytest.raises(DynaTreeError, match=message.replace("d0", "--d0").replace("d_max", "--d-max")
                            .replace("tau_h", "--tau-h")):
             Request(prompt_ids=[5, 6], target=target, draft="ngram", options=options).check()  # (what the CLI shows)
+    with pytest.raises(DynaTreeError, match=r"^option 'tau-h': the Python API names options with underscores \(tau_h\)"):
+        prepare(Request(prompt_ids=[5, 6], target=target, draft="ngram", options={"tau-h": 0.5}))
 
 
 def test_stop_strings_end_every_method_at_the_same_text():

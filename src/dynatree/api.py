@@ -196,7 +196,7 @@ def prepare(request: Request | Checked) -> Prepared:
     draft = _method_draft(r.method, r.draft, tgt, r.linear)
     readable = tgt.prompt_id_bound  # every prompt token must be a row the target reads
     if r.prompt_ids is None:
-        prompt_ids = (encode_conversation(tgt.tokenizer, r.prompt) if isinstance(r.prompt, list)
+        prompt_ids = (encode_conversation(tgt.tokenizer, r.prompt, tgt.name) if isinstance(r.prompt, list)
                       else encode_prompt(tgt.tokenizer, r.prompt, r.chat))
         beyond = [t for t in prompt_ids if t >= readable]
         if beyond:
@@ -226,6 +226,10 @@ def prepare(request: Request | Checked) -> Prepared:
 def _checked(request: Request) -> Checked:
     """`request.check()`, its method options named as the Python API names them (`tau_h`, not the
     CLI's `--tau-h`)."""
+    dashed = [k for k in request.options if isinstance(k, str) and "-" in k] if isinstance(request.options, dict) else []
+    if dashed:  # (renamed below, --tau-h would read as an option tau_h that "does not apply")
+        raise DynaTreeError(f"option {dashed[0]!r}: the Python API names options with underscores "
+                            f"({dashed[0].replace('-', '_')})")
     try:
         return request.check()
     except DynaTreeError as exc:

@@ -327,13 +327,19 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = False, history=()) -> lis
     return _nonempty(tokenizer(prompt).input_ids)
 
 
-def encode_conversation(tokenizer, messages: list[dict]) -> list[int]:
-    """`encode_messages` for a conversation given to the Python API (checked by Request.check), with
-    a one-line error for a tokenizer that has no chat template."""
+def encode_conversation(tokenizer, messages: list[dict], model: str) -> list[int]:
+    """`encode_messages` with one-line errors naming `model`: a tokenizer that has no chat template,
+    or a template that rejects the messages (jinja2's errors: roles it refuses, their order)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise DynaTreeError("a conversation (prompt as a list of messages) needs a tokenizer with a chat template; "
-                            "this one has none: give the prompt as text")
-    return encode_messages(tokenizer, messages)
+        raise DynaTreeError(f"a conversation (prompt as a list of messages) needs a chat template; {model!r} has "
+                            "none: give the prompt as text")
+    try:
+        return encode_messages(tokenizer, messages)
+    except DynaTreeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (jinja2's TemplateError and what templates raise themselves)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DynaTreeError(f"the chat template of {model!r} rejects these messages: {first}") from None
 
 
 def encode_messages(tokenizer, messages: list[dict]) -> list[int]:

@@ -79,6 +79,9 @@ class Request:
         if self.prompt_ids is None and not isinstance(self.prompt, (str, list)):
             raise DynaTreeError("prompt must be a string or a list of {'role', 'content'} messages (or give "
                                 f"prompt_ids), got {type(self.prompt).__name__}")
+        if isinstance(self.prompt, list) and self.prompt and all(is_int(t) for t in self.prompt):
+            raise DynaTreeError("prompt is a list of integers: give token ids as prompt_ids (a prompt list is a "
+                                "conversation of {'role', 'content'} messages)")
         if isinstance(self.prompt, list):
             _check_messages(self.prompt)
         elif self.prompt_ids is None and not self.prompt.strip():

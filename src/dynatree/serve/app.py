@@ -169,8 +169,8 @@ class _Shape:
 
     def logprobs(self, done: Finished | None) -> dict | None:
         """The choice's `logprobs` (None unless asked): chat's `content` list, or text completions'
-        `tokens`/`token_logprobs`/`top_logprobs`/`text_offset` columns (each offset the one before plus
-        the text of the token before, from 0: counted from the start of the completion, as vLLM's)."""
+        `tokens`/`token_logprobs`/`top_logprobs`/`text_offset` columns (offsets into the completion's
+        text, from 0 as vLLM's without echo)."""
         scored = None if done is None else done.result.logprobs
         if scored is None:
             return None
@@ -181,12 +181,11 @@ class _Shape:
                 return {"token": word, "logprob": logprob, "bytes": raw}
             return {"content": [{**entry(s.token, s.logprob), "top_logprobs": [entry(t, v) for t, v in s.top]}
                                 for s in scored]}
-        words = [text(s.token)[0] for s in scored]
-        offsets = [0]
-        for word in words[:-1]:
-            offsets.append(offsets[-1] + len(word))
-        return {"tokens": words, "token_logprobs": [s.logprob for s in scored],
-                "top_logprobs": [{text(t)[0]: v for t, v in s.top} for s in scored], "text_offset": offsets[:len(words)]}
+        ids = [s.token for s in scored]  # offsets into the completion's text, decoded as it was (a first
+        # SentencePiece token's space dropped, special tokens skipped): the length of the text before each token
+        offsets = [len(self.tokenizer.decode(ids[:i], skip_special_tokens=True)) for i in range(len(ids))]
+        return {"tokens": [text(t)[0] for t in ids], "token_logprobs": [s.logprob for s in scored],
+                "top_logprobs": [{text(t)[0]: v for t, v in s.top} for s in scored], "text_offset": offsets}
 
     def _head(self, obj: str) -> dict:
         return {"id": self.ident, "object": obj, "created": self.created, "model": self.model}

@@ -26,7 +26,7 @@ from ..config import renamed_options
 from ..errors import DynaTreeError
 from ..methods import METHODS, Method, get_method
 from ..models import DEFAULT_TARGET, load_model
-from ..prompts import encode_messages, encode_prompt
+from ..prompts import encode_conversation, encode_prompt
 from ..runtime import LoadedModel
 from ..stats import Summary
 from ..window import KVWindow
@@ -211,13 +211,7 @@ class Engine:
         tok = self.tokenizer
         if not getattr(tok, "chat_template", None):
             raise DynaTreeError(f"{self.model_id!r} has no chat template: use /v1/completions with plain text")
-        try:
-            return encode_messages(tok, [m.as_template_message() for m in request.messages])
-        except DynaTreeError:
-            raise
-        except Exception as exc:  # noqa: BLE001 (jinja2's errors: templates that reject roles or their order)
-            raise DynaTreeError(f"the chat template of {self.model_id!r} rejects these messages: "
-                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+        return encode_conversation(tok, [m.as_template_message() for m in request.messages], self.model_id)
 
     def prepare(self, request: ChatRequest | CompletionRequest, ids: list[int]) -> api.Prepared:
         """A validated decode of `request` (any bad value is a RequestError naming its field: a 400)."""
