@@ -13,7 +13,7 @@ import pytest
 
 from helpers import tiny
 from dynatree import DynaTreeError, Request, prepare, run, stream
-from dynatree.api import TextIterator
+from dynatree.streaming import TextIterator
 
 PROMPT = [5, 6, 7, 5, 6]
 METHODS = (("ar", None), ("dynatree", "draft"), ("linear", "ngram"), ("hf-ar", None), ("hf-assisted", "draft"))

@@ -11,7 +11,7 @@ _EXPORTS = {
     "generate": "api",
     "prepare": "api",
     "run": "api",
-    "stream": "api",
+    "stream": "streaming",
     "Request": "request",
     "Result": "result",
     "Decoder": "decode",
