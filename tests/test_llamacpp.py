@@ -67,7 +67,7 @@ def test_llamacpp_decodes_the_embedded_gguf_greedily():
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"sample": True}, r"^llamacpp-lookup decodes greedily only"),
-    ({"prompt_lookup_num_tokens": 0}, r"--prompt-lookup-num-tokens must be at least 1, got 0"),
+    ({"prompt_lookup_num_tokens": 0}, r"^prompt_lookup_num_tokens must be at least 1, got 0"),
     ({"draft": "ngram"}, r"draft \(--draft\) does not apply to 'llamacpp-lookup'"),
 ])
 def test_llamacpp_lookup_refuses_what_it_cannot_run(kwargs, message):
