@@ -615,6 +615,25 @@ def test_whole_floats_and_vllms_disabled_top_k_are_taken(server):
     assert len(text.json()["choices"][0]["logprobs"]["tokens"]) == 6
 
 
+def test_chat_needs_a_template_that_takes_the_messages():
+    plain = LoadedModel(model=TARGET.model, tokenizer=tokenizer(), name="no-template", eos_ids=[EOS])
+    strict_tok = copy.deepcopy(tokenizer())
+    strict_tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception("
+                                "'System role not supported') }}{% endif %}{{ m['content'] }} {% endfor %}")
+    strict = LoadedModel(model=TARGET.model, tokenizer=strict_tok, name="strict", eos_ids=[EOS])
+    for target, messages, message in (
+            (plain, [{"role": "user", "content": "w5"}], "'no-template' has no chat template: use /v1/completions "
+                                                         "with plain text"),
+            (strict, [{"role": "system", "content": "w5"}, {"role": "user", "content": "w6"}],
+             "the chat template of 'strict' rejects these messages: System role not supported")):
+        s = Server(target=target, warmup=False)
+        try:
+            got = s.post("/v1/chat/completions", {"model": target.name, "messages": messages})
+            assert got.status_code == 400 and message in got.json()["error"]["message"], got.text
+        finally:
+            s.stop()
+
+
 def test_a_served_model_name_and_cors_origins():
     """--served-model-name is the id clients send and see; --allow-origin lets a web page on that origin
     call the API (a browser's preflight is answered), and no CORS header is sent without it."""

@@ -194,8 +194,11 @@ def prepare(request: Request | Checked) -> Prepared:
     draft = _method_draft(r.method, r.draft, tgt, r.linear)
     readable = tgt.prompt_id_bound  # every prompt token must be a row the target reads
     if r.prompt_ids is None:
-        prompt_ids = (encode_conversation(tgt.tokenizer, r.prompt, tgt.name) if isinstance(r.prompt, list)
-                      else encode_prompt(tgt.tokenizer, r.prompt, r.chat))
+        if isinstance(r.prompt, list):
+            prompt_ids = encode_conversation(tgt.tokenizer, r.prompt, tgt.name, "a conversation (prompt as a list of "
+                                             f"messages) needs a chat template; {tgt.name!r} has none: give the prompt as text")
+        else:
+            prompt_ids = encode_prompt(tgt.tokenizer, r.prompt, r.chat)
         beyond = [t for t in prompt_ids if t >= readable]
         if beyond:
             raise DynaTreeError(f"the prompt encodes to token {beyond[0]}, which {tgt.name!r} cannot read (its embedding "

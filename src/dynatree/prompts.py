@@ -327,12 +327,12 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = False, history=()) -> lis
     return _nonempty(tokenizer(prompt).input_ids)
 
 
-def encode_conversation(tokenizer, messages: list[dict], model: str) -> list[int]:
-    """`encode_messages` with one-line errors naming `model`: a tokenizer that has no chat template,
-    or a template that rejects the messages (jinja2's errors: roles it refuses, their order)."""
+def encode_conversation(tokenizer, messages: list[dict], model: str, no_template: str) -> list[int]:
+    """`encode_messages` with one-line errors: `no_template` for a tokenizer that has no chat template
+    (the caller says what to do instead), and one naming `model` for a template that rejects the
+    messages (jinja2's errors: roles it refuses, their order)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise DynaTreeError(f"a conversation (prompt as a list of messages) needs a chat template; {model!r} has "
-                            "none: give the prompt as text")
+        raise DynaTreeError(no_template)
     try:
         return encode_messages(tokenizer, messages)
     except DynaTreeError:

@@ -208,10 +208,8 @@ class Engine:
         return ids
 
     def _chat_ids(self, request: ChatRequest) -> list[int]:
-        tok = self.tokenizer
-        if not getattr(tok, "chat_template", None):
-            raise DynaTreeError(f"{self.model_id!r} has no chat template: use /v1/completions with plain text")
-        return encode_conversation(tok, [m.as_template_message() for m in request.messages], self.model_id)
+        return encode_conversation(self.tokenizer, [m.as_template_message() for m in request.messages], self.model_id,
+                                   f"{self.model_id!r} has no chat template: use /v1/completions with plain text")
 
     def prepare(self, request: ChatRequest | CompletionRequest, ids: list[int]) -> api.Prepared:
         """A validated decode of `request` (any bad value is a RequestError naming its field: a 400)."""
