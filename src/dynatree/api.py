@@ -125,8 +125,10 @@ class Prepared:
         (OpenAI's rule: the ids end with the token that completed it, the text just before it);
         `cancelled`: the caller ended the run early; `logprobs`, one per new token, are cut with the ids."""
         tgt, draft, ours = self.target, self.draft_model, self.ours
+        kept = None
         if text is not None and text.stopped:
             new_ids, words, reason = new_ids[:text.stop_at], text.text, "stop"
+            kept = len(new_ids)
         else:
             words = tgt.tokenizer.decode(new_ids, skip_special_tokens=True)
             ended = bool(new_ids) and new_ids[-1] in tgt.eos_ids and not self.ignore_eos
@@ -161,7 +163,7 @@ class Prepared:
         )
         return Result(method=self.method, target=tgt.name, draft=None if self.draft is None else self.draft.name,
                       prompt_tokens=len(self.prompt_ids),
-                      new_token_ids=new_ids, text=words, finish_reason=reason, stats=stats.summary(),
+                      new_token_ids=new_ids, text=words, finish_reason=reason, stats=stats.summary(kept),
                       config=dataclasses.asdict(self.config), run=info,
                       env=env.describe(tgt.device), policy_state=policy_state,
                       logprobs=None if logprobs is None else logprobs[:len(new_ids)])

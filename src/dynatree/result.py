@@ -17,7 +17,7 @@ from dataclasses import dataclass
 class Summary:
     """A run's figures; stats.py defines each one."""
 
-    new_tokens: int  # tokens generated (stops included, nothing after them)
+    new_tokens: int  # tokens returned (a stop string's last token included, nothing decoded after it)
     iterations: int  # target forward passes, prefill included
     acceptance_rate: float | None  # drafted tokens committed / drafted (None: nothing drafted)
     tokens_per_iter: float | None  # L: new tokens per target pass

@@ -66,9 +66,12 @@ class Stats:
         self.verify_s = (self.verify_s or 0.0) + verify_s
         self.commit_s = (self.commit_s or 0.0) + commit_s
 
-    def summary(self) -> Summary:
-        """The figures of a result (`Result.stats`), derived from the counts above."""
-        n, it = self.new_tokens, self.iterations
+    def summary(self, kept: int | None = None) -> Summary:
+        """The figures of a result (`Result.stats`), derived from the counts above. `kept`: the new
+        tokens the result returns when a stop string cut the last committed group; the token count
+        and the rates derived from it (L, M, tok/s, TPOT) are over those, what was decoded past the
+        stop being thrown away; the drafted and accepted counts stay the verifier's."""
+        n, it = self.new_tokens if kept is None else min(kept, self.new_tokens), self.iterations
 
         def per_iteration(total: float | None) -> float | None:  # ms per decode iteration, prefill excluded
             return None if total is None or it < 2 else 1e3 * total / (it - 1)
