@@ -67,6 +67,28 @@ def test_logprobs_end_with_the_ids_at_a_stop_and_zero_alternatives_list_none():
                                                              "logprob": got.logprobs[0].logprob, "top": []}
 
 
+@pytest.mark.parametrize("stop", [False, True])
+def test_on_logprobs_gets_each_groups_scores_as_it_is_committed(stop):
+    target, drafter = tiny("llama", eos_ids=[]), noisy_copy("llama", 0, 0.1)
+    full = run(prepare(Request(prompt_ids=PROMPT, method="ar", target=target, max_new_tokens=24)))
+    request = Request(prompt_ids=PROMPT, method="dynatree", target=target, draft=drafter, max_new_tokens=24, logprobs=2,
+                      stop=" ".join(full.text.split()[9:11]) if stop else None)
+    events = []
+    got = run(prepare(request), on_tokens=lambda ids: events.append(("ids", ids)),
+              on_logprobs=lambda scored: events.append(("scores", scored)))
+    assert got.finish_reason == ("stop" if stop else "length")
+    groups = [value for kind, value in events if kind == "ids"]
+    assert [kind for kind, _ in events] == ["scores", "ids"] * len(groups)  # each group's scores just before its ids
+    assert any(len(g) > 1 for g in groups)  # tree passes committed several tokens at once
+    for (_, scores), (_, ids) in zip(events[::2], events[1::2]):
+        assert [s.token for s in scores] == ids
+    assert [s for kind, value in events if kind == "scores" for s in value] == got.logprobs  # cut at the stop alike
+    with pytest.raises(DynaTreeError, match=r"on_logprobs needs a request that asks for logprobs \(logprobs=N\)"):
+        run(prepare(dataclasses.replace(request, logprobs=None)), on_logprobs=print)
+    with pytest.raises(DynaTreeError, match="on_logprobs must be a function"):
+        run(prepare(request), on_logprobs=3)
+
+
 def test_a_group_cut_at_an_end_of_sequence_token_is_scored_up_to_it():
     ids = run(prepare(Request(prompt_ids=PROMPT, method="ar", target=tiny("llama", eos_ids=[]),
                               max_new_tokens=20))).new_token_ids

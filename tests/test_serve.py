@@ -161,9 +161,13 @@ def test_logprobs_are_the_decodes_own_in_openais_shapes(server):
         model=MODEL, messages=[{"role": "user", "content": "w5 w6 w7"}], temperature=0, max_tokens=12, logprobs=True,
         stream=True))
     scored = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
-    assert len(scored) == 1 and chunks[-1].choices[0].finish_reason  # every token's, in the finishing chunk
-    assert [c.logprob for c in scored[0].content] == [s.logprob for s in want.logprobs]
-    assert all(c.top_logprobs == [] for c in scored[0].content)
+    assert len(scored) > 1  # each chunk carries the logprobs of the tokens whose text it shows
+    assert [c.logprob for part in scored for c in part.content] == [s.logprob for s in want.logprobs]
+    assert all(c.top_logprobs == [] for part in scored for c in part.content)
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        if choice.delta.content:  # this word-level tokenizer holds nothing back: the chunk's text is its tokens'
+            assert "".join(c.token for c in choice.logprobs.content).strip() == choice.delta.content.strip()
     plain = server.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5 w6 w7"}],
                                                   temperature=0, max_tokens=12)
     assert plain.choices[0].logprobs is None
@@ -179,6 +183,26 @@ def test_logprobs_are_the_decodes_own_in_openais_shapes(server):
     for offset, word in zip(columns.text_offset, words):  # each token's text begins at its offset in the text
         assert completion[offset:].startswith(word) or completion[offset:].startswith(word.lstrip()), (offset, word)
     assert columns.text_offset == sorted(set(columns.text_offset))
+    parts = [c.choices[0].logprobs for c in server.client.completions.create(
+        model=MODEL, prompt="w5 w6 w7", temperature=0, max_tokens=12, logprobs=1, stream=True)]
+    parts = [p for p in parts if p is not None]
+    assert len(parts) > 1  # streamed, each chunk's columns; offsets run on into the whole completion's text
+    for column in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert [v for p in parts for v in getattr(p, column)] == getattr(columns, column), column
+
+
+def test_streamed_logprobs_end_with_the_token_that_completed_a_stop_string(server):
+    full = expected("w5 w6 w7", 20, logprobs=0)
+    stop = " ".join(full.text.split()[5:7])
+    want = expected("w5 w6 w7", 20, logprobs=0, stop=stop)
+    chunks = list(server.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "w5 w6 w7"}], temperature=0, max_tokens=20, logprobs=True,
+        stop=stop, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text and want.finish_reason == "stop"
+    scored = [t.logprob for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert scored == [s.logprob for s in want.logprobs] and len(scored) == len(want.new_token_ids)
+    last = chunks[-1].choices[0]  # the stop's tokens show no text: their logprobs come with the finish
+    assert last.finish_reason == "stop" and last.logprobs is not None and last.logprobs.content
 
 
 def test_method_and_options_per_request(server):

@@ -30,7 +30,7 @@ from .sampling import Sampler, SamplingConfig
 from .stats import PeakMemory, Stats
 from .textstream import TextStream
 from .request import Checked, Request, is_int
-from .result import Result, RunInfo
+from .result import Result, RunInfo, TokenLogprob
 from .window import KVWindow
 
 def _method_draft(method: str, draft, target: LoadedModel, linear: str) -> Draft | None:
@@ -247,7 +247,7 @@ def _checked(request: Request) -> Checked:
 
 def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
         on_text: Callable[[str], None] | None = None, cancel: Callable[[], bool] | None = None,
-        peak_memory: bool = True) -> Result:
+        peak_memory: bool = True, on_logprobs: Callable[[list[TokenLogprob]], None] | None = None) -> Result:
     """Decode a prepared request once and return its result (transformers' generate()
     for the hf-* methods, llama.cpp's loop for llama-*, dynatree's decoder for the others).
 
@@ -258,15 +258,23 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
     end there. `cancel`, asked between steps, ends the decode when it returns True (a client
     gone): the result's `finish_reason` is then "cancelled". `peak_memory` False leaves the peak
     memory of dynatree's decoder unmeasured (None; a server's decodes share the process with its HTTP
-    side, and resetting the peak-RSS counter costs time per request)."""
+    side, and resetting the peak-RSS counter costs time per request). `on_logprobs` (a request with
+    `logprobs`) gets the scores of each group just before `on_tokens` gets its ids, cut alike at a
+    stop string: together they are the result's `logprobs`."""
     if not isinstance(job, Prepared):
         raise DynaTreeError(f"run() takes what prepare() returns, got {type(job).__name__}"
                             + (": run(prepare(request))" if isinstance(job, (Request, Checked)) else ""))
     for name, fn, takes in (("on_tokens", on_tokens, "the new token ids"), ("on_text", on_text, "the new text"),
-                            ("cancel", cancel, "no arguments returning True to end the decode")):
+                            ("cancel", cancel, "no arguments returning True to end the decode"),
+                            ("on_logprobs", on_logprobs, "the new tokens' TokenLogprobs")):
         if fn is not None and not callable(fn):
             raise DynaTreeError(f"{name} must be a function of {takes}, got {type(fn).__name__}")
+    if on_logprobs is not None and job.logprobs is None:
+        raise DynaTreeError("on_logprobs needs a request that asks for logprobs (logprobs=N)")
     tgt = job.target
+    decoder = job.decoder() if job.ours else None
+    if on_logprobs is not None:
+        on_tokens = _scoring(decoder, on_tokens, on_logprobs)
     # the text is decoded at every commit only when someone reads it (it costs time)
     text = job.text_stream() if job.stops or on_text is not None else None
     watch = on_tokens if text is None else _watching(text, on_tokens, on_text)
@@ -283,7 +291,6 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
                                      watch, job.sampling, compile=job.compile, stopped=stopped)
         result = job.result(new_ids, stats, text=text, cancelled=ends.cancelled)
     else:
-        decoder = job.decoder()
         decoder.prepare(job.prompt_ids, job.max_new_tokens)  # compiled graphs and cost curve, before the span measured
         memory = PeakMemory(tgt.device) if peak_memory else None
         for _ in decoder.steps(job.prompt_ids, job.max_new_tokens, job.ignore_eos, watch, stop=stopped):
@@ -313,6 +320,21 @@ class _Ends:
         if self.cancel is not None and self.cancel():
             self.cancelled = True
         return self.cancelled
+
+
+def _scoring(decoder: Decoder, on_tokens: Callable[[list[int]], None] | None,
+             on_logprobs: Callable[[list[TokenLogprob]], None]) -> Callable[[list[int]], None]:
+    """A commit callback that hands `on_logprobs` the scores of the ids it gets (the decoder scored
+    them before handing them over), then `on_tokens` the ids."""
+    sent = 0
+
+    def scored(ids: list[int]) -> None:
+        nonlocal sent
+        on_logprobs(decoder.run.logprobs[sent: sent + len(ids)])
+        sent += len(ids)
+        if on_tokens is not None:
+            on_tokens(ids)
+    return scored
 
 
 def _watching(text: TextStream, on_tokens: Callable[[list[int]], None] | None,

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from ..errors import DynaTreeError
+from ..result import TokenLogprob
 from ..textstream import TokenTexts
 from .engine import Engine, Finished, Job, QueueFull, RequestError
 from .protocol import ChatRequest, CompletionRequest, error_body, validation_message
@@ -167,11 +168,11 @@ class _Shape:
         self.tokenizer = tokenizer  # the HTTP side's copy: token texts for logprobs
         self.created = int(time.time())
 
-    def logprobs(self, done: Finished | None) -> dict | None:
-        """The choice's `logprobs` (None unless asked): chat's `content` list, or text completions'
-        `tokens`/`token_logprobs`/`top_logprobs`/`text_offset` columns (offsets into the completion's
-        text, from 0 as vLLM's without echo)."""
-        scored = None if done is None else done.result.logprobs
+    def logprobs(self, scored: list[TokenLogprob] | None, before: list[int] = ()) -> dict | None:
+        """A choice's `logprobs` for the tokens `scored` (None: not asked), which follow the tokens
+        `before` in the answer: chat's `content` list, or text completions' `tokens`/`token_logprobs`/
+        `top_logprobs`/`text_offset` columns (offsets into the whole completion's text, from 0 as
+        vLLM's without echo)."""
         if scored is None:
             return None
         text = TokenTexts(self.tokenizer)
@@ -181,10 +182,10 @@ class _Shape:
                 return {"token": word, "logprob": logprob, "bytes": raw}
             return {"content": [{**entry(s.token, s.logprob), "top_logprobs": [entry(t, v) for t, v in s.top]}
                                 for s in scored]}
-        ids = [s.token for s in scored]  # offsets into the completion's text, decoded as it was (a first
-        # SentencePiece token's space dropped, special tokens skipped): the length of the text before each token
-        offsets = [len(self.tokenizer.decode(ids[:i], skip_special_tokens=True)) for i in range(len(ids))]
-        return {"tokens": [text(t)[0] for t in ids], "token_logprobs": [s.logprob for s in scored],
+        ids = [*before, *(s.token for s in scored)]  # offsets into the completion's text, decoded as it was (a
+        # first SentencePiece token's space dropped, special tokens skipped): the length of the text before each token
+        offsets = [len(self.tokenizer.decode(ids[:i], skip_special_tokens=True)) for i in range(len(before), len(ids))]
+        return {"tokens": [text(s.token)[0] for s in scored], "token_logprobs": [s.logprob for s in scored],
                 "top_logprobs": [{text(t)[0]: v for t, v in s.top} for s in scored], "text_offset": offsets}
 
     def _head(self, obj: str) -> dict:
@@ -193,19 +194,20 @@ class _Shape:
     def whole(self, text: str, done: Finished) -> dict:
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if self.chat
                   else {"index": 0, "text": text})
-        choice.update(finish_reason=done.finish_reason, logprobs=self.logprobs(done))
+        choice.update(finish_reason=done.finish_reason, logprobs=self.logprobs(done.result.logprobs))
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": _usage(done), "dynatree": _extra(done)}
 
     def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
-              done: Finished | None = None) -> dict:
-        """One streamed chunk; the finishing one (`done`) carries every token's logprobs, when asked."""
+              scored: list[TokenLogprob] | None = None, before: list[int] = ()) -> dict:
+        """One streamed chunk; `scored`: the scores of the tokens it shows (when asked, and there are
+        any), which follow the tokens `before`."""
         if self.chat:
             delta = ({"role": "assistant", "content": ""} if role else {}) | ({"content": text} if text else {})
             choice = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": text or ""}
-        choice.update(finish_reason=finish_reason, logprobs=self.logprobs(done))
+        choice.update(finish_reason=finish_reason, logprobs=self.logprobs(scored or None, before))
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
     def usage_chunk(self, done: Finished) -> dict:
@@ -234,17 +236,25 @@ async def _events(job: Job, request: Request):
 
 
 async def _stream(job: Job, shape: _Shape, include_usage: bool, request: Request):
-    """Server-sent events: one chunk per committed group of tokens, the finish chunk, [DONE]."""
+    """Server-sent events: one chunk per committed group of tokens (with their logprobs, when asked),
+    the finish chunk (with the logprobs of tokens no text showed: a stop string's), [DONE]. Token
+    texts for logprobs are built off the event loop."""
+    sent: list[int] = []  # the tokens whose logprobs went out
     try:
         if shape.chat:
             yield _sse(shape.chunk(role=True))
         async for kind, value in _events(job, request):
             if kind == "text":
-                yield _sse(shape.chunk(value))
+                text, scored = value
+                chunk = (await asyncio.to_thread(shape.chunk, text, scored=scored, before=list(sent)) if scored
+                         else shape.chunk(text))
+                sent += [s.token for s in scored]
+                yield _sse(chunk)
             elif kind == "error":
                 yield _sse(error_body(value, "server_error"))
-            else:  # (token texts for logprobs are built off the event loop)
-                last = await asyncio.to_thread(shape.chunk, finish_reason=value.finish_reason, done=value)
+            else:
+                rest = (value.result.logprobs or [])[len(sent):]
+                last = await asyncio.to_thread(shape.chunk, finish_reason=value.finish_reason, scored=rest, before=sent)
                 yield _sse({**last, "dynatree": _extra(value)})
                 if include_usage:
                     yield _sse(shape.usage_chunk(value))
@@ -259,7 +269,7 @@ async def _whole(job: Job, shape: _Shape, request: Request):
     parts: list[str] = []
     async for kind, value in _events(job, request):
         if kind == "text":
-            parts.append(value)
+            parts.append(value[0])
         elif kind == "error":
             return _error(500, value, "server_error")
         else:  # (token texts for logprobs are built off the event loop)

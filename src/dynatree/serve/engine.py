@@ -19,7 +19,7 @@ import time
 
 from .. import api
 from ..request import Request
-from ..result import Result
+from ..result import Result, TokenLogprob
 from ..draftload import Draft, load_draft
 from ..drafters.ngram import NGRAM_MAX
 from ..config import renamed_options
@@ -103,11 +103,13 @@ class Job:
 
     def __init__(self, prepared: api.Prepared, loop: asyncio.AbstractEventLoop | None):
         self.prepared = prepared
-        self.events: asyncio.Queue = asyncio.Queue()  # ('text', str), then ('done', Finished) or ('error', str)
+        # ('text', (str, scores of the tokens since the last text)), then ('done', Finished) or ('error', str)
+        self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()  # set by the HTTP side when the client goes away
         self.loop = loop  # None: nobody listens (the warm-up)
         self.submitted = time.perf_counter()
         self.first_token_s: float | None = None  # since submission
+        self.scored: list[TokenLogprob] = []  # the scores of the tokens committed since the last text (logprobs asked)
 
     def emit(self, kind: str, value) -> None:
         """Hand an event to the event loop (called from the worker thread)."""
@@ -122,8 +124,15 @@ class Job:
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter() - self.submitted
 
+    def on_logprobs(self, scored: list[TokenLogprob]) -> None:
+        self.scored += scored
+
     def on_text(self, delta: str) -> None:
-        self.emit("text", delta)
+        """The text that may be shown now, with the scores of the tokens committed since the last
+        text (a token whose text is held back, an incomplete character or a possible stop string,
+        is scored with the text that shows it; what is never shown goes with the finishing chunk)."""
+        scored, self.scored = self.scored, []
+        self.emit("text", (delta, scored))
 
 
 def _moving_average(average: float, value: float) -> float:
@@ -331,8 +340,9 @@ class Engine:
         emit its events; its decode's stats (every committed token counted: the result's ids end
         at a stop string)."""
         queue_s = time.perf_counter() - job.submitted
+        scoring = job.on_logprobs if job.prepared.logprobs is not None else None
         result = api.run(job.prepared, on_tokens=job.on_tokens, on_text=job.on_text, cancel=job.cancelled.is_set,
-                         peak_memory=False)  # (the process's peak: the HTTP side's memory too)
+                         peak_memory=False, on_logprobs=scoring)  # (the process's peak: the HTTP side's memory too)
         if observe:
             self.metrics.observe(result, queue_s, job.first_token_s, time.perf_counter() - job.submitted,
                                  result.finish_reason)
