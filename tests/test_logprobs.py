@@ -17,7 +17,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from helpers import DEVICE, noisy_copy, tiny
 from dynatree import DynaTreeError, Request, prepare, run
 from dynatree.cli import main
-from dynatree.textstream import TokenTexts
+from dynatree.textstream import TextStream, TokenTexts
 
 PROMPT = [5, 6, 7, 5, 6, 7, 5]
 
@@ -68,25 +68,52 @@ def test_logprobs_end_with_the_ids_at_a_stop_and_zero_alternatives_list_none():
 
 
 @pytest.mark.parametrize("stop", [False, True])
-def test_on_logprobs_gets_each_groups_scores_as_it_is_committed(stop):
+def test_on_logprobs_gets_the_scores_of_the_tokens_each_text_piece_shows(stop):
     target, drafter = tiny("llama", eos_ids=[]), noisy_copy("llama", 0, 0.1)
     full = run(prepare(Request(prompt_ids=PROMPT, method="ar", target=target, max_new_tokens=24)))
+    words = full.text.split()
+    # a stop string that never completes but whose start is word 6: that word's text is held back
+    # until the next group shows it; or one that completes at words 10-11
+    cut = " ".join(words[9:11]) if stop else words[5] + " w999"
     request = Request(prompt_ids=PROMPT, method="dynatree", target=target, draft=drafter, max_new_tokens=24, logprobs=2,
-                      stop=" ".join(full.text.split()[9:11]) if stop else None)
+                      stop=cut)
     events = []
     got = run(prepare(request), on_tokens=lambda ids: events.append(("ids", ids)),
+              on_text=lambda piece: events.append(("text", piece)),
               on_logprobs=lambda scored: events.append(("scores", scored)))
     assert got.finish_reason == ("stop" if stop else "length")
-    groups = [value for kind, value in events if kind == "ids"]
-    assert [kind for kind, _ in events] == ["scores", "ids"] * len(groups)  # each group's scores just before its ids
-    assert any(len(g) > 1 for g in groups)  # tree passes committed several tokens at once
-    for (_, scores), (_, ids) in zip(events[::2], events[1::2]):
-        assert [s.token for s in scores] == ids
-    assert [s for kind, value in events if kind == "scores" for s in value] == got.logprobs  # cut at the stop alike
+    assert any(len(v) > 1 for k, v in events if k == "ids")  # tree passes committed several tokens at once
+    assert [s for kind, value in events if kind == "scores" for s in value] == got.logprobs  # each once, in order
+    pieces = [i for i, (kind, _) in enumerate(events) if kind == "text"]
+    for i in pieces:  # the scores handed just before a piece are those of the tokens it shows
+        assert events[i - 1][0] == "scores", events[i - 1]
+        shown = "".join(target.tokenizer.decode([s.token]) + " " for s in events[i - 1][1])
+        assert shown.split() == events[i][1].split(), (shown, events[i][1])
+    if stop:  # the stop string's own tokens, never shown, come last
+        assert events[-1][0] == "scores" and pieces[-1] < len(events) - 1
+        assert " ".join(target.tokenizer.decode([s.token]) for s in events[-1][1]) in cut
+    else:  # word 6 waited for the piece after it
+        held = next(i for i in pieces if words[5] in events[i][1].split())
+        assert events[held][1].split()[0] == words[5] and len(events[held - 1][1]) >= 2
     with pytest.raises(DynaTreeError, match=r"on_logprobs needs a request that asks for logprobs \(logprobs=N\)"):
         run(prepare(dataclasses.replace(request, logprobs=None)), on_logprobs=print)
     with pytest.raises(DynaTreeError, match="on_logprobs must be a function"):
         run(prepare(request), on_logprobs=3)
+
+
+def test_the_text_stream_counts_a_token_shown_once_its_whole_character_is():
+    fast, vocab, to_char = _byte_level_tokenizer()
+    smiley = " \U0001F600".encode()
+    head, tail = vocab["".join(to_char[b] for b in smiley[:4])], vocab[to_char[smiley[4]]]
+    the = vocab[to_char[32] + "the"]
+    text = TextStream(fast)
+    assert text.push([the, head]) == " the " and text.shown == 1  # the smiley's first bytes (after a space) wait
+    assert text.push([tail]) == "\U0001F600" and text.shown == 3
+    stopped = TextStream(fast, ["the"])
+    assert stopped.push([the]) == " " and stopped.shown == 0 and stopped.stopped  # " the": the stop's own token
+    held = TextStream(fast, [" the end"])
+    assert held.push([the]) == "" and held.shown == 0  # " the" may begin the stop string " the end"
+    assert held.finish() == " the" and held.shown == 1
 
 
 def test_a_group_cut_at_an_end_of_sequence_token_is_scored_up_to_it():

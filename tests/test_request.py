@@ -187,12 +187,27 @@ def test_stop_strings_end_every_method_at_the_same_text():
         # group; hf-ar's criteria run a step late)
         s = got.stats
         assert s.new_tokens == len(ids) and s.tokens_per_iter == len(ids) / s.iterations, method
+        assert s.accepted_tokens < len(ids) and s.accepted_len <= s.tokens_per_iter, method  # (drafts past it dropped too)
         assert s.tokens_per_s == pytest.approx(len(ids) / s.wall_s) and s.tpot_s == pytest.approx(
             (s.wall_s - s.ttft_s) / (len(ids) - 1)), method
     unseen = run(prepare(Request(prompt_ids=prompt, method="dynatree", target=target, draft=draft, max_new_tokens=30,
                                  stop="w95 w95 w95")))
     assert unseen.new_token_ids == full.new_token_ids and unseen.finish_reason == "length"
     assert full.run.stop is None and unseen.run.stop == ["w95 w95 w95"]
+
+
+def test_a_stop_cut_drops_the_bonus_token_then_the_drafted_tokens_from_the_figures():
+    from dynatree.stats import Stats
+
+    stats = Stats(new_tokens=1, iterations=1, wall_s=1.0, ttft_s=0.1)  # the prefill's token
+    stats.count_iteration(drafted=8, accepted=5, committed=6, draft_s=0, verify_s=0, commit_s=0)  # 5 drafts + bonus
+    whole, cut = stats.summary(), stats.summary(kept=3)  # a stop completed by the second of the group's tokens
+    assert (whole.new_tokens, whole.accepted_tokens, whole.accepted_len) == (7, 5, 2.5)
+    assert (cut.new_tokens, cut.accepted_tokens, cut.accepted_len, cut.acceptance_rate) == (3, 2, 1.0, 2 / 8)
+    assert (cut.tokens_per_iter, cut.mean_generated_len) == (1.5, 2.0) and cut.tpot_s == pytest.approx(0.45)
+    assert stats.summary(kept=6).accepted_tokens == 5  # only the bonus token was past the stop
+    hf = Stats(new_tokens=9, iterations=3, accepted_tokens=6)  # an engine that does not say its groups: one bonus a pass
+    assert hf.summary(kept=5).accepted_tokens == 3
 
 
 def test_the_finish_reason_is_stop_at_an_end_of_sequence_token():

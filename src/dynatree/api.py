@@ -259,8 +259,11 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
     gone): the result's `finish_reason` is then "cancelled". `peak_memory` False leaves the peak
     memory of dynatree's decoder unmeasured (None; a server's decodes share the process with its HTTP
     side, and resetting the peak-RSS counter costs time per request). `on_logprobs` (a request with
-    `logprobs`) gets the scores of each group just before `on_tokens` gets its ids, cut alike at a
-    stop string: together they are the result's `logprobs`."""
+    `logprobs`) gets the new tokens' scores as their text is shown, just before the `on_text` piece
+    that shows it (a token holding part of a character, or of a possible stop string, waits for the
+    piece that shows it; an end-of-sequence token shows nothing and goes at once); the scores of a stop
+    string's own tokens, which no piece shows, come last, once the decode has ended. Together they are
+    the result's `logprobs`."""
     if not isinstance(job, Prepared):
         raise DynaTreeError(f"run() takes what prepare() returns, got {type(job).__name__}"
                             + (": run(prepare(request))" if isinstance(job, (Request, Checked)) else ""))
@@ -273,11 +276,10 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
         raise DynaTreeError("on_logprobs needs a request that asks for logprobs (logprobs=N)")
     tgt = job.target
     decoder = job.decoder() if job.ours else None
-    if on_logprobs is not None:
-        on_tokens = _scoring(decoder, on_tokens, on_logprobs)
+    scores = None if on_logprobs is None else _Scores(decoder, on_logprobs)
     # the text is decoded at every commit only when someone reads it (it costs time)
-    text = job.text_stream() if job.stops or on_text is not None else None
-    watch = on_tokens if text is None else _watching(text, on_tokens, on_text)
+    text = job.text_stream() if job.stops or on_text is not None or scores is not None else None
+    watch = on_tokens if text is None else _watching(text, on_tokens, on_text, scores)
     ends = _Ends(text if job.stops else None, cancel)
     stopped = ends if ends.asks else None  # (None: the engines ask nothing per step)
     if isinstance(job.config, (LlamaCppArConfig, LlamaCppLookupConfig)):
@@ -298,10 +300,14 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
         decoder.run.stats.peak_mem_mb = None if memory is None else memory.peak_mb()
         result = job.result(decoder.run.new_tokens, decoder.run.stats, decoder.policy.state(), text,
                             cancelled=ends.cancelled, logprobs=decoder.run.logprobs)
-    if on_text is not None:
+    if on_text is not None or scores is not None:
         rest = text.finish()  # what was held back (an incomplete character) once the decode ended without a stop
-        if rest:
+        if scores is not None:
+            scores.hand(text.shown)
+        if rest and on_text is not None:
             on_text(rest)
+        if scores is not None:
+            scores.hand(len(result.new_token_ids))  # a stop string's own tokens: no text shows them
     return result
 
 
@@ -322,26 +328,26 @@ class _Ends:
         return self.cancelled
 
 
-def _scoring(decoder: Decoder, on_tokens: Callable[[list[int]], None] | None,
-             on_logprobs: Callable[[list[TokenLogprob]], None]) -> Callable[[list[int]], None]:
-    """A commit callback that hands `on_logprobs` the scores of the ids it gets (the decoder scored
-    them before handing them over), then `on_tokens` the ids."""
-    sent = 0
+class _Scores:
+    """Hands `on_logprobs` the decoder's scores of the new tokens, in order, each once."""
 
-    def scored(ids: list[int]) -> None:
-        nonlocal sent
-        on_logprobs(decoder.run.logprobs[sent: sent + len(ids)])
-        sent += len(ids)
-        if on_tokens is not None:
-            on_tokens(ids)
-    return scored
+    def __init__(self, decoder: Decoder, on_logprobs: Callable[[list[TokenLogprob]], None]):
+        self.decoder, self.on_logprobs = decoder, on_logprobs
+        self.sent = 0
+
+    def hand(self, upto: int) -> None:
+        """The scores of the new tokens before index `upto` not handed yet (the decoder scored them
+        before committing them)."""
+        if upto > self.sent:
+            self.on_logprobs(self.decoder.run.logprobs[self.sent: upto])
+            self.sent = upto
 
 
 def _watching(text: TextStream, on_tokens: Callable[[list[int]], None] | None,
-              on_text: Callable[[str], None] | None) -> Callable[[list[int]], None]:
+              on_text: Callable[[str], None] | None, scores: _Scores | None = None) -> Callable[[list[int]], None]:
     """A commit callback that feeds `text` (which watches for the stop strings), then hands `on_tokens`
-    the ids up to the token that completed a stop string, and nothing after it, and `on_text` the
-    text that may be shown now."""
+    the ids up to the token that completed a stop string, and nothing after it, `scores` the scores
+    of the tokens whose text is shown now, and `on_text` that text."""
     def watch(ids: list[int]) -> None:
         if text.stopped:
             return
@@ -351,6 +357,8 @@ def _watching(text: TextStream, on_tokens: Callable[[list[int]], None] | None,
             ids = ids[:text.stop_at - before]
         if on_tokens is not None:
             on_tokens(ids)
+        if scores is not None:
+            scores.hand(text.shown)
         if on_text is not None and delta:
             on_text(delta)
     return watch

@@ -9,6 +9,8 @@
                     prompt-lookup generation), it counts as a verification pass
   accepted_len l    = committed drafted tokens / target passes (bonus tokens excluded)
   ttft_s = time from the call to the first new token; tpot_s = (wall - ttft) / (new - 1)
+  new tokens are those the result returns: where a stop string cut the last committed group, the
+                tokens decoded past it are not counted, nor, among them, its drafted ones
   draft_ms / verify_ms / commit_ms = mean time per decode iteration spent growing the tree
                 (drafter + policy), in the target's verification pass (+ acceptance, whose host
                 sync waits for the device), and committing caches and drafter state; our
@@ -51,6 +53,7 @@ class Stats:
     compile_s: float | None = None  # compiling the target's decode steps before the clock started (--compile)
     graphs_compiled_while_timed: int | None = None  # graphs compiled inside the timings (--compile; 0 expected)
     prefill_verified: bool = False  # the first pass verified drafted tokens too (hf-assisted, hf-lookup)
+    last_group: int = 0  # new tokens the last verification committed (0: none, or an engine that does not say)
 
     def count_iteration(self, drafted: int, accepted: int, committed: int, draft_s: float, verify_s: float,
                         commit_s: float) -> None:
@@ -58,6 +61,7 @@ class Stats:
         `committed` new tokens in all, and the seconds each phase of the iteration took."""
         self.iterations += 1
         self.new_tokens += committed
+        self.last_group = committed
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         self.tree_sizes.append(drafted)
@@ -70,8 +74,14 @@ class Stats:
         """The figures of a result (`Result.stats`), derived from the counts above. `kept`: the new
         tokens the result returns when a stop string cut the last committed group; the token count
         and the rates derived from it (L, M, tok/s, TPOT) are over those, what was decoded past the
-        stop being thrown away; the drafted and accepted counts stay the verifier's."""
+        stop being thrown away; so are the drafted tokens among them (the accepted count, l and the
+        acceptance rate), which a cut group loses after its bonus token (the last of a group; one per
+        pass where the engine does not say)."""
         n, it = self.new_tokens if kept is None else min(kept, self.new_tokens), self.iterations
+        accepted = self.accepted_tokens
+        if n < self.new_tokens:
+            bonus = self.last_group - self.accepted_lens[-1] if self.last_group and self.accepted_lens else 1
+            accepted = max(0, accepted - max(0, self.new_tokens - n - bonus))
 
         def per_iteration(total: float | None) -> float | None:  # ms per decode iteration, prefill excluded
             return None if total is None or it < 2 else 1e3 * total / (it - 1)
@@ -79,18 +89,18 @@ class Stats:
         return Summary(
             new_tokens=n,
             iterations=it,
-            acceptance_rate=self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None,
+            acceptance_rate=accepted / self.drafted_tokens if self.drafted_tokens else None,
             tokens_per_iter=n / it if it else None,
             mean_generated_len=(n / it if it else None) if self.prefill_verified
             else (n - 1) / (it - 1) if it > 1 else None,
-            accepted_len=self.accepted_tokens / it if it else None,
+            accepted_len=accepted / it if it else None,
             ttft_s=self.ttft_s,
             tpot_s=(self.wall_s - self.ttft_s) / (n - 1) if n > 1 else None,
             wall_s=self.wall_s,
             tokens_per_s=n / self.wall_s if self.wall_s > 0 else None,
             peak_mem_mb=self.peak_mem_mb,
             drafted_tokens=self.drafted_tokens,
-            accepted_tokens=self.accepted_tokens,
+            accepted_tokens=accepted,
             compile_s=self.compile_s,
             graphs_compiled_while_timed=self.graphs_compiled_while_timed,
             draft_ms=per_iteration(self.draft_s),

@@ -26,6 +26,7 @@ class TextStream:
         self.stopped = False
         self.stop_at: int | None = None  # with `stopped`: how many tokens it took to complete the stop string
         self.text: str | None = None  # with `stopped`: the whole text, up to just before the stop string
+        self.shown = 0  # how many of `ids` have their whole text handed out (for their logprobs)
 
     def push(self, ids: list[int]) -> str:
         """Add committed tokens; the new text that may be sent now ('' if none)."""
@@ -38,20 +39,36 @@ class TextStream:
             self.stopped = True
             self.stop_at = self._tokens_to_stop(len(self.ids) - len(ids))
             self.text = text[:cut]
-            return self._take(self.text)
+            return self._take(self.text, None)
+        whole = text
         text = text.rstrip("\ufffd")  # an incomplete character at the end waits; the text before it goes
-        return self._take(text[: len(text) - self._held(text)])
+        return self._take(text[: len(text) - self._held(text)], whole)
 
     def finish(self) -> str:
         """The text still held back once the decode has ended (no stop string came)."""
         if self.stopped:
             return ""
-        return self._take(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        return self._take(text, text)
 
-    def _take(self, text: str) -> str:
+    def _take(self, text: str, whole: str | None) -> str:
+        """Hand out `text` past what was sent; `whole`: the decoded text of every id (None: stopped)."""
         delta = text[self.sent:]
         self.sent = max(self.sent, len(text))
+        self._count_shown(whole)
         return delta
+
+    def _count_shown(self, whole: str | None) -> None:
+        """Advance `shown` to the most tokens whose decoded text fits in what was sent: a token holding
+        part of a character or a possible start of a stop string waits for the text that shows it; once
+        stopped, the stop string's own tokens never count."""
+        if whole is not None and len(whole) <= self.sent:  # nothing held back (the usual case: no decode)
+            self.shown = len(self.ids)
+            return
+        for n in range((self.stop_at if self.stopped else len(self.ids)) - 1, self.shown, -1):
+            if len(self.tokenizer.decode(self.ids[:n], skip_special_tokens=True)) <= self.sent:
+                self.shown = n
+                return
 
     def _first_stop(self, text: str) -> int | None:
         start = max(0, self.sent - max((len(s) for s in self.stops), default=0))  # a stop may straddle what was sent

@@ -236,9 +236,10 @@ async def _events(job: Job, request: Request):
 
 
 async def _stream(job: Job, shape: _Shape, include_usage: bool, request: Request):
-    """Server-sent events: one chunk per committed group of tokens (with their logprobs, when asked),
-    the finish chunk (with the logprobs of tokens no text showed: a stop string's), [DONE]. Token
-    texts for logprobs are built off the event loop."""
+    """Server-sent events: a chunk per piece of text (one per committed group, unless held back),
+    with the logprobs of the tokens it shows, when asked; the finish chunk (with the logprobs of
+    tokens no text showed: a stop string's, an end-of-sequence token's), [DONE]. Token texts for
+    logprobs are built off the event loop."""
     sent: list[int] = []  # the tokens whose logprobs went out
     try:
         if shape.chat:

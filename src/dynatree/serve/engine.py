@@ -337,8 +337,8 @@ class Engine:
 
     def _decode(self, job: Job, observe: bool = True) -> Summary:
         """Run one job to its end (length, EOS, stop string, or cancellation) through `api.run`;
-        emit its events; its decode's stats (every committed token counted: the result's ids end
-        at a stop string)."""
+        emit its events; its decode's stats (over the tokens returned: the result's ids end at a stop
+        string)."""
         queue_s = time.perf_counter() - job.submitted
         scoring = job.on_logprobs if job.prepared.logprobs is not None else None
         result = api.run(job.prepared, on_tokens=job.on_tokens, on_text=job.on_text, cancel=job.cancelled.is_set,
