@@ -222,7 +222,8 @@ def _hub(name: str, spec: HubDataset, min_chars: int | None) -> list[Prompt]:
 
     min_chars = spec.min_chars if min_chars is None else min_chars
     how = (f"supply the prompts locally with --dataset FILE (.jsonl with one {{\"prompt\": ...}} per line, or plain "
-           f"text with blank-line-separated paragraphs), e.g. exported from {spec.path!r} on a connected machine")
+           f"text with blank-line-separated paragraphs), e.g. exported from {spec.path!r} on a connected machine, or "
+           f"use a data set that ships with dynatree ({', '.join(DATASETS[:2 + len(OFFLINE_SUBSETS)])})")
     try:
         import datasets
     except ImportError:
