@@ -107,13 +107,13 @@ def test_the_text_stream_counts_a_token_shown_once_its_whole_character_is():
     head, tail = vocab["".join(to_char[b] for b in smiley[:4])], vocab[to_char[smiley[4]]]
     the = vocab[to_char[32] + "the"]
     text = TextStream(fast)
-    assert text.push([the, head]) == " the " and text.shown == 1  # the smiley's first bytes (after a space) wait
-    assert text.push([tail]) == "\U0001F600" and text.shown == 3
+    assert text.push([the, head]) == " the " and text.shown() == 1  # the smiley's first bytes (after a space) wait
+    assert text.push([tail]) == "\U0001F600" and text.shown() == 3
     stopped = TextStream(fast, ["the"])
-    assert stopped.push([the]) == " " and stopped.shown == 0 and stopped.stopped  # " the": the stop's own token
+    assert stopped.push([the]) == " " and stopped.shown() == 0 and stopped.stopped  # " the": the stop's own token
     held = TextStream(fast, [" the end"])
-    assert held.push([the]) == "" and held.shown == 0  # " the" may begin the stop string " the end"
-    assert held.finish() == " the" and held.shown == 1
+    assert held.push([the]) == "" and held.shown() == 0  # " the" may begin the stop string " the end"
+    assert held.finish() == " the" and held.shown() == 1
 
 
 def test_a_group_cut_at_an_end_of_sequence_token_is_scored_up_to_it():

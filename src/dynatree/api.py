@@ -303,7 +303,7 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
     if on_text is not None or scores is not None:
         rest = text.finish()  # what was held back (an incomplete character) once the decode ended without a stop
         if scores is not None:
-            scores.hand(text.shown)
+            scores.hand(text.shown())
         if rest and on_text is not None:
             on_text(rest)
         if scores is not None:
@@ -358,7 +358,7 @@ def _watching(text: TextStream, on_tokens: Callable[[list[int]], None] | None,
         if on_tokens is not None:
             on_tokens(ids)
         if scores is not None:
-            scores.hand(text.shown)
+            scores.hand(text.shown())
         if on_text is not None and delta:
             on_text(delta)
     return watch

@@ -26,7 +26,8 @@ class TextStream:
         self.stopped = False
         self.stop_at: int | None = None  # with `stopped`: how many tokens it took to complete the stop string
         self.text: str | None = None  # with `stopped`: the whole text, up to just before the stop string
-        self.shown = 0  # how many of `ids` have their whole text handed out (for their logprobs)
+        self._decoded = 0  # length of the text of every id, as the last push or finish decoded it
+        self._shown = 0  # tokens known to have their whole text handed out (`shown()`)
 
     def push(self, ids: list[int]) -> str:
         """Add committed tokens; the new text that may be sent now ('' if none)."""
@@ -39,36 +40,37 @@ class TextStream:
             self.stopped = True
             self.stop_at = self._tokens_to_stop(len(self.ids) - len(ids))
             self.text = text[:cut]
-            return self._take(self.text, None)
-        whole = text
+            return self._take(self.text)
+        self._decoded = len(text)
         text = text.rstrip("\ufffd")  # an incomplete character at the end waits; the text before it goes
-        return self._take(text[: len(text) - self._held(text)], whole)
+        return self._take(text[: len(text) - self._held(text)])
 
     def finish(self) -> str:
         """The text still held back once the decode has ended (no stop string came)."""
         if self.stopped:
             return ""
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        return self._take(text, text)
+        self._decoded = len(text)
+        return self._take(text)
 
-    def _take(self, text: str, whole: str | None) -> str:
-        """Hand out `text` past what was sent; `whole`: the decoded text of every id (None: stopped)."""
+    def shown(self) -> int:
+        """How many of `ids` have their whole text handed out (for their logprobs): the most tokens whose
+        decoded text fits in what was sent. A token holding part of a character or a possible start of a
+        stop string waits for the text that shows it; once stopped, the stop string's own tokens never
+        count. Computed when asked (only logprobs need it), without a decode unless text is held back."""
+        if not self.stopped and self._decoded <= self.sent:  # nothing held back (the usual case)
+            self._shown = len(self.ids)
+            return self._shown
+        for n in range((self.stop_at if self.stopped else len(self.ids)) - 1, self._shown, -1):
+            if len(self.tokenizer.decode(self.ids[:n], skip_special_tokens=True)) <= self.sent:
+                self._shown = n
+                break
+        return self._shown
+
+    def _take(self, text: str) -> str:
         delta = text[self.sent:]
         self.sent = max(self.sent, len(text))
-        self._count_shown(whole)
         return delta
-
-    def _count_shown(self, whole: str | None) -> None:
-        """Advance `shown` to the most tokens whose decoded text fits in what was sent: a token holding
-        part of a character or a possible start of a stop string waits for the text that shows it; once
-        stopped, the stop string's own tokens never count."""
-        if whole is not None and len(whole) <= self.sent:  # nothing held back (the usual case: no decode)
-            self.shown = len(self.ids)
-            return
-        for n in range((self.stop_at if self.stopped else len(self.ids)) - 1, self.shown, -1):
-            if len(self.tokenizer.decode(self.ids[:n], skip_special_tokens=True)) <= self.sent:
-                self.shown = n
-                return
 
     def _first_stop(self, text: str) -> int | None:
         start = max(0, self.sent - max((len(s) for s in self.stops), default=0))  # a stop may straddle what was sent
