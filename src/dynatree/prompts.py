@@ -63,7 +63,8 @@ SPEC_BENCH_TASKS = {
     "rag": ("rag",),
 }
 OFFLINE_SUBSETS = {"mtbench": "mt_bench", "gsm8k": "math_reasoning"}  # named data sets read from Spec-Bench
-DATASETS = [SPEC_BENCH, "humaneval", *OFFLINE_SUBSETS, *HUB_DATASETS]
+OFFLINE_DATASETS = [SPEC_BENCH, "humaneval", *OFFLINE_SUBSETS]  # shipped with dynatree: no hub needed
+DATASETS = [*OFFLINE_DATASETS, *HUB_DATASETS]
 # prompt caps in tokens: the papers' for prose; none to speak of for chat questions (articles to summarize)
 L_MAX = {"wikitext2": 800, "pg19": 1000, SPEC_BENCH: 4096, "mtbench": 4096, "gsm8k": 4096}
 TURNS = ("first", "all")
@@ -223,7 +224,7 @@ def _hub(name: str, spec: HubDataset, min_chars: int | None) -> list[Prompt]:
     min_chars = spec.min_chars if min_chars is None else min_chars
     how = (f"supply the prompts locally with --dataset FILE (.jsonl with one {{\"prompt\": ...}} per line, or plain "
            f"text with blank-line-separated paragraphs), e.g. exported from {spec.path!r} on a connected machine, or "
-           f"use a data set that ships with dynatree ({', '.join(DATASETS[:2 + len(OFFLINE_SUBSETS)])})")
+           f"use a data set that ships with dynatree ({', '.join(OFFLINE_DATASETS)})")
     try:
         import datasets
     except ImportError:
