@@ -211,8 +211,8 @@ BAD_INPUTS = {
     "ngram+ngram": (["w5", "--draft", "ngram+ngram"], "needs a draft model after 'ngram+'"),
     "value starting with a dash": (["w5", "--kv-window", "-1,8"], "a value that starts with '-' is written --kv-window=VALUE"),
     "negative window": (["w5", "--kv-window=-1,8"], "--kv-window needs SINK >= 0"),
-    "one sampling option without --sample": (["w5", "--temperature", "0.5"], "--temperature applies only with --sample"),
-    "two without --sample": (["w5", "--top-k", "3", "--top-p", "0.5"], "--top-k, --top-p apply only with --sample"),
+    "one sampling option without --sample": (["w5", "--temperature", "0.5"], "temperature (--temperature) applies only with sample=True (--sample)"),
+    "two without --sample": (["w5", "--top-k", "3", "--top-p", "0.5"], "top_k (--top-k), top_p (--top-p) apply only with sample=True (--sample)"),
     "padded draft spec": (["w5", "--draft", " ngram+ "], "needs a draft model after 'ngram+'"),
     "blank compare": (["w5", "--compare", " , "], "--compare needs a comma-separated list"),
     "compare with itself": (["w5", "--method", "ar", "--compare", "ar"],
@@ -301,7 +301,7 @@ def test_entry_point_exits_nonzero_without_traceback(saved_tiny):
     ({"prompt_ids": [5], "seed": "abc"}, r"seed \(--seed\) must be an integer in \[-2\*\*63, 2\*\*64\), got 'abc'"),
     ({"prompt_ids": [5], "seed": 2**64}, r"seed \(--seed\) must be an integer in \[-2\*\*63, 2\*\*64\), got 18446744073709551616"),
     ({"prompt_ids": [5], "seed": -2**63 - 1}, r"seed \(--seed\) must be an integer in \[-2\*\*63, 2\*\*64\), got -9223372036854775809"),
-    ({"prompt_ids": [5], "sample": True, "temperature": float("inf")}, "--temperature must be > 0 and finite when sampling, got inf"),
+    ({"prompt_ids": [5], "sample": True, "temperature": float("inf")}, r"temperature \(--temperature\) must be > 0 and finite when sampling, got inf"),
     ({"prompt_ids": torch.tensor([[5, 6]])}, r"prompt_ids as a tensor must be 1-D integer token ids, got shape \(1, 2\) of int64"),
     ({"prompt_ids": [5], "options": {"d0": 4}}, r"generate\(\) takes the method's options as keywords \(e.g. d0=4\), not options="),
     ({"prompt_ids": [5], "on_tokens": 5}, "on_tokens must be a function of the new token ids, got int"),
@@ -453,7 +453,7 @@ def test_help_does_not_import_the_model_runtime():
 @pytest.mark.parametrize("argv, message", [
     (["--method", "dynatree", "--d0", "9", "--d-max", "8"], "--d0 must be smaller than --d-max"),
     (["--kv-window", "4"], "--kv-window takes SINK,RECENT"),
-    (["--temperature", "0.5"], "only with --sample"),
+    (["--temperature", "0.5"], "only with sample=True (--sample)"),
     (["--method", "ar", "--compare", "dynatree", "--d0", "0"], "d0"),
 ])
 def test_bad_values_are_named_before_any_model_loads(capsys, argv, message):

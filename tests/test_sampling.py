@@ -410,12 +410,12 @@ def test_seeded_runs_are_reproducible():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"sample": True, "temperature": 0.0}, "--temperature must be > 0"),
-    ({"sample": True, "temperature": -1.0}, "--temperature must be > 0"),
-    ({"sample": True, "top_p": 0.0}, "--top-p must be in (0, 1]"),
-    ({"sample": True, "top_p": 1.5}, "--top-p must be in (0, 1]"),
-    ({"sample": True, "top_k": 0}, "--top-k must be at least 1"),
-    ({"temperature": 0.7}, "--temperature applies only with --sample"),
+    ({"sample": True, "temperature": 0.0}, "temperature (--temperature) must be > 0"),
+    ({"sample": True, "temperature": -1.0}, "temperature (--temperature) must be > 0"),
+    ({"sample": True, "top_p": 0.0}, "top_p (--top-p) must be in (0, 1]"),
+    ({"sample": True, "top_p": 1.5}, "top_p (--top-p) must be in (0, 1]"),
+    ({"sample": True, "top_k": 0}, "top_k (--top-k) must be at least 1"),
+    ({"temperature": 0.7}, "temperature (--temperature) applies only with sample=True (--sample)"),
 ])
 def test_bad_sampling_settings(kwargs, message):
     with pytest.raises(DynaTreeError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):

@@ -41,9 +41,9 @@ class SamplingConfig:
     top_p: float = option(1.0, "keep the smallest set of tokens whose probability exceeds top_p (1: off)")
 
     def validate(self) -> None:
-        require(0 < self.temperature < math.inf, f"--temperature must be > 0 and finite when sampling, got {self.temperature}")
-        require(self.top_k >= 0, f"--top-k must be >= 1 (or 0 for off), got {self.top_k}")
-        require(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
+        require(0 < self.temperature < math.inf, f"temperature (--temperature) must be > 0 and finite when sampling, got {self.temperature}")
+        require(self.top_k >= 0, f"top_k (--top-k) must be >= 1 (or 0 for off), got {self.top_k}")
+        require(0 < self.top_p <= 1, f"top_p (--top-p) must be in (0, 1], got {self.top_p}")
 
 
 def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
@@ -169,10 +169,11 @@ def sample_accept(tree: Tree, probs: torch.Tensor, generator: torch.Generator) -
 def sampling_config(sample: bool, temperature=None, top_k=None, top_p=None) -> SamplingConfig | None:
     """The validated sampling settings, or None for greedy decoding."""
     if not sample:
-        given = [f"--{n}" for n, v in (("temperature", temperature), ("top-k", top_k), ("top-p", top_p)) if v is not None]
+        given = [f"{n} ({cli_flag(n)})" for n, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
+                 if v is not None]
         if given:
             verb = "applies" if len(given) == 1 else "apply"
-            raise DynaTreeError(f"{', '.join(given)} {verb} only with --sample (greedy decoding otherwise)")
+            raise DynaTreeError(f"{', '.join(given)} {verb} only with sample=True (--sample); greedy decoding otherwise")
         return None
     for name, value, kind in (("temperature", temperature, "a number"), ("top_k", top_k, "an integer"),
                               ("top_p", top_p, "a number")):
@@ -181,7 +182,7 @@ def sampling_config(sample: bool, temperature=None, top_k=None, top_p=None) -> S
                                                                   else isinstance(value, numbers.Real))):
             raise DynaTreeError(f"{name} ({cli_flag(name)}) must be {kind}, got {value!r}")
     if top_k is not None and top_k < 1:
-        raise DynaTreeError(f"--top-k must be at least 1, got {top_k} (leave it out to disable top-k)")
+        raise DynaTreeError(f"top_k (--top-k) must be at least 1, got {top_k} (leave it out to disable top-k)")
     config = SamplingConfig(
         temperature=1.0 if temperature is None else float(temperature),
         top_k=0 if top_k is None else int(top_k),
