@@ -95,6 +95,23 @@ def test_resume_from_a_checkpoint_reaches_the_same_weights(tmp_path, corpus, mon
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
 
 
+def test_a_warmup_longer_than_the_run_is_cut_and_kept_when_resumed():
+    """--warmup above --steps: the run warms up over all its steps (reaching --lr at the last one) and
+    says so; a resumed run keeps the warm-up it started with, even with more --steps."""
+    from dynatree.distill.common import lr_at, warmup_of
+
+    cfg = lm_data.DistillConfig(**{**SMALL, "steps": 4, "warmup": 60})
+    history: list = []
+    warmup = warmup_of(cfg, None, history)
+    assert warmup == 4 and history == [{"step": 0, "warmup_cut": {"from": 60, "to": 4}}]
+    assert [lr_at(step, cfg, warmup) for step in range(4)] == pytest.approx([cfg.lr * k / 4 for k in (1, 2, 3, 4)])
+    longer = dataclasses.replace(cfg, steps=100)
+    assert warmup_of(longer, {"warmup": 4}, []) == 4  # resumed with more steps: its own warm-up
+    assert lr_at(4, longer, 4) == pytest.approx(cfg.lr)  # decays from the peak, no second warm-up
+    assert warmup_of(longer, {}, []) == 60  # a checkpoint saved before the warm-up was: as trained
+    assert warmup_of(dataclasses.replace(cfg, warmup=3), None, []) == 3
+
+
 def test_on_policy_data_is_the_targets_greedy_continuation(tmp_path):
     target = _target()
     prompts = ["w5 w6 w7", "w10 w11 w12 w13 w14"]

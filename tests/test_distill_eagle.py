@@ -439,8 +439,11 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
             "--prompts", str(prompts), "--self-prompts", "0", "--max-new-tokens", "8", "--draft-vocab", "50",
             "--unroll", "2", "--steps", "3", "--checkpoint-every", "2", "--seq-len", "32"]
     assert main(argv) == 0
-    assert "feature head written to" in capsys.readouterr().out
-    assert json.loads((tmp_path / "h" / "distill.json").read_text())["kind"] == "eagle"
+    out, err = capsys.readouterr()
+    assert "feature head written to" in out
+    assert "--warmup 30 is longer than --steps 3: warming up over all 3 steps" in err  # the default warm-up, cut
+    record = json.loads((tmp_path / "h" / "distill.json").read_text())
+    assert record["kind"] == "eagle" and {"step": 0, "warmup_cut": {"from": 30, "to": 3}} in record["history"]
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     binary = tmp_path / "binary.txt"
@@ -454,6 +457,7 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
                          (["--prompts", str(uncategorised)], "uncategorised.jsonl:2: expected a Spec-Bench question"),
                          (["--layers", "2"], "--layers does not apply to --kind eagle"),
                          (["--unroll", "0"], "--unroll must be at least 1"),
+                         (["--warmup", "-1"], "--warmup and --weight-decay must be at least 0"),
                          (["--train-dtype", "float16"], "--train-dtype must be float32 or bfloat16"),
                          (["--prompts", str(empty)], "holds no prompts"),
                          (["--prompts", str(binary)], "UTF-8"),

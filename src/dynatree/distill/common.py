@@ -16,11 +16,26 @@ from ..errors import DynaTreeError
 from ..files import replaced_atomically
 
 
-def lr_at(step: int, cfg, floor: float = 0.1) -> float:
-    """Linear warm-up over cfg.warmup steps to cfg.lr, then cosine decay to `floor` x cfg.lr at cfg.steps."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+def warmup_of(cfg, state: dict | None, history: list) -> int:
+    """The run's warm-up steps: --warmup, cut to --steps when longer, so that a short trial still reaches
+    --lr (at its last step); the cut is recorded in `history` and said on stderr. Fixed when a run starts
+    (`state` None) and saved in its checkpoints: a run resumed with more --steps keeps its own warm-up
+    (a checkpoint from before it was saved: --warmup as given, the schedule that run trained with)."""
+    if state is not None:
+        return state.get("warmup", cfg.warmup)
+    if cfg.warmup <= cfg.steps:
+        return cfg.warmup
+    history.append({"step": 0, "warmup_cut": {"from": cfg.warmup, "to": cfg.steps}})
+    print(f"distill: --warmup {cfg.warmup} is longer than --steps {cfg.steps}: warming up over all {cfg.steps} steps",
+          file=sys.stderr)
+    return cfg.steps
+
+
+def lr_at(step: int, cfg, warmup: int, floor: float = 0.1) -> float:
+    """Linear warm-up over `warmup` steps to cfg.lr, then cosine decay to `floor` x cfg.lr at cfg.steps."""
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, cfg.steps - warmup)
     return cfg.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 

@@ -91,7 +91,7 @@ class EagleConfig(ChatDataConfig):
     steps: int = option(600, "optimizer steps")
     batch_size: int = option(4, "conversations per optimizer step")
     lr: float = option(1e-3, "peak learning rate (AdamW, linear warm-up, cosine decay)")
-    warmup: int = option(30, "warm-up steps")
+    warmup: int = option(30, "warm-up steps (cut to --steps when longer)")
     weight_decay: float = option(0.0, "AdamW weight decay")
     eval_fraction: float = option(0.05, "share of conversations held out to measure agreement")
     checkpoint_every: int = option(50, "steps between resumable checkpoints")
@@ -112,6 +112,7 @@ class EagleConfig(ChatDataConfig):
         require(self.loss_rows in ("all", "answers"), f"--loss-rows must be all or answers, got {self.loss_rows!r}")
         require(self.lr > 0 and 0 < self.decay <= 1 and self.feature_loss >= 0,
                 "--lr must be positive, --decay in (0, 1], --feature-loss at least 0")
+        require(self.warmup >= 0 and self.weight_decay >= 0, "--warmup and --weight-decay must be at least 0")
         require(not self.init_head or is_head_dir(Path(self.init_head).expanduser()),
                 f"--init-head {self.init_head!r} is not a feature-head directory (no feature_head.json)")
 

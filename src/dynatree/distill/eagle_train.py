@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..errors import DynaTreeError
 from ..featurehead import FeatureHead, HeadConfig, check_head, load_head, target_features, tokenizer_fingerprint
 from ..runtime import LoadedModel
-from .common import batches, lr_at, resumed, save_atomic
+from .common import batches, lr_at, resumed, save_atomic, warmup_of
 from .eagle_data import EagleConfig, build_data
 from .eagle_export import write_head
 
@@ -234,12 +234,13 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
     out_rows = target.model.get_output_embeddings().weight.detach()[head_vocab].float()
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    step, history, prior_s = 0, [], 0.0
+    step, history, prior_s, state = 0, [], 0.0, None
     if resume and ckpt_path.exists():
         state = resumed(ckpt_path, cfg)
         head.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, history, prior_s = state["step"], state["history"], state["train_s"]
+    warmup = warmup_of(cfg, state, history)
     head.train()
     feed = batches(train, cfg.batch_size, step, random.Random(cfg.seed + 1))
     bar = tqdm(total=cfg.steps, initial=step, desc="distill eagle", unit="step", disable=not progress,
@@ -249,7 +250,7 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
     while step < cfg.steps:
         batch = make_batch(data, next(feed), cfg.seq_len, sub_index, head_vocab)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg, floor=0.05)
+            group["lr"] = lr_at(step, cfg, warmup, floor=0.05)
         with torch.autocast(out_rows.device.type, dtype=torch.bfloat16, enabled=cfg.train_dtype == "bfloat16"):
             loss, stats = unrolled_loss(head, embed, out_rows, batch, cfg)
         opt.zero_grad(set_to_none=True)
@@ -270,7 +271,7 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
             history.append({"step": step, "train_step_loss": loss, "train_agreement_moving_avg": avg,
                             "held_out": evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab)})
             save_atomic({"model": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
-                          "config": dataclasses.asdict(cfg), "train_s": prior_s + time.perf_counter() - t0}, ckpt_path)
+                          "config": dataclasses.asdict(cfg), "warmup": warmup, "train_s": prior_s + time.perf_counter() - t0}, ckpt_path)
     bar.close()
     train_s = prior_s + time.perf_counter() - t0
     final = evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab)

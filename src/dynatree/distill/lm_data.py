@@ -55,7 +55,7 @@ class DistillConfig:
     steps: int = option(1200, "optimizer steps")
     batch_size: int = option(8, "windows per optimizer step")
     lr: float = option(3e-3, "peak learning rate (AdamW, linear warm-up, cosine decay)")
-    warmup: int = option(60, "warm-up steps")
+    warmup: int = option(60, "warm-up steps (cut to --steps when longer)")
     weight_decay: float = option(0.01, "AdamW weight decay")
     eval_fraction: float = option(0.05, "share of windows held out to measure loss and agreement")
     checkpoint_every: int = option(100, "steps between resumable checkpoints")

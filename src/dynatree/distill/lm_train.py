@@ -22,7 +22,7 @@ import torch
 
 from ..errors import DynaTreeError
 from ..runtime import LoadedModel
-from .common import batches, lr_at, resumed, save_atomic
+from .common import batches, lr_at, resumed, save_atomic, warmup_of
 from .lm_data import DistillConfig, _held_count, build_data
 from .lm_export import write_draft
 
@@ -157,12 +157,13 @@ def distill(target: LoadedModel, out: Path, cfg: DistillConfig, resume: bool = F
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=cfg.lr, betas=(0.9, 0.95))
-    step, history, prior_s = 0, [], 0.0
+    step, history, prior_s, state = 0, [], 0.0, None
     if resume and ckpt_path.exists():
         state = resumed(ckpt_path, cfg)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, history, prior_s = state["step"], state["history"], state["train_s"]
+    warmup = warmup_of(cfg, state, history)
 
     feed = batches(rows, cfg.batch_size, step, random.Random(cfg.seed))
     bar = tqdm(total=cfg.steps, initial=step, desc="distill", unit="step", disable=not progress, file=sys.stderr,
@@ -172,7 +173,7 @@ def distill(target: LoadedModel, out: Path, cfg: DistillConfig, resume: bool = F
     while step < cfg.steps:
         ids, top_ids, top_p = _batch(train, next(feed), device)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
+            group["lr"] = lr_at(step, cfg, warmup)
         loss, agree = distill_loss(model(ids).logits, top_ids, top_p)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -188,7 +189,7 @@ def distill(target: LoadedModel, out: Path, cfg: DistillConfig, resume: bool = F
             history.append({"step": step, "train_loss_moving_avg": avg_loss, "train_agreement_moving_avg": avg_agree,
                             "held_out": evaluate(model, held, device, cfg.batch_size)})
             save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                          "history": history, "config": dataclasses.asdict(cfg),
+                          "history": history, "config": dataclasses.asdict(cfg), "warmup": warmup,
                           "train_s": prior_s + time.perf_counter() - t0}, ckpt_path)
     bar.close()
     timings["train_s"] = prior_s + time.perf_counter() - t0
