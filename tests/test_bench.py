@@ -536,7 +536,7 @@ def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
     (["bench", "--methods", " , "], "--methods needs a comma-separated list of methods"),
     (["bench", "--methods", "ar,hf-lookup", "--draft", "x"], "--draft 'x' is used by no variant of this run"),
     (["bench", "--preset", "ablation", "--draft", "ngram,x"], "--draft 'x' is used by no variant"),
-    (["sweep", "--method", "fixed-tree", "--depth", "1", "--draft", "ngram,x"], "--draft 'x' is used by no variant"),
+    (["sweep", "--method", "fixed-tree", "--depth", "1", "--draft", "ngram,x"], "sweep takes one --draft, got 2"),
     (["sweep", "--depth", "1,x"], "invalid int value 'x'"),
     (["report", "/nonexistent/dir"], "no results file"),
     (["bench", "--temperature", "0.5"], "temperature (--temperature) applies only with sample=True (--sample)"),

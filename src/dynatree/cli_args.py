@@ -54,7 +54,7 @@ def method_options(parser: argparse.ArgumentParser, as_lists: bool = False,
         for f in dataclasses.fields(method.config_cls):
             fields.setdefault(f.name, []).append((method.name, f))
     title = "method options, each a comma-separated list of values to sweep" if as_lists else "method options"
-    group = parser.add_argument_group(f"{title} (defaults in brackets; see README)")
+    group = parser.add_argument_group(f"{title} (defaults in brackets; every option: docs/methods.md)")
     for name, users in fields.items():
         f = users[0][1]
         flag = cli_flag(name)
@@ -104,7 +104,7 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str, baselines: 
                         help="the target's weight format: dense (--dtype), q4 (a GGUF file's own 4-bit weights, "
                              "e.g. the embedded model's), int8 (quantized per channel at load), auto (q4 for a "
                              "GGUF target with 4-bit layers on the CPU unless another --dtype is given, else "
-                             "dense); low-bit formats compute in bfloat16 on the CPU; drafts load dense in the "
+                             "dense); low-bit formats are CPU only and compute in bfloat16; drafts load dense in the "
                              "target's dtype [auto]")
     parser.add_argument("--linear", default="auto", choices=LINEAR_KERNELS,
                         help="linear layers of our methods' models: oneDNN on weights packed once, or PyTorch's "
@@ -112,12 +112,12 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str, baselines: 
                              "over a quarter of the RAM" + (" (hf-* always run stock)" if baselines else "") + " [auto]")
     parser.add_argument("--compile", action="store_true",
                         help="run the target's and the draft's decode steps through torch.compile ("
-                             + ("our methods, and hf-ar with a static cache; " if baselines else "")
+                             + ("our methods, hf-ar with a static cache, and hf-assisted's target; " if baselines else "")
                              + "the first steps compile for minutes, later runs reuse the on-disk cache) [off]")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("sampling (lossless: see README)")
+    g = parser.add_argument_group("sampling (lossless except wetap --verify beam and mtad: see README)")
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     g.add_argument("--temperature", type=float, help="softmax temperature, > 0 [1.0]")
     g.add_argument("--top-k", type=int, help="keep the k most probable tokens, k >= 1 [off]")

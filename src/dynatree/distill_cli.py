@@ -56,13 +56,25 @@ def add_distill_command(sub) -> None:
             shown = f"[{first.default}]"
         else:
             shown = "[" + ", ".join(f"{k}: {v if v != '' else 'none'}" for k, v in defaults.items()) + "]"
-        help_text = f"{first.metadata['help']} {shown}"
+        help_text = f"{_per_kind_help(per_kind)} {shown}"
         if kind_type is bool:
             g.add_argument(cli_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             g.add_argument(cli_flag(name), dest=name, type=kind_type, default=None, metavar=kind_type.__name__.upper(),
                            help=help_text)
     p.set_defaults(run=cmd_distill)
+
+
+def _per_kind_help(per_kind: dict[str, dataclasses.Field]) -> str:
+    """An option's help: its one text when every kind having it says the same, else each kind's own
+    text after its name ('lm: ...; eagle, store: ...'); an option of some kinds only says which."""
+    texts: dict[str, list[str]] = {}
+    for kind, f in per_kind.items():
+        texts.setdefault(f.metadata["help"], []).append(kind)
+    if len(texts) == 1:
+        only = "" if len(per_kind) == len(KINDS) else f"({', '.join(per_kind)} only) "
+        return only + next(iter(texts))
+    return "; ".join(f"{', '.join(kinds)}: {text}" for text, kinds in texts.items())
 
 
 def options_of(kind: str) -> set[str]:

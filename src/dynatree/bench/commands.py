@@ -24,6 +24,9 @@ DRAFT_HELP = ("comma-separated drafters: 'ngram', draft model specs sharing the 
               "backed by the draft), 'ngram+STORE[+DRAFT]' (with a datastore: smollm2-135m-store, or a directory "
               "from distill --kind store) [ngram]")
 
+SWEEP_DRAFT_HELP = ("the one drafter every combination drafts with: 'ngram', a draft model, a feature head, "
+                    "'ngram+DRAFT' or 'ngram+STORE[+DRAFT]' (as in bench; one sweep per drafter) [ngram]")
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -34,17 +37,23 @@ def _ints(text: str) -> list[int]:
 
 def _protocol_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("protocol (defaults come from the preset and --scale)")
-    g.add_argument("--scale", default="paper", help="paper (N=10, W=2, T=1500) or small (minutes on a CPU) [paper]")
+    g.add_argument("--scale", default="paper",
+                   help="paper: the papers' protocol (N=10, W=2, T=1500 for the DynaTree presets; T=1024 for wetap-*; "
+                        "N=22, T=256 for perf and draft; N=3, W=1 for streaming) or small: minutes on a CPU (N 2-6, "
+                        "W 1, T 32-256; streaming up to 4096) [paper]")
     g.add_argument("--dataset",
                    help=f"{', '.join(DATASETS)}, specbench:TASK[,TASK] (tasks: {', '.join(SPEC_BENCH_TASKS)}), or a "
                         "prompts file (.jsonl of Spec-Bench questions or {\"prompt\": ...} rows, or plain text); "
                         "several comma-separated; Spec-Bench: --n questions per task "
-                        "[wikitext2; mtbench,humaneval,gsm8k for the wetap-* presets]")
-    g.add_argument("--n", type=int, help="prompts, warm-up included")
-    g.add_argument("--warmup", type=int, help="first prompts run but excluded from the aggregates")
-    g.add_argument("--max-new-tokens", type=_ints, metavar="T[,T...]", help="new tokens per run (several: length scaling)")
+                        "[wikitext2; humaneval for draft; mtbench,humaneval,gsm8k for the wetap-* presets]")
+    g.add_argument("--n", type=int, help="prompts, warm-up included [from --preset and --scale]")
+    g.add_argument("--warmup", type=int,
+                   help="first prompts run but excluded from the aggregates [from --preset and --scale]")
+    g.add_argument("--max-new-tokens", type=_ints, metavar="T[,T...]",
+                   help="new tokens per run (several: length scaling) [from --preset and --scale]")
     g.add_argument("--l-max", type=_ints, metavar="L[,L...]",
-                   help="prompt cap in tokens (several: prompt-length sensitivity) [800; 1000 for pg19]")
+                   help="prompt cap in tokens (several: prompt-length sensitivity) [800; 1000 for pg19; 4096 for specbench, "
+                        "mtbench and gsm8k]")
     g.add_argument("--keep-eos", action="store_true", help="stop at EOS instead of forcing T tokens")
     g.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     g.add_argument("--turns", choices=("first", "all"), default="first",
@@ -55,7 +64,8 @@ def _protocol_args(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("sampling (greedy unless --sample; the wetap-* presets sample at temperature 1, "
                              "top-k 10, top-p 0.9 unless --greedy)")
     mode = s.add_mutually_exclusive_group()
-    mode.add_argument("--sample", action="store_true", default=None, help="sample (lossless verification)")
+    mode.add_argument("--sample", action="store_true", default=None,
+                      help="sample (lossless verification, except wetap --verify beam and mtad)")
     mode.add_argument("--greedy", action="store_true", help="greedy decoding even for a sampling preset")
     s.add_argument("--temperature", type=float, help="softmax temperature (> 0) [1.0]")
     s.add_argument("--top-k", type=int, help="keep the k most probable tokens (>= 1) [off]")
@@ -86,7 +96,7 @@ def add_bench_commands(sub) -> None:
                            description="Every combination of the comma-separated option values, next to 'ar'. "
                                        "Example: dynatree sweep --method fixed-tree --depth 4,6,8 --branch 2,3 --tau 0.05,0.1")
     sweep.add_argument("--method", default="fixed-tree", help="the method whose options are swept [fixed-tree]")
-    add_model_args(sweep, DRAFT_HELP)
+    add_model_args(sweep, SWEEP_DRAFT_HELP)
     _protocol_args(sweep)
     sweep.set_defaults(method_fields=method_options(sweep, as_lists=True), run=cmd_sweep)
 
@@ -276,6 +286,9 @@ def _headline(args, variant_list: list[Variant]) -> str | None:
 def cmd_sweep(args) -> int:
     get_method(args.method)  # an unknown method is named before its options are checked
     drafts = _drafts(args)
+    if len(drafts) > 1:
+        raise DynaTreeError(f"sweep takes one --draft, got {len(drafts)} ({', '.join(drafts)}): run one sweep per "
+                            "drafter, or compare drafters in one run with bench --methods")
     grid = given_method_options(args)
     for name in grid:
         if args.method not in args.method_fields[name]:

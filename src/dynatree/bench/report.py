@@ -285,7 +285,7 @@ def header(results: dict) -> str:
     if p.get("sample"):
         lines.insert(-1, f"- sampling: temperature {p.get('temperature') or 1.0}, top-k {p.get('top_k') or 'off'}, "
                          f"top-p {p.get('top_p') or 'off'}; prompt i sampled with seed {p.get('seed', 0)} + i by every "
-                         "variant; PPL = perplexity of each continuation under the target (paper 004, eq. 11)")
+                         "variant; PPL = perplexity of each continuation under the target (the WETAP paper, eq. 11)")
     universal = [v["label"] for v in results["variants"] if v.get("hf_universal_assisted")]
     if universal:
         lines.insert(-1, f"- {', '.join(universal)}: the draft's vocabulary size differs from the target's, so "

@@ -3,7 +3,8 @@
 Each client sends streamed chat completions (Spec-Bench questions by default) one after another;
 a 429 is retried after its Retry-After and counted. Reported: latency and time to first token
 (p50/p95), completion tokens per second over the whole run, requests per second, and the server's
-own tokens per target pass. Results go to OUT/results.json and OUT/report.md.
+own tokens per target pass. The report is printed; with --out it also goes to OUT/report.md, and the
+results to OUT/results.json.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def add_bench_serve_command(sub) -> None:
     p.add_argument("--n", type=int, default=4, help="prompts taken from the data set (Spec-Bench: per task), sent in "
                                                     "turn until --requests are sent [4]")
     p.add_argument("--dynatree", metavar="JSON", help='the requests\' "dynatree" field, e.g. \'{"method": "ar"}\'')
-    p.add_argument("--out", help="directory for results.json and report.md")
+    p.add_argument("--out", help="directory for results.json and report.md [none: the report is printed only]")
     p.set_defaults(run=cmd_bench_serve)
 
 
