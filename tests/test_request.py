@@ -54,6 +54,10 @@ MISSING = "/nonexistent/model-that-would-fail-to-load"  # check() must never loa
     ({"stop": 5}, "stop (--stop) must be a string or a list of strings, got 5"),
     ({"stop": ["w5", None]}, "stop (--stop) must be a string or a list of strings"),
     ({"stop": ["w5", ""]}, "stop (--stop) strings must not be empty"),
+    ({"prompt": None, "prompt_ids": [1, 2], "chat": True}, "chat (--chat) wraps a text prompt"),
+    ({"method": ["ar", "dynatree"]}, "run one method at a time"),
+    ({"dtype": ["float32"]}, "unknown dtype"),
+    ({"weights": ["q4"]}, "unknown weight format"),
 ])
 def test_every_model_free_value_is_checked_before_loading(fields, message):
     request = Request(**{"prompt": "hello", "target": MISSING, **fields})
@@ -295,8 +299,60 @@ def test_prepare_and_run_name_what_they_take():
         prepare("hello")
     with pytest.raises(DynaTreeError, match=r"^load_model takes a model spec \(alias, directory, .gguf file or hub id\), got int$"):
         load_model(5)
+    for kwargs, message in (({"device": 0}, "device must be a string"), ({"compile": "no"}, "compile must be True or False"),
+                            ({"dtype": ["float32"]}, "unknown dtype")):
+        with pytest.raises(DynaTreeError, match=message):  # before any loading: MISSING is never opened
+            load_model(MISSING, **kwargs)
+    with pytest.raises(DynaTreeError, match="does not exist"):  # weights=None is dense, as in generate()
+        load_model(MISSING, weights=None)
+    from dynatree import stream
+    with pytest.raises(DynaTreeError, match="on_tokens must be a function"):  # at the call, not on the decode's thread
+        stream(prompt_ids=[5, 6], target=target, method="ar", on_tokens=5)
     # a 1-D tensor of ids (a tokenizer's return_tensors="pt", row 0) and numpy integers in method options are taken
     plain = run(prepare(Request(prompt_ids=[5, 6, 7], target=target, method="dynatree", draft="ngram", max_new_tokens=6)))
     other = run(prepare(Request(prompt_ids=torch.tensor([5, 6, 7]), target=target, method="dynatree", draft="ngram",
                                 max_new_tokens=6, options={"d0": np.int64(2), "tau_h": np.float32(0.5)})))
     assert other.new_token_ids == plain.new_token_ids and other.config["d0"] == 2 and type(other.config["d0"]) is int
+
+
+def test_a_decode_leaves_torchs_global_generator_as_it_was():
+    """dynatree's sampler draws from a generator of its own, and transformers' from the global one
+    seeded for the run and then given back: the caller's random stream goes on as if nothing ran."""
+    import torch
+
+    target = tiny("llama")
+    for fields in ({"method": "dynatree", "draft": "ngram"}, {"method": "dynatree", "draft": "ngram", "sample": True},
+                   {"method": "hf-ar", "sample": True}):
+        torch.manual_seed(123)
+        expected = torch.rand(3)
+        torch.manual_seed(123)
+        run(prepare(Request(prompt_ids=[5, 6, 7], target=target, max_new_tokens=4, seed=7, **fields)))
+        assert torch.equal(torch.rand(3), expected), fields
+
+
+def test_decodes_on_one_target_run_one_after_the_other():
+    """While a decode runs, the target is held: another thread's decode waits for it (no two decodes
+    share the model's kernel switches, compiled graphs and measured costs at once)."""
+    import threading
+
+    target = tiny("llama")
+    seen = []
+
+    def other_thread_could_take_it(ids):
+        attempt = threading.Thread(target=lambda: seen.append(target.busy.acquire(blocking=False)))
+        attempt.start()
+        attempt.join()
+
+    run(prepare(Request(prompt_ids=[5, 6, 7], target=target, max_new_tokens=3, method="dynatree", draft="ngram")),
+        on_tokens=other_thread_could_take_it)
+    assert seen and not any(seen)
+    assert target.busy.acquire(blocking=False)  # and free again once it has ended
+    target.busy.release()
+
+
+def test_numpy_integers_give_a_json_record():
+    np = pytest.importorskip("numpy")
+    result = run(prepare(Request(prompt_ids=[5, 6, 7], target=tiny("llama"), max_new_tokens=np.int64(3),
+                                 seed=np.int64(2), ngram_max=np.int32(3), logprobs=np.int64(1), draft="ngram")))
+    record = json.loads(json.dumps(result.to_json()))
+    assert record["run"]["max_new_tokens"] == 3 and record["run"]["seed"] == 2 and record["run"]["ngram_max"] == 3

@@ -23,6 +23,11 @@ _EXPORTS = {
     "load_model": "models",
     "Tree": "tree",
     "TreeBuilder": "tree",
+    "Hybrid": "draftspec",  # draft=Hybrid(loaded_lm): n-gram copying backed by a loaded draft
+    "Draft": "draftload",
+    "load_draft": "draftload",
+    "KVWindow": "window",
+    "TokenLogprob": "result",
 }
 
 __all__ = sorted(_EXPORTS)

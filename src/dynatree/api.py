@@ -106,8 +106,8 @@ class Prepared:
         return None if self.draft is None else self.draft.model
 
     def decoder(self) -> Decoder:
-        """A fresh policy, drafter and sampler for one run, seeded by `seed` (dynatree's methods only)."""
-        torch.manual_seed(self.seed)
+        """A fresh policy, drafter and sampler for one run (dynatree's methods only); the sampler draws from
+        a generator of its own, seeded by `seed` (torch's global one is left as the caller had it)."""
         policy = get_method(self.method).policy_cls(self.config)
         drafter = None if self.draft is None else make_drafter(self.draft, self.target, self.ngram_max, self.window,
                                                                compile=self.compile)
@@ -220,10 +220,11 @@ def prepare(request: Request | Checked) -> Prepared:
     if spec.engine == "llama.cpp":
         check_llamacpp(tgt, len(prompt_ids), r.max_new_tokens, checked.sampling, r.method)
     return Prepared(method=r.method, config=checked.config, target=tgt, draft=draft,
-                    prompt_ids=prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos,
-                    chat=r.chat or isinstance(r.prompt, list),
-                    seed=r.seed, ngram_max=r.ngram_max, window=window, sampling=checked.sampling,
-                    compile=bool(compile) and spec.compilable, stops=checked.stops, logprobs=r.logprobs)
+                    prompt_ids=prompt_ids, max_new_tokens=int(r.max_new_tokens), ignore_eos=r.ignore_eos,
+                    chat=r.chat or isinstance(r.prompt, list),  # (numpy integers made ints: the record is JSON)
+                    seed=int(r.seed), ngram_max=int(r.ngram_max), window=window, sampling=checked.sampling,
+                    compile=bool(compile) and spec.compilable, stops=checked.stops,
+                    logprobs=None if r.logprobs is None else int(r.logprobs))
 
 
 def _checked(request: Request) -> Checked:
@@ -274,6 +275,12 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
             raise DynaTreeError(f"{name} must be a function of {takes}, got {type(fn).__name__}")
     if on_logprobs is not None and job.logprobs is None:
         raise DynaTreeError("on_logprobs needs a request that asks for logprobs (logprobs=N)")
+    with job.target.busy:  # one decode at a time on a target (another thread's waits for this one to end)
+        return _decode(job, on_tokens, on_text, cancel, peak_memory, on_logprobs)
+
+
+def _decode(job: Prepared, on_tokens, on_text, cancel, peak_memory: bool, on_logprobs) -> Result:
+    """`run`'s decode, its arguments checked, the target held."""
     tgt = job.target
     decoder = job.decoder() if job.ours else None
     scores = None if on_logprobs is None else _Scores(decoder, on_logprobs)
@@ -288,9 +295,11 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
                                            job.sampling, lookup, stopped)
         result = job.result(new_ids, stats, text=text, cancelled=ends.cancelled)
     elif not job.ours:
-        torch.manual_seed(job.seed)
-        new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos, job.draft_model,
-                                     watch, job.sampling, compile=job.compile, stopped=stopped)
+        # transformers samples from torch's global generator: seeded for the run, then given back as it was
+        with torch.random.fork_rng(devices=[tgt.device] if tgt.device.type == "cuda" else []):
+            torch.manual_seed(job.seed)
+            new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos,
+                                         job.draft_model, watch, job.sampling, compile=job.compile, stopped=stopped)
         result = job.result(new_ids, stats, text=text, cancelled=ends.cancelled)
     else:
         decoder.prepare(job.prompt_ids, job.max_new_tokens)  # compiled graphs and cost curve, before the span measured

@@ -80,6 +80,10 @@ def is_lossy(config: MethodConfig) -> bool:
 
 
 def get_method(name: str) -> Method:
+    if not isinstance(name, str):
+        raise DynaTreeError(f"method must be a method's name (one of {', '.join(METHODS)}), got {name!r}"
+                            + (": run one method at a time (the CLI's --compare runs several)"
+                               if isinstance(name, (list, tuple)) else ""))
     if name not in METHODS:
         raise DynaTreeError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     return METHODS[name]

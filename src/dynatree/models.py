@@ -53,7 +53,7 @@ def cache_root() -> Path:
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
-    if name not in DTYPES:
+    if not isinstance(name, str) or name not in DTYPES:
         raise DynaTreeError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
     return DTYPES[name]
 
@@ -99,6 +99,11 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None =
     if not isinstance(spec, (str, os.PathLike)):
         raise DynaTreeError(f"load_model takes a model spec (alias, directory, .gguf file or hub id), got {type(spec).__name__}")
     spec = str(spec)
+    if not isinstance(device, str):
+        raise DynaTreeError(f"device must be a string such as 'cpu', 'cuda' or 'auto', got {device!r}")
+    if not isinstance(compile, bool):
+        raise DynaTreeError(f"compile must be True or False, got {compile!r}")
+    weights = "dense" if weights is None else weights  # (as generate's weights=None)
     torch_device = resolve_device(device)
     check_linear_kernel(linear)  # before the (slow) load
     check_device(weights, torch_device)  # before the (slow) load

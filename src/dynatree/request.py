@@ -82,6 +82,9 @@ class Request:
         if isinstance(self.prompt, list) and self.prompt and all(is_int(t) for t in self.prompt):
             raise DynaTreeError("prompt is a list of integers: give token ids as prompt_ids (a prompt list is a "
                                 "conversation of {'role', 'content'} messages)")
+        if self.chat and self.prompt_ids is not None:
+            raise DynaTreeError("chat (--chat) wraps a text prompt in the chat template, but prompt_ids are used as "
+                                "they are: give the prompt as text (or as a list of messages), or leave chat out")
         if isinstance(self.prompt, list):
             _check_messages(self.prompt)
         elif self.prompt_ids is None and not self.prompt.strip():

@@ -9,6 +9,7 @@ import threading
 from typing import Callable
 
 from .api import Prepared, build_request, prepare, run
+from .errors import DynaTreeError
 from .request import Request
 from .result import Result
 
@@ -28,8 +29,12 @@ def stream(prompt: str | list[dict] | None = None, method: str = "dynatree", *,
     `with` block (or `close()`) before the end ends the decode after the step it is in
     (`finish_reason` "cancelled") and waits for it (through a compile or the cost curve's measurement
     if it was in one), so that the next decode on these models starts alone. An iterator dropped
-    without closing (or a Ctrl-C while reading) asks its decode to end the same way without waiting.
+    without closing (or a Ctrl-C while reading) asks its decode to end the same way without waiting;
+    one left unread but still referenced decodes on to its end, and another decode on the same target
+    waits for it (decodes on one target run one after the other: `api.run`).
     `on_tokens` gets each committed group of token ids on the decode's thread."""
+    if on_tokens is not None and not callable(on_tokens):  # (run() checks it too, but on the decode's thread)
+        raise DynaTreeError(f"on_tokens must be a function of the new token ids, got {type(on_tokens).__name__}")
     fields = {f.name for f in dataclasses.fields(Request)}  # generate()'s keywords are Request's fields and options
     given = {k: v for k, v in arguments.items() if k in fields and k != "options"}
     options = {k: v for k, v in arguments.items() if k not in given}

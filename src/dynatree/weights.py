@@ -90,7 +90,7 @@ def file_key(path: Path, memo: Path | None = None) -> str:
 
 
 def check_weights(weights: str) -> None:
-    if weights not in WEIGHT_FORMATS:
+    if not isinstance(weights, str) or weights not in WEIGHT_FORMATS:
         raise DynaTreeError(f"unknown weight format {weights!r} (--weights); choose one of {', '.join(WEIGHT_FORMATS)}")
 
 
