@@ -58,6 +58,9 @@ MISSING = "/nonexistent/model-that-would-fail-to-load"  # check() must never loa
     ({"method": ["ar", "dynatree"]}, "run one method at a time"),
     ({"dtype": ["float32"]}, "unknown dtype"),
     ({"weights": ["q4"]}, "unknown weight format"),
+    ({"method": "ar", "ngram_max": 3}, "ngram_max (--ngram-max) applies only where dynatree's n-gram drafter runs; 'ar' drafts nothing"),
+    ({"method": "hf-lookup", "ngram_max": 3}, "'hf-lookup' runs transformers"),
+    ({"draft": "some/model", "ngram_max": 3}, "the draft 'some/model' runs alone"),
 ])
 def test_every_model_free_value_is_checked_before_loading(fields, message):
     request = Request(**{"prompt": "hello", "target": MISSING, **fields})
@@ -356,3 +359,24 @@ def test_numpy_integers_give_a_json_record():
                                  seed=np.int64(2), ngram_max=np.int32(3), logprobs=np.int64(1), draft="ngram")))
     record = json.loads(json.dumps(result.to_json()))
     assert record["run"]["max_new_tokens"] == 3 and record["run"]["seed"] == 2 and record["run"]["ngram_max"] == 3
+
+
+def test_ngram_max_is_the_n_gram_drafters_setting_and_refused_where_it_does_not_run():
+    """Given where a loaded draft has no n-gram drafter, an error (it was silently unused); left out,
+    the record shows 4 where the drafter runs and null where it does not."""
+    from dynatree.draftload import load_draft
+
+    target = tiny("llama")
+    assert run(prepare(Request(prompt_ids=[5, 6], target=target, draft="ngram", max_new_tokens=3))).run.ngram_max == 4
+    assert run(prepare(Request(prompt_ids=[5, 6], target=target, draft="ngram", max_new_tokens=3,
+                               ngram_max=2))).run.ngram_max == 2
+    alone = tiny("llama", seed=1)
+    assert run(prepare(Request(prompt_ids=[5, 6], target=target, draft=alone, max_new_tokens=3))).run.ngram_max is None
+    with pytest.raises(DynaTreeError, match=r"^ngram_max \(--ngram-max\) applies only .* runs alone"):
+        Request(prompt_ids=[5, 6], target=target, draft=alone, ngram_max=3).check()
+    draft = load_draft(alone, target, "auto")  # a Draft: only prepare knows it holds no n-gram drafter
+    with pytest.raises(DynaTreeError, match=r"^ngram_max \(--ngram-max\) applies only .* has none"):
+        prepare(Request(prompt_ids=[5, 6], target=target, draft=draft, ngram_max=3))
+    hybrid = load_draft(Hybrid(alone), target, "auto")
+    assert run(prepare(Request(prompt_ids=[5, 6], target=target, draft=hybrid, max_new_tokens=3,
+                               ngram_max=3))).run.ngram_max == 3

@@ -750,6 +750,26 @@ def test_a_draft_with_a_shorter_context_bounds_the_requests_that_use_it():
     engine.close()
 
 
+def test_ngram_max_needs_a_draft_with_the_n_gram_drafter():
+    """--ngram-max with a draft that runs alone is refused at load (it was silently unused); with the n-gram
+    drafter it reaches the requests that draft, and requests for `ar` still decode."""
+    from dynatree.serve.protocol import ChatRequest
+
+    alone = LoadedModel(model=tiny("llama", seed=1).model, tokenizer=TARGET.tokenizer, name="alone", eos_ids=[EOS])
+    refused = Engine(ServeSettings(target=TARGET, draft=alone, ngram_max=3, warmup=False))
+    refused.load()
+    assert refused.state == "failed" and "--ngram-max applies only where" in refused.error and "'alone'" in refused.error
+    engine = Engine(ServeSettings(target=TARGET, draft="ngram", ngram_max=3, warmup=False))
+    engine.load()
+    assert engine.state == "ready", engine.error
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "w5 w6 w7"}], "max_tokens": 4}
+    ids = engine.prompt_ids(ChatRequest(**body))
+    assert engine.prepare(ChatRequest(**body), ids).ngram_max == 3
+    plain = engine.prepare(ChatRequest(**body, dynatree={"method": "ar"}), ids)
+    assert plain.draft is None
+    engine.close()
+
+
 def test_a_target_that_fails_to_load_reports_failed():
     engine = Engine(ServeSettings(target="/nonexistent/model"))
     engine.load()

@@ -46,6 +46,17 @@ def _method_draft(method: str, draft, target: LoadedModel, linear: str) -> Draft
     return loaded
 
 
+def _ngram_max(ngram_max, draft: Draft | None) -> int:
+    """The n-gram drafter's longest match: NGRAM_MAX unless given; given for a loaded draft without the
+    n-gram drafter, an error (`Request.check` decides it for draft specs)."""
+    if ngram_max is None:
+        return NGRAM_MAX
+    if draft is None or not draft.ngram:
+        raise DynaTreeError(f"ngram_max (--ngram-max) applies only where dynatree's n-gram drafter runs; the draft "
+                            f"{'(none)' if draft is None else repr(draft.name)} has none (leave ngram_max out)")
+    return int(ngram_max)
+
+
 def _token_ids(ids, vocab_size: int) -> list[int]:
     """`prompt_ids` as a list of ints (a list, a 1-D integer tensor or array), each a row of the
     target's output layer."""
@@ -222,7 +233,7 @@ def prepare(request: Request | Checked) -> Prepared:
     return Prepared(method=r.method, config=checked.config, target=tgt, draft=draft,
                     prompt_ids=prompt_ids, max_new_tokens=int(r.max_new_tokens), ignore_eos=r.ignore_eos,
                     chat=r.chat or isinstance(r.prompt, list),  # (numpy integers made ints: the record is JSON)
-                    seed=int(r.seed), ngram_max=int(r.ngram_max), window=window, sampling=checked.sampling,
+                    seed=int(r.seed), ngram_max=_ngram_max(r.ngram_max, draft), window=window, sampling=checked.sampling,
                     compile=bool(compile) and spec.compilable, stops=checked.stops,
                     logprobs=None if r.logprobs is None else int(r.logprobs))
 
@@ -389,7 +400,7 @@ def generate(
     dtype: str | None = None,
     weights: str | None = None,
     seed: int = 0,
-    ngram_max: int = NGRAM_MAX,
+    ngram_max: int | None = None,
     kv_window: str | KVWindow | None = None,
     sample: bool = False,
     temperature: float | None = None,
@@ -424,6 +435,8 @@ def generate(
     `logprobs` (0-20) fills `Result.logprobs`: each new token's log-probability under the target
     (temperature 1) with that many most likely alternatives, from the pass that committed it.
     Method options go as keywords here (`options=` is `Request`'s field for the same dict).
+    `ngram_max` (None: 4) is the longest n-gram the n-gram drafter matches; given where no n-gram
+    drafter runs, an error.
     `weights` ("dense", "q4", "int8", "auto"; None: dense) is the format of a target loaded here
     (weights.py); drafts load dense, in the target's dtype. With a loaded target, `device`,
     `dtype`, `weights` and `linear` other than their defaults must be what it was loaded with

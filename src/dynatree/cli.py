@@ -14,7 +14,6 @@ import os
 import sys
 
 from .cli_args import Parser, add_model_args, add_sampling_args, given_method_options, method_options
-from .drafters.ngram import NGRAM_MAX
 from .errors import DynaTreeError
 from .methods import METHODS, get_method, lossy_reason
 from .result import Result, Summary
@@ -206,7 +205,6 @@ def cmd_generate(args) -> int:
     if args.ngram_max is not None and not uses_ngram:
         raise DynaTreeError(f"--ngram-max does not apply here: no method runs dynatree's n-gram drafter "
                             f"({', '.join(methods)}{' with --draft ' + args.draft if args.draft else ''})")
-    ngram_max = NGRAM_MAX if args.ngram_max is None else args.ngram_max
 
     def options_for(method: str) -> dict:
         return {k: v for k, v in given.items() if method in args.method_fields[k]}
@@ -223,7 +221,7 @@ def cmd_generate(args) -> int:
         prompt=prompt, method=method, options=options_for(method), target=args.target,
         draft=args.draft if method in drafting else None, max_new_tokens=args.max_new_tokens,
         ignore_eos=args.ignore_eos, stop=args.stop, logprobs=args.logprobs, chat=args.chat, device=args.device, dtype=args.dtype, weights=args.weights, seed=args.seed,
-        ngram_max=ngram_max, kv_window=args.kv_window, compile=args.compile and method in compilable, linear=args.linear,
+        ngram_max=args.ngram_max if method in uses_ngram else None, kv_window=args.kv_window, compile=args.compile and method in compilable, linear=args.linear,
         **sampling_kwargs(args)) for method in methods}
     checked = {method: request.check() for method, request in requests.items()}  # the one check of each
     for method in methods:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from .draftload import Draft
 from .draftspec import AUTO, HYBRID, Hybrid, is_store_spec, parse
-from .drafters.ngram import NGRAM_MAX
 from .embedded import DEFAULT_TARGET
 from .errors import DynaTreeError
 from .featurehead import FeatureHead
@@ -47,7 +46,7 @@ class Request:
     dtype: str | None = None  # dtype specs are loaded in; None: float32 (bfloat16 for low-bit weights)
     weights: str | None = None  # format of a target loaded here: dense, q4, int8, auto (weights.py); None: dense
     seed: int = 0  # seeds sampling (and any random choice of a run)
-    ngram_max: int = NGRAM_MAX  # longest n-gram the n-gram drafter matches
+    ngram_max: int | None = None  # longest n-gram the n-gram drafter matches (None: NGRAM_MAX); only where it runs
     kv_window: str | KVWindow | None = None  # attention-sink KV window 'SINK,RECENT', or None (full caches)
     sample: bool = False  # sample (lossless verification) instead of greedy decoding
     temperature: float | None = None  # sampling temperature (only with sample)
@@ -66,7 +65,8 @@ class Request:
             raise DynaTreeError(f"options must be a dict of the method's options, got {type(self.options).__name__}")
         config = make_config(self.method, **self.options)
         _positive_int("max_new_tokens (--max-new-tokens)", self.max_new_tokens)
-        _positive_int("ngram_max (--ngram-max)", self.ngram_max)
+        if self.ngram_max is not None:
+            _positive_int("ngram_max (--ngram-max)", self.ngram_max)
         for name, flag in (("ignore_eos", "--ignore-eos"), ("chat", "--chat"), ("sample", "--sample")):
             if not isinstance(getattr(self, name), bool):  # ("yes" or 0 would be read as a truth value)
                 raise DynaTreeError(f"{name} ({flag}) must be True or False, got {getattr(self, name)!r}")
@@ -118,6 +118,7 @@ class Request:
         check_linear_kernel(self.linear)
         self._check_weights()
         self._check_draft(spec)
+        self._check_ngram_max(spec)
         return Checked(self, spec, config, window, sampling, stops)
 
     def _check_weights(self) -> None:
@@ -128,6 +129,23 @@ class Request:
         if isinstance(self.target, LoadedModel) and self.weights not in ("auto", self.target.weights):
             raise DynaTreeError(f"weights (--weights) {self.weights!r} given, but the target is already loaded with "
                                 f"{self.target.weights!r} weights; load it with load_model(..., weights=...)")
+
+    def _check_ngram_max(self, spec: Method) -> None:
+        """ngram_max given where no n-gram drafter runs is an error, not a setting silently unused (what
+        the draft spec alone decides; `api.prepare` checks a loaded draft)."""
+        if self.ngram_max is None:
+            return
+        draft = self.draft
+        fix = "leave ngram_max out"
+        if spec.policy_cls is None or spec.draft == "none":
+            why = f"{self.method!r} " + (f"runs {spec.baseline}" if spec.policy_cls is None else "drafts nothing")
+        elif isinstance(draft, (LoadedModel, FeatureHead)):
+            why, fix = f"the draft {draft.name!r} runs alone", fix + ", or draft with Hybrid(model)"
+        elif isinstance(draft, Hybrid) or isinstance(draft, Draft) or parse(draft).ngram:
+            return  # (a Draft is checked by api.prepare, where it is known whether it holds the n-gram drafter)
+        else:
+            why, fix = f"the draft {draft!r} runs alone", fix + f", or draft with 'ngram+{draft}'"
+        raise DynaTreeError(f"ngram_max (--ngram-max) applies only where dynatree's n-gram drafter runs; {why} ({fix})")
 
     def _check_draft(self, spec: Method) -> None:
         """The draft spec parses and suits the method (loaded drafts are checked against the target later)."""

@@ -32,7 +32,8 @@ def add_serve_command(sub) -> None:
     p.add_argument("--queue", type=int, default=16, help="requests that may wait while one decodes [16]")
     p.add_argument("--max-tokens", type=int, default=1024,
                    help="most tokens one request may generate, and the default within the context [1024]")
-    p.add_argument("--ngram-max", type=int, default=4, help="longest context the n-gram drafter matches [4]")
+    p.add_argument("--ngram-max", type=int, help="longest context the n-gram drafter matches [4]; only with a draft "
+                   "that has the n-gram drafter")
     p.add_argument("--kv-window", metavar="SINK,RECENT", help="attention-sink KV window for every request")
     p.add_argument("--served-model-name", metavar="NAME",
                    help="the model id clients send and /v1/models lists [the --target as given]")
@@ -65,7 +66,7 @@ def settings_from(args):
     weights_dtype(args.weights, args.dtype)  # q4/int8 + other --dtype: error
     for flag, value, low in (("--port", args.port, 0), ("--queue", args.queue, 1), ("--max-tokens", args.max_tokens, 1),
                              ("--ngram-max", args.ngram_max, 1)):
-        if value < low:
+        if value is not None and value < low:
             raise DynaTreeError(f"{flag} must be at least {low}, got {value}")
     if args.port > 65535:
         raise DynaTreeError(f"--port must be at most 65535, got {args.port}")

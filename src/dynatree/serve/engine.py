@@ -21,7 +21,6 @@ from .. import api
 from ..request import Request
 from ..result import Result, TokenLogprob
 from ..draftload import Draft, load_draft
-from ..drafters.ngram import NGRAM_MAX
 from ..config import renamed_options
 from ..errors import DynaTreeError
 from ..methods import METHODS, Method, get_method
@@ -52,7 +51,7 @@ class ServeSettings:
     dtype: str | None = None  # None: float32 (bfloat16 for low-bit weights)
     weights: str = "dense"  # the target's weight format: dense, q4, int8 (weights.py)
     linear: str = "auto"  # linear-layer kernels of models loaded here (kernels.py)
-    ngram_max: int = NGRAM_MAX  # longest context the n-gram drafter matches
+    ngram_max: int | None = None  # longest context the n-gram drafter matches (None: NGRAM_MAX); needs that drafter
     kv_window: str | None = None  # 'SINK,RECENT' for every request, or None
     queue: int = 16  # requests that may wait while one decodes; one more is answered 429
     max_tokens: int = 1024  # the most tokens one request may ask for (and its default, within the context)
@@ -182,6 +181,9 @@ class Engine:
                 f"linear layers on stock kernels: {target.linear_note}" if target.linear_note else None) if note]
             self.tokenizer = copy.deepcopy(target.tokenizer)
             self.draft = load_draft(s.draft, target, s.linear)  # once, for every request that drafts
+            if s.ngram_max is not None and not self.draft.ngram:
+                raise DynaTreeError(f"--ngram-max applies only where dynatree's n-gram drafter runs; the draft "
+                                    f"{self.draft.name!r} has none (leave --ngram-max out)")
             chat = bool(getattr(target.tokenizer, "chat_template", None))
             ids = encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)
             prepared = self._prepare(ids, self._spec(s.method), dict(s.options), max_new_tokens=8, seed=0)  # checks method + draft
@@ -282,7 +284,7 @@ class Engine:
         request = Request(method=spec.name, options=options, target=self.target,
                           draft=self.draft if spec.draft != "none" else None, prompt_ids=ids,
                           max_new_tokens=max_new_tokens, stop=stop, logprobs=logprobs, seed=seed,
-                          ngram_max=self.settings.ngram_max,
+                          ngram_max=self.settings.ngram_max if spec.draft != "none" else None,
                           kv_window=self.window, compile=self.settings.compile and spec.compilable, **sampling)
         try:
             checked = request.check()
