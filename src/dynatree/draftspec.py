@@ -46,7 +46,7 @@ class Hybrid:
     """A draft model (loaded, or a spec) used together with the n-gram drafter: `ngram+SPEC` once loaded
     (`ngram+STORE+SPEC` with a datastore)."""
 
-    lm: object  # LoadedModel | FeatureHead | str
+    lm: object  # LoadedModel | FeatureHead | str; None: the n-gram drafter alone (with `store`: 'ngram+STORE')
     store: object = None  # a datastore (loaded, or a spec) the n-gram drafter also reads; None: none
 
 

@@ -169,7 +169,7 @@ class Request:
                 if parsed.store is not None or parsed.model is None:
                     raise DynaTreeError(f"Hybrid(lm) takes a draft model, got {draft.lm!r}; give a datastore as "
                                         "Hybrid(lm, store=STORE)")
-            elif not isinstance(draft.lm, (LoadedModel, FeatureHead)):
+            elif draft.lm is not None and not isinstance(draft.lm, (LoadedModel, FeatureHead)):  # None: store alone
                 raise DynaTreeError(f"Hybrid(...) takes a draft model spec or a loaded model, got {type(draft.lm).__name__}")
             return
         if not isinstance(draft, (LoadedModel, FeatureHead)):
