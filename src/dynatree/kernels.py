@@ -19,7 +19,7 @@ transformers gets by default.
 
 Inside torch.compile (`--compile`) the opaque packed tensor cannot be traced, and products left
 to inductor went to MKL's packed GEMM (measured slower than eager for 4-8 token float32 steps;
-once blamed on inductor's `freezing`, which as then given froze nothing: issue 29). So a compiled layer emits either
+once blamed on inductor's `freezing`, which as then given froze nothing). So a compiled layer emits either
 `dynatree::packed_linear` (several rows: an operator inductor calls as it is, which finds
 the layer's packed copy by number) or, for one row (every `ar` step), `(x * W).sum(-1)`,
 which inductor fuses into one loop that streams the weight near the memory bandwidth
