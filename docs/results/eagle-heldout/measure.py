@@ -9,6 +9,10 @@ evaluated whole). The held-out answers are kept in answers/ here, never in the t
 directory.
 
     python docs/results/eagle-heldout/measure.py smollm2-135m-eagle /work/runs/eagle-s5 > result.json
+    python docs/results/eagle-heldout/measure.py --weights=q4 smollm2-135m-eagle > heldout-q4.json
+
+`--weights=q4` answers and labels with the target in that format (its own greedy answers, its features:
+what a head meets on a q4 target), its answers kept in answers-q4/.
 """
 
 import json
@@ -28,7 +32,8 @@ from dynatree.models import DEFAULT_TARGET, load_model
 from dynatree.prompts import SPEC_BENCH_FILE, SPEC_BENCH_TASKS, task_of
 
 HELD_OUT = 10  # the distiller's default --holdout: these questions were never trained on
-ANSWERS = Path(__file__).resolve().parent / "answers"  # benchmark questions' answers: never training data
+WEIGHTS = sys.argv.pop(1).removeprefix("--weights=") if sys.argv[1].startswith("--weights=") else "dense"
+ANSWERS = Path(__file__).resolve().parent / ("answers" if WEIGHTS == "dense" else f"answers-{WEIGHTS}")  # never training data
 L_MAX = 4096  # the bench's prompt cap for Spec-Bench: no held-out question is left out
 
 rows = [json.loads(line) for line in SPEC_BENCH_FILE.read_text().splitlines() if line.strip()]
@@ -38,7 +43,7 @@ for row in rows:
     if len(by_task.setdefault(task, [])) < HELD_OUT:
         by_task[task].append({**row, "turns": row["turns"][:1]})
 
-target = load_model(DEFAULT_TARGET, weights="dense")
+target = load_model(DEFAULT_TARGET, weights=WEIGHTS)
 cfg = EagleConfig(prompts="", holdout=0, self_prompts=0, l_max=L_MAX, seq_len=L_MAX + 256, unroll=3)
 t0 = time.perf_counter()
 data = {}
@@ -54,7 +59,7 @@ build_s = time.perf_counter() - t0
 every = {k: sum((data[t][k] for t in SPEC_BENCH_TASKS), []) for k in ("tokens", "features", "labels", "answer_from")}
 
 embed = target.model.get_input_embeddings()
-result = {"target": DEFAULT_TARGET, "held_out_questions": f"first {HELD_OUT} of each Spec-Bench task, first turns",
+result = {"target": DEFAULT_TARGET, "weights": WEIGHTS, "held_out_questions": f"first {HELD_OUT} of each Spec-Bench task, first turns",
           "depths": cfg.unroll, "l_max": L_MAX,
           "conversations": {t: len(data[t]["tokens"]) for t in SPEC_BENCH_TASKS},
           "answer_tokens": sum(len(t) - s for t, s in zip(every["tokens"], every["answer_from"])),
