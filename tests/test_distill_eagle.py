@@ -509,3 +509,16 @@ def test_a_resumed_run_may_change_its_steps_and_records_where(tmp_path, prompts)
     with pytest.raises(DynaTreeError, match=r"\(train_dtype differ\)"):
         distill_eagle(target, out, dataclasses.replace(cfg, steps=8, train_dtype="bfloat16"), resume=True, progress=False)
     assert distill_eagle(target, out, dataclasses.replace(cfg, steps=8), resume=True, progress=False)["history"][-1]["step"] == 8
+
+
+def test_saved_pieces_of_a_low_bit_target_are_kept_apart_from_the_dense_ones(tmp_path):
+    """A q4 target of the same name writes other answers: its pieces are named apart; a dense target's
+    names stay what the committed data was saved under."""
+    from dynatree.distill.eagle_data import _chunk_key, _part_path
+
+    dense = chat_target()
+    q4 = dataclasses.replace(dense, weights="q4")  # a new record: the shared target is not mutated
+    cfg = EagleConfig(prompts="")
+    name = lambda t: _part_path(tmp_path, "answers", _chunk_key(t, 0, cfg), ".json.gz")  # noqa: E731
+    assert name(dense) != name(q4)
+    assert _chunk_key(dense, 0, cfg)[0] == dense.name and _chunk_key(q4, 0, cfg)[0] == f"{dense.name}@q4"

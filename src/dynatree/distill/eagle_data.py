@@ -133,7 +133,7 @@ def _seed_blocks(seeds: list, n: int, rng: random.Random, batch: int) -> list[li
 
 def question_path(parts: Path | None, target: LoadedModel, asked, block: int, cfg: ChatDataConfig) -> Path | None:
     """Where block `block` of self-written questions (seeds `asked`) is saved."""
-    return _part_path(parts, "questions", [target.name, asked, cfg.seed, block], ".json")
+    return _part_path(parts, "questions", [_target_key(target), asked, cfg.seed, block], ".json")
 
 
 def question_texts(target: LoadedModel, answers: list[list[int]]) -> list[str]:
@@ -211,7 +211,7 @@ def document_path(parts: Path | None, target: LoadedModel, asked, block: int, cf
     requests that wrote the documents and the conversations that use them (their texts, not their
     indexes in DOCUMENT_KINDS: a reworded or inserted kind never reuses another's documents)."""
     seeds = [(t, DOCUMENT_KINDS[k][0], DOCUMENT_KINDS[k][1][u]) for t, k, u in asked]
-    return _part_path(parts, "documents", [target.name, seeds, cfg.seed, block], ".json")
+    return _part_path(parts, "documents", [_target_key(target), seeds, cfg.seed, block], ".json")
 
 
 def document_texts(target: LoadedModel, answers: list[list[int]]) -> list[str | None]:
@@ -377,8 +377,14 @@ def chat_chunks(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True,
     return [group[start: start + cfg.chunk] for group in groups for start in range(0, len(group), cfg.chunk)], info
 
 
+def _target_key(target: LoadedModel) -> str:
+    """The target as saved pieces name it: its name, and its weight format unless dense (a q4 target writes
+    other answers than the float32 one of the same name; dense keeps the keys of the data already saved)."""
+    return target.name if target.weights == "dense" else f"{target.name}@{target.weights}"
+
+
 def _chunk_key(target: LoadedModel, chunk, cfg: ChatDataConfig) -> list:
-    return [target.name, chunk, cfg.max_new_tokens, cfg.l_max]
+    return [_target_key(target), chunk, cfg.max_new_tokens, cfg.l_max]
 
 
 def _answers_from_part(answers_path: Path, target: LoadedModel, part: dict) -> None:
