@@ -380,3 +380,8 @@ def test_ngram_max_is_the_n_gram_drafters_setting_and_refused_where_it_does_not_
     hybrid = load_draft(Hybrid(alone), target, "auto")
     assert run(prepare(Request(prompt_ids=[5, 6], target=target, draft=hybrid, max_new_tokens=3,
                                ngram_max=3))).run.ngram_max == 3
+
+
+def test_a_list_of_methods_through_prepare_is_the_one_line_error():
+    with pytest.raises(DynaTreeError, match="run one method at a time"):
+        prepare(Request(prompt="hi", method=["ar", "dynatree"], target=MISSING))

@@ -249,7 +249,7 @@ def _checked(request: Request) -> Checked:
         return request.check()
     except DynaTreeError as exc:
         names = set(request.options) if isinstance(request.options, dict) else set()
-        if request.method in METHODS:
+        if isinstance(request.method, str) and request.method in METHODS:
             names |= {f.name for f in dataclasses.fields(METHODS[request.method].config_cls)}
         message, named = renamed_options(str(exc), names, lambda name: name)
         if not named:
