@@ -333,6 +333,87 @@ def test_a_decode_leaves_torchs_global_generator_as_it_was():
         assert torch.equal(torch.rand(3), expected), fields
 
 
+def test_hf_runs_seed_only_the_generators_they_give_back(monkeypatch):
+    """An hf-* run seeds the CPU generator (and its own CUDA device's), never every CUDA device's
+    (`torch.manual_seed` would, and only the target's is restored)."""
+    import torch
+
+    target = tiny("llama")
+    job = prepare(Request(prompt_ids=[5, 6, 7], target=target, method="hf-ar", sample=True, max_new_tokens=8, seed=3))
+    first = run(job).new_token_ids
+    every = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", every.append)
+    assert run(job).new_token_ids == first and every == []
+
+
+def test_concurrent_sampled_hf_runs_on_two_targets_draw_their_own_seeded_streams():
+    """transformers samples from torch's global generator: two hf-* runs on other threads fork and
+    seed it one at a time, so each gives what it gives alone."""
+    import threading
+
+    jobs = [prepare(Request(prompt_ids=[5, 6, 7], target=tiny("llama", seed=s, eos_ids=[]), method="hf-ar", sample=True,
+                            temperature=1.5, max_new_tokens=32, seed=s)) for s in (1, 2)]
+    alone = [run(job).new_token_ids for job in jobs]
+    for _ in range(3):
+        got = [None, None]
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, run(jobs[i]).new_token_ids)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == alone
+
+
+def test_a_decode_holds_its_draft_model_too():
+    """A draft LM is held like the target (it may be another decode's target: its kernel switches and
+    compiled graphs are shared too); both are free again at the end."""
+    import threading
+
+    target, draft = tiny("llama"), tiny("llama", seed=1)
+    seen = []
+
+    def other_thread_could_take_them(ids):
+        for model in (target, draft):
+            attempt = threading.Thread(target=lambda m=model: seen.append(m.busy.acquire(blocking=False)))
+            attempt.start()
+            attempt.join()
+
+    run(prepare(Request(prompt_ids=[5, 6, 7], target=target, draft=draft, max_new_tokens=3)),
+        on_tokens=other_thread_could_take_them)
+    assert seen and not any(seen)
+    for model in (target, draft):
+        assert model.busy.acquire(blocking=False)
+        model.busy.release()
+
+
+@pytest.mark.parametrize("method,draft", (("dynatree", "ngram"), ("hf-ar", None)))
+def test_a_decode_cancelled_before_it_starts_runs_nothing(monkeypatch, method, draft):
+    """A decode whose cancel is already set when it gets its models (a stream closed while it waited
+    for another decode) ends at once: no prefill, no compile, no cost curve."""
+    from dynatree.decode import Decoder
+
+    monkeypatch.setattr(Decoder, "prepare", lambda *a: pytest.fail("prepared a cancelled decode"))
+    result = run(prepare(Request(prompt_ids=[5, 6, 7], target=tiny("llama"), method=method, draft=draft,
+                                 max_new_tokens=8)), cancel=lambda: True)
+    assert result.finish_reason == "cancelled" and result.new_token_ids == [] and result.text == ""
+    assert result.stats.iterations == 0
+
+
+def test_device_may_be_a_torch_device(saved_tiny):
+    import torch
+
+    from dynatree import load_model
+
+    model = load_model(str(saved_tiny), device=torch.device("cpu"))
+    assert model.device == torch.device("cpu")
+    result = run(prepare(Request(prompt_ids=[5, 6, 7], target=str(saved_tiny), device=torch.device("cpu"),
+                                 method="ar", max_new_tokens=3)))
+    assert result.run.device == "cpu" and len(result.new_token_ids) == 3
+    again = run(prepare(Request(prompt_ids=[5, 6, 7], target=model, device=torch.device("cpu"), method="ar",
+                                max_new_tokens=3)))
+    assert again.new_token_ids == result.new_token_ids
+
+
 def test_decodes_on_one_target_run_one_after_the_other():
     """While a decode runs, the target is held: another thread's decode waits for it (no two decodes
     share the model's kernel switches, compiled graphs and measured costs at once)."""

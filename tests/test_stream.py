@@ -143,3 +143,26 @@ def test_a_stream_checks_its_arguments_before_decoding_and_raises_the_decodes_er
     assert started.is_set()
     with pytest.raises(RuntimeError, match="a failing callback"):
         failing.result
+
+
+@pytest.mark.parametrize("as_draft", (False, True))
+def test_a_stream_inside_a_decodes_callback_on_its_models_is_refused(as_draft):
+    """Its thread would wait for the decode whose callback started it, and that callback for the stream:
+    refused at once; generate() in the callback (same thread) runs."""
+    target, draft = _models()
+    errors, inner = [], []
+
+    def callback(ids):
+        if errors or inner:
+            return
+        try:
+            s = stream(prompt_ids=PROMPT, method="dynatree" if as_draft else "ar", target=draft if as_draft else target,
+                       draft=target if as_draft else None, max_new_tokens=4)
+            s._channel.cancel.set()  # (the check failed: let it end after this decode, without waiting here)
+        except DynaTreeError as exc:
+            errors.append(str(exc))
+        inner.append(run(prepare(Request(prompt_ids=PROMPT, method="ar", target=target, max_new_tokens=4))))
+
+    run(prepare(Request(prompt_ids=PROMPT, method="ar", target=target, max_new_tokens=24)), on_tokens=callback)
+    assert errors and "cannot start inside a callback of a decode that uses that model" in errors[0]
+    assert inner[0].finish_reason == "length" and len(inner[0].new_token_ids) == 4

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 from typing import Callable
 
 import torch
@@ -116,6 +118,13 @@ class Prepared:
         """The draft LM or feature head, if any."""
         return None if self.draft is None else self.draft.model
 
+    @property
+    def models(self) -> list[LoadedModel]:
+        """The loaded models a run of it uses and holds (`busy`): the target, and the draft LM if any
+        (a feature head belongs to its target's decodes alone)."""
+        draft = self.draft_model
+        return [self.target] + ([draft] if isinstance(draft, LoadedModel) and draft is not self.target else [])
+
     def decoder(self) -> Decoder:
         """A fresh policy, drafter and sampler for one run (dynatree's methods only); the sampler draws from
         a generator of its own, seeded by `seed` (torch's global one is left as the caller had it)."""
@@ -191,7 +200,7 @@ def prepare(request: Request | Checked) -> Prepared:
     r, spec = checked.request, checked.method
     if isinstance(r.target, LoadedModel):
         tgt = r.target
-        if r.device is not None and not same_device(resolve_device(r.device), tgt.device):
+        if r.device is not None and not same_device(resolve_device(str(r.device)), tgt.device):
             raise DynaTreeError(f"device {r.device!r} given, but the target is already loaded on {tgt.device}; "
                                 "load it there (load_model(..., device=...)) or leave device out")
         if r.dtype is not None and resolve_dtype(r.dtype) != tgt.dtype:
@@ -202,7 +211,7 @@ def prepare(request: Request | Checked) -> Prepared:
             raise DynaTreeError(f"linear {r.linear!r} given, but the target is already loaded with {tgt.linear!r} "
                                 "linear layers; load it so (load_model(..., linear=...)) or leave linear out")
     else:
-        tgt = load_model(r.target, device=r.device or "cpu", dtype=r.dtype, linear=r.linear, weights=r.weights or "dense")
+        tgt = load_model(r.target, device=str(r.device or "cpu"), dtype=r.dtype, linear=r.linear, weights=r.weights or "dense")
     compile = tgt.compile if r.compile is None else r.compile
     draft = _method_draft(r.method, r.draft, tgt, r.linear)
     readable = tgt.prompt_id_bound  # every prompt token must be a row the target reads
@@ -286,8 +295,42 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
             raise DynaTreeError(f"{name} must be a function of {takes}, got {type(fn).__name__}")
     if on_logprobs is not None and job.logprobs is None:
         raise DynaTreeError("on_logprobs needs a request that asks for logprobs (logprobs=N)")
-    with job.target.busy:  # one decode at a time on a target (another thread's waits for this one to end)
+    with _holding(job.models):  # one decode at a time on a model (another thread's waits for this one to end)
+        if cancel is not None and cancel():  # ended while it waited for the models: nothing is compiled or measured
+            return job.result([], Stats(), cancelled=True)
         return _decode(job, on_tokens, on_text, cancel, peak_memory, on_logprobs)
+
+
+class _Held(threading.local):
+    """The models the current thread's decodes hold (`run`), innermost last."""
+
+    def __init__(self):
+        self.models: list[LoadedModel] = []
+
+
+_HELD = _Held()
+# transformers samples from torch's global generators: hf-* runs fork, seed and restore them one at a time
+_GLOBAL_RNG = threading.Lock()
+
+
+@contextlib.contextmanager
+def _holding(models: list[LoadedModel]):
+    """Hold every model's `busy` for a decode, taken in one fixed order (by id) so that two decodes
+    sharing models the other way round (one's draft LM the other's target) cannot each wait on the other."""
+    with contextlib.ExitStack() as stack:
+        for model in sorted(models, key=id):
+            stack.enter_context(model.busy)
+        _HELD.models.extend(models)
+        try:
+            yield
+        finally:
+            del _HELD.models[len(_HELD.models) - len(models):]
+
+
+def decoding_here(model: LoadedModel) -> bool:
+    """Whether a decode on the current thread holds `model` (a callback of that decode is running):
+    a decode on another thread that needs it would wait for that decode's end."""
+    return any(held is model for held in _HELD.models)
 
 
 def _decode(job: Prepared, on_tokens, on_text, cancel, peak_memory: bool, on_logprobs) -> Result:
@@ -306,9 +349,14 @@ def _decode(job: Prepared, on_tokens, on_text, cancel, peak_memory: bool, on_log
                                            job.sampling, lookup, stopped)
         result = job.result(new_ids, stats, text=text, cancelled=ends.cancelled)
     elif not job.ours:
-        # transformers samples from torch's global generator: seeded for the run, then given back as it was
-        with torch.random.fork_rng(devices=[tgt.device] if tgt.device.type == "cuda" else []):
-            torch.manual_seed(job.seed)
+        # transformers samples from torch's global generators: the CPU one and the target's device's are
+        # seeded for the run, then given back as they were (no other generator is touched)
+        cuda = tgt.device.type == "cuda"
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[tgt.device] if cuda else []):
+            torch.default_generator.manual_seed(job.seed)
+            if cuda:
+                with torch.cuda.device(tgt.device):
+                    torch.cuda.manual_seed(job.seed)
             new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos,
                                          job.draft_model, watch, job.sampling, compile=job.compile, stopped=stopped)
         result = job.result(new_ids, stats, text=text, cancelled=ends.cancelled)

@@ -99,8 +99,9 @@ def load_model(spec: str, device: str = "cpu", dtype: str | torch.dtype | None =
     if not isinstance(spec, (str, os.PathLike)):
         raise DynaTreeError(f"load_model takes a model spec (alias, directory, .gguf file or hub id), got {type(spec).__name__}")
     spec = str(spec)
+    device = str(device) if isinstance(device, torch.device) else device  # (torch.device("cuda", 1) is 'cuda:1')
     if not isinstance(device, str):
-        raise DynaTreeError(f"device must be a string such as 'cpu', 'cuda' or 'auto', got {device!r}")
+        raise DynaTreeError(f"device must be a string such as 'cpu', 'cuda' or 'auto' (or a torch.device), got {device!r}")
     if not isinstance(compile, bool):
         raise DynaTreeError(f"compile must be True or False, got {compile!r}")
     weights = "dense" if weights is None else weights  # (as generate's weights=None)

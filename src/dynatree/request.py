@@ -14,6 +14,8 @@ import dataclasses
 import numbers
 from dataclasses import dataclass, field
 
+import torch
+
 from .draftload import Draft
 from .draftspec import AUTO, HYBRID, Hybrid, is_store_spec, parse
 from .embedded import DEFAULT_TARGET
@@ -42,7 +44,7 @@ class Request:
     max_new_tokens: int = 128  # at most this many new tokens
     ignore_eos: bool = False  # go on after an end-of-sequence token
     chat: bool = False  # wrap `prompt` in the tokenizer's chat template
-    device: str | None = None  # where specs are loaded (None: cpu; a loaded target's own device)
+    device: str | torch.device | None = None  # where specs are loaded (None: cpu; a loaded target's own device)
     dtype: str | None = None  # dtype specs are loaded in; None: float32 (bfloat16 for low-bit weights)
     weights: str | None = None  # format of a target loaded here: dense, q4, int8, auto (weights.py); None: dense
     seed: int = 0  # seeds sampling (and any random choice of a run)
@@ -111,8 +113,9 @@ class Request:
             raise DynaTreeError(f"kv_window (--kv-window) is not available for {self.method!r} ({spec.baseline})")
         if self.compile and not spec.compilable:
             raise DynaTreeError(f"compile (--compile) does not apply to {self.method!r}: {spec.not_compilable}")
-        if self.device is not None and not isinstance(self.device, str):
-            raise DynaTreeError(f"device (--device) must be a string such as 'cpu' or 'cuda', got {self.device!r}")
+        if self.device is not None and not isinstance(self.device, (str, torch.device)):
+            raise DynaTreeError(f"device (--device) must be a string such as 'cpu' or 'cuda' (or a torch.device), "
+                                f"got {self.device!r}")
         if not isinstance(self.target, (str, LoadedModel)):
             raise DynaTreeError(f"target must be a model spec string or a LoadedModel, got {type(self.target).__name__}")
         check_linear_kernel(self.linear)

@@ -234,9 +234,9 @@ class LoadedModel:
     gguf: Path | None = None  # the GGUF file the model was converted from (q4 weights, llamacpp-ar), if any
     row_dependent: list[str] = field(default_factory=list)  # low-bit: dense layers not row-wise (weights.py)
     _compiled: object = field(default=None, repr=False)  # the torch.compile wrapper, built on first use
-    # held by a decode (api.run) from start to end: decodes on one target run one after the other, since
-    # they share its kernels' switches, compiled graphs and measured costs (reentrant: a callback's own
-    # decode on the same thread is not a deadlock)
+    # held by a decode (api.run) from start to end, as its target or its draft LM: decodes on one model run
+    # one after the other, since they share its kernels' switches, compiled graphs and measured costs
+    # (reentrant: a callback's own decode on the same thread is not a deadlock)
     busy: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def __post_init__(self):
