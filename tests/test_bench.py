@@ -774,6 +774,20 @@ def test_other_processes_cpu_is_read_from_the_first_tokens_to_the_end(monkeypatc
     assert first is not None and second[0] >= first[0] and second[1] >= first[1]
 
 
+def test_contention_advice_names_the_autogroup_where_the_kernel_groups_sessions(tmp_path, monkeypatch):
+    """Where each session is scheduled as one group, `nice` in another terminal does not lower a job:
+    the advice says how to (the group's niceness); elsewhere it does not mention it."""
+    from dynatree import env
+
+    flag = tmp_path / "sched_autogroup_enabled"
+    monkeypatch.setattr(env, "AUTOGROUP", str(flag))
+    assert env.contention_advice() == "stop them or measure when the machine is idle"  # no such file: not Linux
+    flag.write_text("1\n")
+    assert "echo 19 > /proc/PID/autogroup" in env.contention_advice()
+    flag.write_text("0\n")
+    assert "autogroup" not in env.contention_advice()
+
+
 def test_the_report_warns_when_runs_shared_the_cpu():
     records = [{"warmup": False, "variant": v, "prompt_index": i, "other_cpu": busy}
                for i, (v, busy) in enumerate([("ar", 0.02), ("dynatree", 0.05), ("ar", 0.9), ("dynatree", 0.04)])]

@@ -271,7 +271,7 @@ def cmd_generate(args) -> int:
         print(comparison_table(results), file=sys.stderr)
     if shared:
         print(f"note: other processes used the CPU while these runs decoded (CPUs' worth of {os.cpu_count()}): "
-              f"{', '.join(shared)}; their timings are not reliable", file=sys.stderr)
+              f"{', '.join(shared)}; their timings are not reliable ({env.contention_advice()})", file=sys.stderr)
     if any(r.run.hf_universal_assisted for r in results):
         print(f"note: {universal_note(target, draft.model)}", file=sys.stderr)
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..draftspec import HYBRID, NGRAM, parse
 from ..cli_args import given_method_options
 from ..config import cli_flag
+from .. import env
 from ..errors import DynaTreeError, check_out_dir
 from ..sampling import sampling_config
 from ..methods import get_method, make_config
@@ -218,7 +219,7 @@ def _execute(args, experiment: str, variant_list: list[Variant], protocol: Proto
     print(report.declared_line(results).removeprefix("- "))
     busy = report.contention_line(results)
     if busy and "Warning" in busy:  # said where the figures are read, not only in the report
-        print(busy.removeprefix("- ").replace("**", ""), file=sys.stderr)
+        print(busy.removeprefix("- ").replace("**", "") + f" ({env.contention_advice()})", file=sys.stderr)
     print(f"\nwrote {', '.join(str(p) for p in [out / 'results.json', *paths])}")
     return 0
 
