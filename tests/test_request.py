@@ -386,6 +386,69 @@ def test_a_decode_holds_its_draft_model_too():
         model.busy.release()
 
 
+def test_a_decode_holds_its_feature_head_too():
+    """A feature head may serve decodes on two targets (checked against each): it is held like a model."""
+    import threading
+
+    from helpers import tiny_head
+
+    target, head = tiny("llama"), tiny_head("llama")
+    seen = []
+
+    def other_thread_could_take_it(ids):
+        from dynatree.api import _busy
+
+        attempt = threading.Thread(target=lambda: seen.append(_busy(head).acquire(blocking=False)))
+        attempt.start()
+        attempt.join()
+
+    run(prepare(Request(prompt_ids=[5, 6, 7], target=target, draft=head, max_new_tokens=3)),
+        on_tokens=other_thread_could_take_it)
+    assert seen and not any(seen)
+
+
+def test_a_sampled_hf_decode_inside_a_sampled_hf_decodes_callback_runs(monkeypatch):
+    """A callback's own decode runs on the callback's thread: a sampled hf-* one inside a sampled hf-*
+    decode nests its seeded fork of the global generators in the outer one's (no deadlock), and the outer
+    run's draws are what they are without it."""
+    import threading
+
+    outer, inner = tiny("llama", eos_ids=[]), tiny("llama", seed=1, eos_ids=[])
+    job = lambda t, seed: prepare(Request(prompt_ids=[5, 6, 7], target=t, method="hf-ar", sample=True,  # noqa: E731
+                                          max_new_tokens=8, seed=seed))
+    alone, inner_alone = run(job(outer, 1)).new_token_ids, run(job(inner, 2)).new_token_ids
+    got, nested = [], []
+
+    def decode():
+        got.append(run(job(outer, 1), on_tokens=lambda ids: nested or nested.append(run(job(inner, 2)))))
+
+    thread = threading.Thread(target=decode, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the nested decode waited forever"
+    assert got[0].new_token_ids == alone and nested[0].new_token_ids == inner_alone
+
+
+def test_greedy_hf_runs_leave_the_global_generators_alone(monkeypatch):
+    """A greedy hf-* run draws nothing: it neither forks nor seeds torch's generators (restoring them at
+    its end would undo another thread's draws) and does not wait for sampled runs."""
+    import torch
+
+    from dynatree import api
+
+    monkeypatch.setattr(torch.random, "fork_rng", lambda *a, **k: pytest.fail("a greedy run forked the generators"))
+    job = prepare(Request(prompt_ids=[5, 6, 7], target=tiny("llama"), method="hf-ar", max_new_tokens=4))
+    assert not job.uses_global_rng
+    with api._GLOBAL_RNG:  # (held here: a greedy run on another thread would still go on)
+        import threading
+
+        done = []
+        thread = threading.Thread(target=lambda: done.append(run(job)), daemon=True)
+        thread.start()
+        thread.join(60)
+    assert done and len(done[0].new_token_ids) == 4
+
+
 @pytest.mark.parametrize("method,draft", (("dynatree", "ngram"), ("hf-ar", None)))
 def test_a_decode_cancelled_before_it_starts_runs_nothing(monkeypatch, method, draft):
     """A decode whose cancel is already set when it gets its models (a stream closed while it waited
@@ -397,6 +460,10 @@ def test_a_decode_cancelled_before_it_starts_runs_nothing(monkeypatch, method, d
                                  max_new_tokens=8)), cancel=lambda: True)
     assert result.finish_reason == "cancelled" and result.new_token_ids == [] and result.text == ""
     assert result.stats.iterations == 0
+    if method == "dynatree":  # shaped as a run's: logprobs asked for are an empty list
+        scored = run(prepare(Request(prompt_ids=[5, 6, 7], target=tiny("llama"), method=method, draft=draft,
+                                     max_new_tokens=8, logprobs=2)), cancel=lambda: True)
+        assert scored.logprobs == [] and scored.to_json()["logprobs"] == []
 
 
 def test_device_may_be_a_torch_device(saved_tiny):

@@ -164,5 +164,25 @@ def test_a_stream_inside_a_decodes_callback_on_its_models_is_refused(as_draft):
         inner.append(run(prepare(Request(prompt_ids=PROMPT, method="ar", target=target, max_new_tokens=4))))
 
     run(prepare(Request(prompt_ids=PROMPT, method="ar", target=target, max_new_tokens=24)), on_tokens=callback)
-    assert errors and "cannot start inside a callback of a decode that uses that model" in errors[0]
+    assert errors and "cannot start inside a callback of a decode that holds" in errors[0]
     assert inner[0].finish_reason == "length" and len(inner[0].new_token_ids) == 4
+
+
+def test_a_sampled_hf_stream_inside_a_sampled_hf_decodes_callback_is_refused():
+    """Torch's global generators are held by a sampled hf-* decode: a sampled hf-* stream on another
+    model, read in its callback, would wait for it; refused at once."""
+    target, other = _models()
+    errors = []
+
+    def callback(ids):
+        if errors:
+            return
+        try:
+            s = stream(prompt_ids=PROMPT, method="hf-ar", target=other, sample=True, max_new_tokens=4)
+            s._channel.cancel.set()
+        except DynaTreeError as exc:
+            errors.append(str(exc))
+
+    run(prepare(Request(prompt_ids=PROMPT, method="hf-ar", target=target, sample=True, max_new_tokens=6)),
+        on_tokens=callback)
+    assert errors and "holds torch's global random generators" in errors[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import weakref
 from typing import Callable
 
 import torch
@@ -119,11 +120,18 @@ class Prepared:
         return None if self.draft is None else self.draft.model
 
     @property
-    def models(self) -> list[LoadedModel]:
-        """The loaded models a run of it uses and holds (`busy`): the target, and the draft LM if any
-        (a feature head belongs to its target's decodes alone)."""
+    def models(self) -> list[LoadedModel | FeatureHead]:
+        """The models a run of it uses and holds for its whole span (`run`): the target, and the draft LM
+        or feature head if any (either may serve other decodes too: a head checked against two targets
+        of the same architecture, a draft LM that is another decode's target)."""
         draft = self.draft_model
-        return [self.target] + ([draft] if isinstance(draft, LoadedModel) and draft is not self.target else [])
+        return [self.target] + ([draft] if draft is not None and draft is not self.target else [])
+
+    @property
+    def uses_global_rng(self) -> bool:
+        """transformers' generate() samples from torch's global generators (the hf-* methods, sampling):
+        such runs fork and seed them one at a time (`run`)."""
+        return self.sampling is not None and get_method(self.method).engine == "transformers"
 
     def decoder(self) -> Decoder:
         """A fresh policy, drafter and sampler for one run (dynatree's methods only); the sampler draws from
@@ -201,7 +209,7 @@ def prepare(request: Request | Checked) -> Prepared:
     if isinstance(r.target, LoadedModel):
         tgt = r.target
         if r.device is not None and not same_device(resolve_device(str(r.device)), tgt.device):
-            raise DynaTreeError(f"device {r.device!r} given, but the target is already loaded on {tgt.device}; "
+            raise DynaTreeError(f"device {str(r.device)!r} given, but the target is already loaded on {tgt.device}; "
                                 "load it there (load_model(..., device=...)) or leave device out")
         if r.dtype is not None and resolve_dtype(r.dtype) != tgt.dtype:
             raise DynaTreeError(f"dtype {r.dtype!r} given, but the target is already loaded in "
@@ -295,42 +303,68 @@ def run(job: Prepared, on_tokens: Callable[[list[int]], None] | None = None,
             raise DynaTreeError(f"{name} must be a function of {takes}, got {type(fn).__name__}")
     if on_logprobs is not None and job.logprobs is None:
         raise DynaTreeError("on_logprobs needs a request that asks for logprobs (logprobs=N)")
-    with _holding(job.models):  # one decode at a time on a model (another thread's waits for this one to end)
+    with _holding(job):  # one decode at a time on a model (another thread's waits for this one to end)
         if cancel is not None and cancel():  # ended while it waited for the models: nothing is compiled or measured
-            return job.result([], Stats(), cancelled=True)
+            return job.result([], Stats(compile_s=0.0 if job.compile else None), cancelled=True,
+                              logprobs=[] if job.logprobs is not None else None)
         return _decode(job, on_tokens, on_text, cancel, peak_memory, on_logprobs)
 
 
 class _Held(threading.local):
-    """The models the current thread's decodes hold (`run`), innermost last."""
+    """What the current thread's decodes hold (`run`): their models, innermost last, and how many of
+    them hold torch's global generators."""
 
     def __init__(self):
-        self.models: list[LoadedModel] = []
+        self.models: list[LoadedModel | FeatureHead] = []
+        self.rng = 0
 
 
 _HELD = _Held()
-# transformers samples from torch's global generators: hf-* runs fork, seed and restore them one at a time
-_GLOBAL_RNG = threading.Lock()
+# a sampled hf-* run forks, seeds and restores torch's global generators: one such run at a time (reentrant:
+# a callback's own sampled hf-* decode on the same thread nests its fork inside the outer one)
+_GLOBAL_RNG = threading.RLock()
+_HEAD_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # feature head -> its `busy` lock
+_HEAD_LOCKS_MADE = threading.Lock()
+
+
+def _busy(model: LoadedModel | FeatureHead) -> threading.RLock:
+    """The lock a decode holds on `model` (`LoadedModel.busy`; a feature head's, kept beside it)."""
+    if isinstance(model, LoadedModel):
+        return model.busy
+    with _HEAD_LOCKS_MADE:
+        return _HEAD_LOCKS.setdefault(model, threading.RLock())
 
 
 @contextlib.contextmanager
-def _holding(models: list[LoadedModel]):
-    """Hold every model's `busy` for a decode, taken in one fixed order (by id) so that two decodes
-    sharing models the other way round (one's draft LM the other's target) cannot each wait on the other."""
+def _holding(job: Prepared):
+    """Hold what a decode of `job` uses for its whole span: torch's global generators first where it
+    samples through transformers, then every model's lock in one fixed order (by id), so that two
+    top-level decodes sharing models the other way round (one's draft LM the other's target) cannot
+    each wait on the other. (A callback that decodes on further models while other threads do the same
+    can still deadlock: its locks come after the outer decode's, whatever their order.)"""
     with contextlib.ExitStack() as stack:
-        for model in sorted(models, key=id):
-            stack.enter_context(model.busy)
-        _HELD.models.extend(models)
+        if job.uses_global_rng:
+            stack.enter_context(_GLOBAL_RNG)
+        for model in sorted(job.models, key=id):
+            stack.enter_context(_busy(model))
+        _HELD.models.extend(job.models)
+        _HELD.rng += job.uses_global_rng
         try:
             yield
         finally:
-            del _HELD.models[len(_HELD.models) - len(models):]
+            del _HELD.models[len(_HELD.models) - len(job.models):]
+            _HELD.rng -= job.uses_global_rng
 
 
-def decoding_here(model: LoadedModel) -> bool:
-    """Whether a decode on the current thread holds `model` (a callback of that decode is running):
-    a decode on another thread that needs it would wait for that decode's end."""
-    return any(held is model for held in _HELD.models)
+def blocked_here(job: Prepared) -> str | None:
+    """What a decode of `job` needs that a decode on the current thread holds (a callback of that decode is
+    running), named; None when nothing: a decode of `job` on another thread would wait for that decode's end."""
+    for model in job.models:
+        if any(held is model for held in _HELD.models):
+            return model.name
+    if job.uses_global_rng and _HELD.rng:
+        return "torch's global random generators (a sampled hf-* decode)"
+    return None
 
 
 def _decode(job: Prepared, on_tokens, on_text, cancel, peak_memory: bool, on_logprobs) -> Result:
@@ -349,14 +383,7 @@ def _decode(job: Prepared, on_tokens, on_text, cancel, peak_memory: bool, on_log
                                            job.sampling, lookup, stopped)
         result = job.result(new_ids, stats, text=text, cancelled=ends.cancelled)
     elif not job.ours:
-        # transformers samples from torch's global generators: the CPU one and the target's device's are
-        # seeded for the run, then given back as they were (no other generator is touched)
-        cuda = tgt.device.type == "cuda"
-        with _GLOBAL_RNG, torch.random.fork_rng(devices=[tgt.device] if cuda else []):
-            torch.default_generator.manual_seed(job.seed)
-            if cuda:
-                with torch.cuda.device(tgt.device):
-                    torch.cuda.manual_seed(job.seed)
+        with _seeded(job):
             new_ids, stats = hf_generate(tgt, job.config, job.prompt_ids, job.max_new_tokens, job.ignore_eos,
                                          job.draft_model, watch, job.sampling, compile=job.compile, stopped=stopped)
         result = job.result(new_ids, stats, text=text, cancelled=ends.cancelled)
@@ -377,6 +404,24 @@ def _decode(job: Prepared, on_tokens, on_text, cancel, peak_memory: bool, on_log
         if scores is not None:
             scores.hand(len(result.new_token_ids))  # a stop string's own tokens: no text shows them
     return result
+
+
+@contextlib.contextmanager
+def _seeded(job: Prepared):
+    """transformers samples from torch's global generators: for a sampled run (`run` holds them) the CPU
+    one and the target's device's are seeded with the job's seed, then given back as they were (no other
+    generator is touched); a greedy run draws nothing and leaves them alone."""
+    if not job.uses_global_rng:
+        yield
+        return
+    device = job.target.device
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
+        torch.default_generator.manual_seed(job.seed)
+        if cuda:
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(job.seed)
+        yield
 
 
 class _Ends:
@@ -444,7 +489,7 @@ def generate(
     stop: str | list[str] | None = None,
     logprobs: int | None = None,
     chat: bool = False,
-    device: str | None = None,
+    device: str | torch.device | None = None,
     dtype: str | None = None,
     weights: str | None = None,
     seed: int = 0,

@@ -8,7 +8,7 @@ import queue
 import threading
 from typing import Callable
 
-from .api import Prepared, build_request, decoding_here, prepare, run
+from .api import Prepared, blocked_here, build_request, prepare, run
 from .errors import DynaTreeError
 from .request import Request
 from .result import Result
@@ -51,11 +51,11 @@ class TextIterator:
     def __init__(self, job: Prepared, on_tokens: Callable[[list[int]], None] | None = None):
         # the thread holds the channel, not this object, so that dropping the iterator cancels the decode
         self._channel = _Channel()
-        held = [m for m in job.models if decoding_here(m)]
-        if held:  # its thread would wait for the decode whose callback is starting it, which waits for the stream
-            raise DynaTreeError(f"a stream on {held[0].name} cannot start inside a callback of a decode that uses "
-                                "that model (it would wait for that decode to end): use generate() there, which "
-                                "runs on the callback's own thread")
+        held = blocked_here(job)
+        if held:  # its thread would wait for the decode whose callback is starting it, which would wait for the stream
+            raise DynaTreeError(f"a stream cannot start inside a callback of a decode that holds {held} (reading it "
+                                "there would wait for that decode to end): use generate() there, which runs on the "
+                                "callback's own thread")
         self._ended = False  # the iteration has seen the end
         self._thread = threading.Thread(target=self._channel.decode, args=(job, on_tokens), name="dynatree-stream",
                                         daemon=True)
