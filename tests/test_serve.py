@@ -493,6 +493,29 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_rest_complete(server)
     assert all(a.json()["choices"][0]["text"] == want for a in answers)
 
 
+def test_a_decode_that_decoded_nothing_leaves_the_retry_after_estimate_alone(monkeypatch):
+    """A client gone after its job left the queue but before its decode took the model decodes nothing
+    (finish_reason cancelled, 0 tokens in 0 s): not a timing to average into Retry-After; a decode that
+    decoded something is."""
+    from types import SimpleNamespace
+
+    def worked(*decoded):
+        engine = Engine(ServeSettings(target=TARGET))
+        engine._token_s, engine._tokens = 0.5, 40.0
+        stats = iter(decoded)
+        monkeypatch.setattr(engine, "_decode", lambda job: next(stats))
+        for _ in decoded:
+            engine._queue.put(SimpleNamespace(cancelled=threading.Event(), prepared=SimpleNamespace(max_new_tokens=40)))
+        engine._queue.put(None)
+        engine._work()  # the jobs, then the stop
+        return engine._token_s, engine._tokens
+
+    nothing = SimpleNamespace(new_tokens=0, wall_s=0.0)
+    assert worked(nothing) == (0.5, 40.0)
+    token_s, tokens = worked(nothing, SimpleNamespace(new_tokens=10, wall_s=1.0))
+    assert 0.1 < token_s < 0.5 and 10 < tokens < 40
+
+
 def test_retry_after_is_what_the_running_decode_has_left():
     engine = Engine(ServeSettings(target=TARGET))
     assert engine.retry_after() == 1  # nothing running
@@ -758,7 +781,11 @@ def test_ngram_max_needs_a_draft_with_the_n_gram_drafter():
     alone = LoadedModel(model=tiny("llama", seed=1).model, tokenizer=TARGET.tokenizer, name="alone", eos_ids=[EOS])
     refused = Engine(ServeSettings(target=TARGET, draft=alone, ngram_max=3, warmup=False))
     refused.load()
-    assert refused.state == "failed" and "--ngram-max applies only where" in refused.error and "'alone'" in refused.error
+    assert refused.state == "failed" and "ngram_max (--ngram-max) applies only where" in refused.error
+    assert "the draft 'alone' runs alone" in refused.error
+    spec = Engine(ServeSettings(target="no/such-model-anywhere", draft="smollm2-135m-draft", ngram_max=3, warmup=False))
+    spec.load()  # a spec without the n-gram drafter: refused before any model loads (the target does not exist)
+    assert spec.state == "failed" and "the draft 'smollm2-135m-draft' runs alone" in spec.error, spec.error
     engine = Engine(ServeSettings(target=TARGET, draft="ngram", ngram_max=3, warmup=False))
     engine.load()
     assert engine.state == "ready", engine.error

@@ -21,6 +21,7 @@ from .. import api
 from ..request import Request
 from ..result import Result, TokenLogprob
 from ..draftload import Draft, load_draft
+from ..draftspec import parse
 from ..config import renamed_options
 from ..errors import DynaTreeError
 from ..methods import METHODS, Method, get_method
@@ -167,11 +168,18 @@ class Engine:
         return t.name if isinstance(t, LoadedModel) else str(t)
 
     # -- loading ------------------------------------------------------------------------------
+    @staticmethod
+    def _no_ngram(draft: str) -> str:
+        return (f"ngram_max (--ngram-max) applies only where dynatree's n-gram drafter runs; the draft {draft} "
+                "runs alone (leave ngram_max out, or draft with 'ngram+MODEL')")
+
     def load(self) -> None:
         """Load the target and draft, decode one short prompt (graphs, cost curve), start the worker.
         Any failure leaves `state` 'failed' with `error` set (the CLI prints it and exits)."""
         try:
             s = self.settings
+            if s.ngram_max is not None and (s.draft is None or isinstance(s.draft, str)) and not parse(s.draft or "ngram").ngram:
+                raise DynaTreeError(self._no_ngram(repr(s.draft)))  # (a spec says so before the slow loads)
             target = s.target if isinstance(s.target, LoadedModel) else load_model(
                 s.target, device=s.device, dtype=s.dtype, linear=s.linear, weights=s.weights)
             self.target = target
@@ -182,8 +190,7 @@ class Engine:
             self.tokenizer = copy.deepcopy(target.tokenizer)
             self.draft = load_draft(s.draft, target, s.linear)  # once, for every request that drafts
             if s.ngram_max is not None and not self.draft.ngram:
-                raise DynaTreeError(f"--ngram-max applies only where dynatree's n-gram drafter runs; the draft "
-                                    f"{self.draft.name!r} has none (leave --ngram-max out)")
+                raise DynaTreeError(self._no_ngram(repr(self.draft.name)))
             chat = bool(getattr(target.tokenizer, "chat_template", None))
             ids = encode_prompt(target.tokenizer, WARMUP_PROMPT, chat=chat)
             prepared = self._prepare(ids, self._spec(s.method), dict(s.options), max_new_tokens=8, seed=0)  # checks method + draft
@@ -329,8 +336,9 @@ class Engine:
             self.metrics.running.set(1)
             try:
                 stats = self._decode(job)
-                self._token_s = _moving_average(self._token_s, stats.wall_s / max(stats.new_tokens, 1))
-                self._tokens = _moving_average(self._tokens, stats.new_tokens)
+                if stats.new_tokens:  # (a client gone before its decode started decoded nothing: not a timing)
+                    self._token_s = _moving_average(self._token_s, stats.wall_s / stats.new_tokens)
+                    self._tokens = _moving_average(self._tokens, stats.new_tokens)
             except Exception as exc:  # noqa: BLE001 (one failed request must not stop the server)
                 job.emit("error", f"{type(exc).__name__}: {exc}")
             finally:
