@@ -109,6 +109,7 @@ def test_committed_answers_rebuild_the_data_without_generating(tmp_path, prompts
     assert len(answers) == 2
     record = json.loads(gzip.decompress(answers[0].read_bytes()))
     assert record["target"] == "tiny-chat" and record["dtype"] == "float32" and record["device"] == str(target.device)
+    assert record["weights"] == "dense"
     for path in parts.glob("part-*.pt"):
         path.unlink()
 
@@ -130,6 +131,11 @@ def test_committed_answers_rebuild_the_data_without_generating(tmp_path, prompts
     good = answers[0].read_bytes()
     broken = {"another target": (gzip.compress(json.dumps({**record, "target": "another"}).encode()),
                                  "holds answers of 'another', not of 'tiny-chat'"),
+              "another format": (gzip.compress(json.dumps({**record, "weights": "q4"}).encode()),
+                                 "holds answers of tiny-chat in weights q4, not dense as loaded"),
+              "another dtype, saved before the format was": (
+                  gzip.compress(json.dumps({k: v for k, v in {**record, "dtype": "bfloat16"}.items() if k != "weights"}).encode()),
+                  "holds answers of tiny-chat in dtype bfloat16, not float32 as loaded"),
               "not gzip": (b"not gzip", "is not a saved chunk of answers"),
               "truncated": (good[: len(good) // 2], "is not a saved chunk of answers"),
               "starts missing": (gzip.compress(json.dumps({**record, "answer_from": record["answer_from"][1:]}).encode()),
@@ -522,3 +528,5 @@ def test_saved_pieces_of_a_low_bit_target_are_kept_apart_from_the_dense_ones(tmp
     name = lambda t: _part_path(tmp_path, "answers", _chunk_key(t, 0, cfg), ".json.gz")  # noqa: E731
     assert name(dense) != name(q4)
     assert _chunk_key(dense, 0, cfg)[0] == dense.name and _chunk_key(q4, 0, cfg)[0] == f"{dense.name}@q4"
+    half = dataclasses.replace(dense, model=tiny("llama", seed=4, dtype=torch.bfloat16).model)  # dense bfloat16
+    assert _chunk_key(half, 0, cfg)[0] == f"{dense.name}@bfloat16" and name(half) not in (name(dense), name(q4))

@@ -266,15 +266,16 @@ def write_answers(path: Path, target: LoadedModel, sequences: list[list[int]], s
     from ..env import describe
 
     machine = describe(target.device)
-    record = {"target": target.name, "dtype": str(target.model.dtype).removeprefix("torch."),
+    record = {"target": target.name, "weights": target.weights, "dtype": _dtype_name(target),
               "device": str(target.device), "versions": machine["versions"], "cpu": machine["cpu"],
               "answers": f"greedy; on a CPU prompts of {SPECULATE_FROM}+ tokens by exact linear n-gram speculation",
               "sequences": sequences, "answer_from": starts}
     write_bytes_atomic(path, gzip.compress(json.dumps(record, separators=(",", ":")).encode(), mtime=0))
 
 
-def read_answers(path: Path, target_name: str) -> tuple[list[list[int]], list[int]]:
-    """A saved chunk's (sequences, answer starts), checked, or a one-line error."""
+def read_answers(path: Path, target: LoadedModel) -> tuple[list[list[int]], list[int]]:
+    """A saved chunk's (sequences, answer starts), checked against `target` (its name, weight format
+    and dtype, as recorded), or a one-line error."""
     try:
         record = json.loads(gzip.decompress(path.read_bytes()))
         sequences, starts = record["sequences"], record["answer_from"]
@@ -286,8 +287,14 @@ def read_answers(path: Path, target_name: str) -> tuple[list[list[int]], list[in
     if not ok:
         raise DynaTreeError(f"{path} is not a saved chunk of answers (sequences and answer starts do not match); "
                             "delete it to generate it again")
-    if record.get("target") != target_name:  # the name is in the file's hash too: this is a renamed file
-        raise DynaTreeError(f"{path} holds answers of {record.get('target')!r}, not of {target_name!r}")
+    if record.get("target") != target.name:  # the name is in the file's hash too: this is a renamed file
+        raise DynaTreeError(f"{path} holds answers of {record.get('target')!r}, not of {target.name!r}")
+    # (files written before the format was recorded say only their dtype; both are in the hash now)
+    for what, saved, here in (("weights", record.get("weights", target.weights), target.weights),
+                              ("dtype", record.get("dtype", _dtype_name(target)), _dtype_name(target))):
+        if saved != here:
+            raise DynaTreeError(f"{path} holds answers of {target.name} in {what} {saved}, not {here} as loaded "
+                                f"(another {what} writes other answers); move it away to generate them again")
     return sequences, starts
 
 
@@ -378,9 +385,17 @@ def chat_chunks(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True,
 
 
 def _target_key(target: LoadedModel) -> str:
-    """The target as saved pieces name it: its name, and its weight format unless dense (a q4 target writes
-    other answers than the float32 one of the same name; dense keeps the keys of the data already saved)."""
-    return target.name if target.weights == "dense" else f"{target.name}@{target.weights}"
+    """The target as saved pieces name it: its name, and its weight format unless dense, or its dtype
+    when dense and not float32 (a q4 or bfloat16 target writes other answers than the float32 one of the
+    same name; dense float32 keeps the keys of the data already saved)."""
+    if target.weights != "dense":
+        return f"{target.name}@{target.weights}"
+    dtype = _dtype_name(target)
+    return target.name if dtype == "float32" else f"{target.name}@{dtype}"
+
+
+def _dtype_name(target: LoadedModel) -> str:
+    return str(target.model.dtype).removeprefix("torch.")
 
 
 def _chunk_key(target: LoadedModel, chunk, cfg: ChatDataConfig) -> list:
@@ -403,7 +418,7 @@ def chunk_answers(target: LoadedModel, chunk, cfg: ChatDataConfig, parts: Path |
     if answers_path is not None and not answers_path.exists() and part_path.exists():
         _answers_from_part(answers_path, target, torch.load(part_path, weights_only=True))
     if answers_path is not None and answers_path.exists():
-        sequences, starts = read_answers(answers_path, target.name)
+        sequences, starts = read_answers(answers_path, target)
         if bar is not None:
             bar.update(sum(len(c) for c in chunk))
         return sequences, starts, True
