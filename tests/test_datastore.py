@@ -141,6 +141,11 @@ def test_specs_name_a_store_and_loading_checks_it(tmp_path):
     run = api.generate(prompt_ids=[5, 6, 7], method="dynatree", target=target, max_new_tokens=10, ignore_eos=True,
                        draft=api.Hybrid(None, store=str(store_dir)))  # the store alone, as 'ngram+STORE'
     assert run.new_token_ids == hf_greedy(target, [5, 6, 7], 10) and run.draft == f"ngram+{store_dir}"
+    from dynatree.bench.runner import _draft_for
+
+    assert _draft_for(f"ngram+{store_dir}", api.Hybrid(None, store=str(store_dir)), target).name == f"ngram+{store_dir}"
+    with pytest.raises(DynaTreeError, match="drafts as 'ngram\\+.*', not as that spec says"):  # a bench's drafts, checked
+        _draft_for(f"ngram+{store_dir}+{model.name}", api.Hybrid(None, store=str(store_dir)), target)
     with pytest.raises(DynaTreeError, match="Hybrid\\(store=...\\) names no datastore: 'nope'"):
         api.generate(prompt_ids=[5], method="dynatree", target=target, draft=api.Hybrid(model, store="nope"))
     plus_dir = tmp_path / "my+store"  # a directory name may hold '+'

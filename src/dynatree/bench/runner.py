@@ -233,13 +233,13 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, 
 
 
 def _draft_for(spec: str, value, target: LoadedModel) -> Draft:
-    """The `Draft` a run's `drafts[spec]` gives (a Draft, the loaded model the spec names, or
-    Hybrid(model) for 'ngram+SPEC'), checked against the target; a value that is not what its spec
+    """The `Draft` a run's `drafts[spec]` gives (a Draft, the loaded model the spec names, or a
+    Hybrid for 'ngram+SPEC', 'ngram+STORE' or 'ngram+STORE+SPEC'), checked against the target; a value that is not what its spec
     says is a one-line error, never relabelled."""
     parsed = parse(spec)
     if isinstance(value, (LoadedModel, FeatureHead)) and parsed.model is not None:
         value = Hybrid(value) if parsed.ngram else value
-    elif isinstance(value, Hybrid) and parsed.model is not None and parsed.ngram:
+    elif isinstance(value, Hybrid) and parsed.ngram:  # Hybrid(model), Hybrid(model, store=...), Hybrid(None, store=...)
         pass
     elif not isinstance(value, Draft):
         raise DynaTreeError(f"drafts[{spec!r}] must be a Draft or the draft model that spec names, "
