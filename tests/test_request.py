@@ -429,6 +429,36 @@ def test_a_sampled_hf_decode_inside_a_sampled_hf_decodes_callback_runs(monkeypat
     assert got[0].new_token_ids == alone and nested[0].new_token_ids == inner_alone
 
 
+def test_a_sampled_hf_decode_waiting_for_its_model_does_not_hold_the_generators():
+    """Thread B decodes on X, its callback a sampled hf-* decode on an idle model Z; thread A's sampled
+    hf-* decode on X waits for B. A waits holding nothing B's callback needs: both end."""
+    import threading
+    import time
+
+    x, z = tiny("llama", eos_ids=[]), tiny("llama", seed=1, eos_ids=[])
+    sampled = lambda t: prepare(Request(prompt_ids=[5, 6, 7], target=t, method="hf-ar", sample=True,  # noqa: E731
+                                        max_new_tokens=4, seed=1))
+    a_started, done = threading.Event(), []
+
+    def callback(ids):
+        if not a_started.is_set():
+            threading.Thread(target=lambda: done.append(("a", run(sampled(x)))), daemon=True).start()
+            a_started.set()
+            time.sleep(0.5)  # (A now waits for X)
+            done.append(("inner", run(sampled(z))))
+
+    b = threading.Thread(target=lambda: done.append(("b", run(prepare(Request(
+        prompt_ids=[5, 6, 7], target=x, method="dynatree", draft="ngram", max_new_tokens=6)), on_tokens=callback))),
+        daemon=True)
+    b.start()
+    b.join(120)
+    for _ in range(120):
+        if len(done) == 3:
+            break
+        time.sleep(1)
+    assert sorted(name for name, _ in done) == ["a", "b", "inner"], "a decode waited forever"
+
+
 def test_greedy_hf_runs_leave_the_global_generators_alone(monkeypatch):
     """A greedy hf-* run draws nothing: it neither forks nor seeds torch's generators (restoring them at
     its end would undo another thread's draws) and does not wait for sampled runs."""

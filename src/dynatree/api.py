@@ -337,16 +337,17 @@ def _busy(model: LoadedModel | FeatureHead) -> threading.RLock:
 
 @contextlib.contextmanager
 def _holding(job: Prepared):
-    """Hold what a decode of `job` uses for its whole span: torch's global generators first where it
-    samples through transformers, then every model's lock in one fixed order (by id), so that two
-    top-level decodes sharing models the other way round (one's draft LM the other's target) cannot
-    each wait on the other. (A callback that decodes on further models while other threads do the same
-    can still deadlock: its locks come after the outer decode's, whatever their order.)"""
+    """Hold what a decode of `job` uses for its whole span: every model's lock in one fixed order (by id),
+    so that two top-level decodes sharing models the other way round (one's draft LM the other's target)
+    cannot each wait on the other, then torch's global generators where it samples through transformers
+    (last: a decode waiting for a busy model holds nothing that the busy one's callbacks may need).
+    A callback that decodes on further models can still deadlock with decodes on other threads: its
+    locks come after the outer decode's, whatever their order."""
     with contextlib.ExitStack() as stack:
-        if job.uses_global_rng:
-            stack.enter_context(_GLOBAL_RNG)
         for model in sorted(job.models, key=id):
             stack.enter_context(_busy(model))
+        if job.uses_global_rng:
+            stack.enter_context(_GLOBAL_RNG)
         _HELD.models.extend(job.models)
         _HELD.rng += job.uses_global_rng
         try:

@@ -289,7 +289,7 @@ def read_answers(path: Path, target: LoadedModel) -> tuple[list[list[int]], list
                             "delete it to generate it again")
     if record.get("target") != target.name:  # the name is in the file's hash too: this is a renamed file
         raise DynaTreeError(f"{path} holds answers of {record.get('target')!r}, not of {target.name!r}")
-    # (files written before the format was recorded say only their dtype; both are in the hash now)
+    # (files written before the format was recorded say only their dtype; `_target_key` names both apart now)
     for what, saved, here in (("weights", record.get("weights", target.weights), target.weights),
                               ("dtype", record.get("dtype", _dtype_name(target)), _dtype_name(target))):
         if saved != here:
