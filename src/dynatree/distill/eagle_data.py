@@ -395,7 +395,7 @@ def _target_key(target: LoadedModel) -> str:
 
 
 def _dtype_name(target: LoadedModel) -> str:
-    return str(target.model.dtype).removeprefix("torch.")
+    return str(target.dtype).removeprefix("torch.")
 
 
 def _chunk_key(target: LoadedModel, chunk, cfg: ChatDataConfig) -> list:

@@ -178,7 +178,7 @@ class Engine:
         Any failure leaves `state` 'failed' with `error` set (the CLI prints it and exits)."""
         try:
             s = self.settings
-            if s.ngram_max is not None and (s.draft is None or isinstance(s.draft, str)) and not parse(s.draft or "ngram").ngram:
+            if s.ngram_max is not None and (s.draft is None or isinstance(s.draft, str)) and not parse(s.draft).ngram:
                 raise DynaTreeError(self._no_ngram(repr(s.draft)))  # (a spec says so before the slow loads)
             target = s.target if isinstance(s.target, LoadedModel) else load_model(
                 s.target, device=s.device, dtype=s.dtype, linear=s.linear, weights=s.weights)
