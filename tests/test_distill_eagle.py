@@ -147,6 +147,37 @@ def test_committed_answers_rebuild_the_data_without_generating(tmp_path, prompts
         assert "\n" not in str(err.value), name
 
 
+def test_a_bfloat16_labelling_pass_labels_with_bfloat16_weights_and_keeps_its_parts_apart(tmp_path, prompts):
+    """--label-dtype bfloat16: features and labels come from the target's modules on bfloat16 copies of its
+    weights (as a model whose parameters are bfloat16 computes them), the answers stay the float32 target's
+    (the same answers files, nothing generated again), and its parts are saved beside float32's, never
+    mixed with them; a second bfloat16 build reuses its own."""
+    target, parts = chat_target(), tmp_path / "parts"
+    cfg = EagleConfig(**{**SMALL, "prompts": str(prompts), "chunk": 8})
+    f32 = build_data(target, cfg, progress=False, parts=parts)
+    b16_cfg = dataclasses.replace(cfg, label_dtype="bfloat16")
+    b16 = build_data(target, b16_cfg, progress=False, parts=parts)
+    assert b16["info"]["chunks"] == {"total": 2, "reused": 0, "answers_reused": 2}
+    assert len(list(parts.glob("part-*.pt"))) == 4 and len(list(parts.glob("answers-*.json.gz"))) == 2
+    assert b16["key"] == {**f32["key"], "label_dtype": "bfloat16"}
+    assert build_data(target, b16_cfg, progress=False, parts=parts)["info"]["chunks"]["reused"] == 2
+    assert build_data(target, cfg, progress=False, parts=parts)["info"]["chunks"]["reused"] == 2
+
+    as_bf16 = copy.deepcopy(target.model)
+    for p in as_bf16.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    features_differ = False
+    for tokens, feats, labels, tokens32, feats32 in zip(b16["tokens"], b16["features"], b16["labels"],
+                                                       f32["tokens"], f32["features"]):
+        assert torch.equal(tokens, tokens32)  # the float32 target's answers
+        out = as_bf16(tokens.long().unsqueeze(0).to(target.device), output_hidden_states=True)
+        torch.testing.assert_close(feats.float(), out.hidden_states[-1][0].to(torch.bfloat16).float().cpu(),
+                                   rtol=0, atol=0)
+        assert torch.equal(labels.long(), out.logits[0].argmax(-1).cpu())
+        features_differ |= not torch.equal(feats, feats32)
+    assert features_differ  # the pass ran in bfloat16, not float32
+
+
 def test_a_turn_asked_by_two_sources_is_kept_once(prompts):
     target = chat_target()
     once = build_data(target, EagleConfig(**{**SMALL, "prompts": str(prompts)}), progress=False)
@@ -465,6 +496,7 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
                          (["--unroll", "0"], "--unroll must be at least 1"),
                          (["--warmup", "-1"], "--warmup and --weight-decay must be at least 0"),
                          (["--train-dtype", "float16"], "--train-dtype must be float32 or bfloat16"),
+                         (["--label-dtype", "float16"], "--label-dtype must be float32 or bfloat16"),
                          (["--prompts", str(empty)], "holds no prompts"),
                          (["--prompts", str(binary)], "UTF-8"),
                          (["--prompts", str(tmp_path)], "is a directory"),
