@@ -19,7 +19,7 @@ from dynatree.api import generate
 from dynatree.prompts import encode_prompt, load_texts
 from dynatree.cli import main
 from dynatree.distill.chat import instruction_prompts
-from dynatree.distill.eagle_data import EagleConfig, build_data
+from dynatree.distill.eagle_data import EagleConfig, build_data, label, labelling_params
 from dynatree.distill.eagle_train import _pass_mask, distill_eagle, pass_mask_for
 from dynatree.featurehead import check_head, load_head, output_signature
 from dynatree.runtime import LoadedModel
@@ -147,35 +147,72 @@ def test_committed_answers_rebuild_the_data_without_generating(tmp_path, prompts
         assert "\n" not in str(err.value), name
 
 
+def with_bfloat16_parameters(target: LoadedModel) -> LoadedModel:
+    """The target's modules with every parameter converted to bfloat16 (buffers as they are)."""
+    model = copy.deepcopy(target.model)
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return LoadedModel(model=model, tokenizer=target.tokenizer, name=target.name + "-bf16", eos_ids=target.eos_ids)
+
+
 def test_a_bfloat16_labelling_pass_labels_with_bfloat16_weights_and_keeps_its_parts_apart(tmp_path, prompts):
     """--label-dtype bfloat16: features and labels come from the target's modules on bfloat16 copies of its
-    weights (as a model whose parameters are bfloat16 computes them), the answers stay the float32 target's
-    (the same answers files, nothing generated again), and its parts are saved beside float32's, never
-    mixed with them; a second bfloat16 build reuses its own."""
+    weights (what a model whose parameters are bfloat16 computes, batch for batch), the answers stay the
+    float32 target's (the same answers files, nothing generated again), and its parts are saved beside the
+    target's own, never mixed with them (a part under the other's name is a one-line error); a second
+    bfloat16 build reuses its own."""
     target, parts = chat_target(), tmp_path / "parts"
     cfg = EagleConfig(**{**SMALL, "prompts": str(prompts), "chunk": 8})
-    f32 = build_data(target, cfg, progress=False, parts=parts)
+    own = build_data(target, cfg, progress=False, parts=parts)
     b16_cfg = dataclasses.replace(cfg, label_dtype="bfloat16")
     b16 = build_data(target, b16_cfg, progress=False, parts=parts)
     assert b16["info"]["chunks"] == {"total": 2, "reused": 0, "answers_reused": 2}
     assert len(list(parts.glob("part-*.pt"))) == 4 and len(list(parts.glob("answers-*.json.gz"))) == 2
-    assert b16["key"] == {**f32["key"], "label_dtype": "bfloat16"}
+    assert b16["key"] == {**own["key"], "label_dtype": "bfloat16"} and "label_dtype" not in own["key"]
     assert build_data(target, b16_cfg, progress=False, parts=parts)["info"]["chunks"]["reused"] == 2
     assert build_data(target, cfg, progress=False, parts=parts)["info"]["chunks"]["reused"] == 2
 
-    as_bf16 = copy.deepcopy(target.model)
-    for p in as_bf16.parameters():
-        p.data = p.data.to(torch.bfloat16)
-    features_differ = False
-    for tokens, feats, labels, tokens32, feats32 in zip(b16["tokens"], b16["features"], b16["labels"],
-                                                       f32["tokens"], f32["features"]):
-        assert torch.equal(tokens, tokens32)  # the float32 target's answers
-        out = as_bf16(tokens.long().unsqueeze(0).to(target.device), output_hidden_states=True)
-        torch.testing.assert_close(feats.float(), out.hidden_states[-1][0].to(torch.bfloat16).float().cpu(),
-                                   rtol=0, atol=0)
-        assert torch.equal(labels.long(), out.logits[0].argmax(-1).cpu())
-        features_differ |= not torch.equal(feats, feats32)
-    assert features_differ  # the pass ran in bfloat16, not float32
+    assert all(torch.equal(a, b) for a, b in zip(b16["tokens"], own["tokens"]))  # the float32 target's answers
+    reference = with_bfloat16_parameters(target)
+    for chunk in (slice(0, 8), slice(8, 16)):  # labelled a chunk at a time, as the build does
+        feats, labels = label(reference, [t.tolist() for t in b16["tokens"][chunk]], cfg.label_batch)
+        assert all(torch.equal(a, b) for a, b in zip(feats, b16["features"][chunk]))
+        assert all(torch.equal(a, b) for a, b in zip(labels, b16["labels"][chunk]))
+    assert any(not torch.equal(a, b) for a, b in zip(b16["features"], own["features"]))  # not a float32 pass
+
+    loaded = {p: torch.load(p, weights_only=True) for p in parts.glob("part-*.pt")}
+    b16_part = next(p for p, d in loaded.items() if d["label_dtype"] == "bfloat16")
+    own_part = next(p for p, d in loaded.items() if d["label_dtype"] == "target"
+                    and torch.equal(d["tokens"][0], loaded[b16_part]["tokens"][0]))
+    shutil.copy(b16_part, own_part)  # a bfloat16 part under the target's own name
+    with pytest.raises(DynaTreeError, match=r"holds features and labels of a 'bfloat16' pass, not 'target' as asked") as err:
+        build_data(target, cfg, progress=False, parts=parts)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox"])
+def test_the_bfloat16_pass_keeps_tied_and_untied_output_layers(arch):
+    """The copies are taken per parameter: a model whose output layer is its embedding (gpt2) computes with
+    the one bfloat16 copy in both places, as a bfloat16 model does."""
+    target = tiny(arch, dtype=torch.float32)
+    sequences = [[5, 9, 14, 5, 9, 22, 31], [7, 8, 9], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
+    params = labelling_params(target, EagleConfig(label_dtype="bfloat16"))
+    assert all(p.dtype == torch.bfloat16 for p in params.values())
+    got = label(target, sequences, 2, params=params)
+    want = label(with_bfloat16_parameters(target), sequences, 2)
+    for a, b in zip(got[0] + got[1], want[0] + want[1]):
+        assert torch.equal(a, b)
+
+
+def test_a_bfloat16_pass_of_a_target_not_dense_float32_is_refused():
+    for target, form in ((with_bfloat16_parameters(tiny("llama", dtype=torch.float32)), "bfloat16"),
+                         (dataclasses.replace(tiny("llama", dtype=torch.float32), weights="q4"), "q4")):
+        with pytest.raises(DynaTreeError, match=f"copies a dense float32 target's weights; .* is loaded as {form} "
+                                                r"\(leave --label-dtype out") as err:
+            build_data(target, EagleConfig(**{**SMALL, "label_dtype": "bfloat16"}), progress=False)
+        assert "\n" not in str(err.value)
+    with pytest.raises(DynaTreeError, match="--label-dtype must be target or bfloat16, got 'float16'"):
+        build_data(tiny("llama", dtype=torch.float32), EagleConfig(**{**SMALL, "label_dtype": "float16"}), progress=False)
 
 
 def test_a_turn_asked_by_two_sources_is_kept_once(prompts):
@@ -496,7 +533,7 @@ def test_cli_kind_eagle_end_to_end_and_bad_input(tmp_path, prompts, saved_chat, 
                          (["--unroll", "0"], "--unroll must be at least 1"),
                          (["--warmup", "-1"], "--warmup and --weight-decay must be at least 0"),
                          (["--train-dtype", "float16"], "--train-dtype must be float32 or bfloat16"),
-                         (["--label-dtype", "float16"], "--label-dtype must be float32 or bfloat16"),
+                         (["--label-dtype", "float16"], "--label-dtype must be target or bfloat16"),
                          (["--prompts", str(empty)], "holds no prompts"),
                          (["--prompts", str(binary)], "UTF-8"),
                          (["--prompts", str(tmp_path)], "is a directory"),

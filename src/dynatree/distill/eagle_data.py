@@ -76,6 +76,10 @@ class ChatDataConfig:
         return key
 
 
+# --label-dtype's choices: the dtype the labelling pass's parameters take (None: the target's as loaded)
+LABEL_DTYPES = {"target": None, "bfloat16": torch.bfloat16}
+
+
 @dataclass
 class EagleConfig(ChatDataConfig):
     label_batch: int = option(4, "conversations per teacher-forced target pass")
@@ -100,11 +104,12 @@ class EagleConfig(ChatDataConfig):
                               "autocast (weights, optimizer and held-out evaluation stay float32); about twice as "
                               "fast where the hardware has native bfloat16 (AVX-512 bf16 or AMX CPUs, GPUs), slower "
                               "on an AVX2-only CPU")
-    label_dtype: str = option("float32", "dtype of the teacher-forced target pass that computes the features and "
-                              "labels (the answers are always the target's own, in float32): 'bfloat16' runs it on a "
-                              "bfloat16 copy of the target's weights, about 2.5x faster on a CPU with AMX "
-                              "(docs/results/eagle-label-dtype: 98.9% of answer labels equal float32's), slower on an "
-                              "AVX2-only CPU; its parts are kept apart from float32's")
+    label_dtype: str = option("target", "the teacher-forced pass that computes the features and labels: 'target' "
+                              "runs the target as loaded (float32 from the CLI); 'bfloat16' runs it on bfloat16 "
+                              "copies of a dense float32 target's weights, about 2.6x faster on a CPU with AMX "
+                              "(docs/results/eagle-label-dtype: 98.9% of answer labels equal float32's), likely "
+                              "slower on an AVX2-only CPU; the answers stay the target's own, and its parts are "
+                              "kept apart")
     init_head: str = option("", "continue training this head directory (its sizes and sub-vocabulary are kept; "
                             "--ffn/--heads/--kv-heads/--draft-vocab are then ignored)")
 
@@ -114,7 +119,7 @@ class EagleConfig(ChatDataConfig):
         require(self.train_dtype in ("float32", "bfloat16"),
                 f"--train-dtype must be float32 or bfloat16, got {self.train_dtype!r}")
         require(self.label_dtype in LABEL_DTYPES,
-                f"--label-dtype must be float32 or bfloat16, got {self.label_dtype!r}")
+                f"--label-dtype must be {' or '.join(LABEL_DTYPES)}, got {self.label_dtype!r}")
         require(min(self.ffn, self.heads, self.kv_heads) >= 0, "--ffn, --heads and --kv-heads must be at least 0")
         require(0.0 < self.eval_fraction < 1.0, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}")
         require(self.loss_rows in ("all", "answers"), f"--loss-rows must be all or answers, got {self.loss_rows!r}")
@@ -125,14 +130,12 @@ class EagleConfig(ChatDataConfig):
                 f"--init-head {self.init_head!r} is not a feature-head directory (no feature_head.json)")
 
     def data_key(self) -> dict:
+        """What the whole data set (an earlier build's data.pt) depends on: the chat data's key, and the
+        labelling pass unless the target's own (absent then: the key of data built before the option)."""
         key = super().data_key()
-        if self.label_dtype != "float32":  # (absent for float32: the key of data built before the option existed)
+        if self.label_dtype != "target":
             key["label_dtype"] = self.label_dtype
         return key
-
-
-# --label-dtype's choices
-LABEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def question_blocks(n: int, cfg: ChatDataConfig) -> list[list[tuple[str, str]]]:
@@ -346,15 +349,11 @@ def answer_conversations(target: LoadedModel, convs: list[list[str]], cfg: ChatD
 
 @torch.no_grad()
 def label(target: LoadedModel, sequences: list[list[int]], batch: int, bar=None,
-          dtype: str = "float32") -> tuple[list, list]:
+          params: dict | None = None) -> tuple[list, list]:
     """For each sequence: the target's last hidden states (bfloat16, [n, hidden]) and argmax next
     tokens (int32, [n]), from one teacher-forced pass (right-padded batches: causal rows never see
-    the padding). `dtype` other than the target's: the pass runs the target's modules on a copy of
-    its parameters in that dtype (`torch.func.functional_call`; buffers such as rotary frequencies
-    stay as they are), which is what makes a bfloat16 pass fast where the CPU has AMX."""
-    params = None
-    if LABEL_DTYPES[dtype] != target.dtype:
-        params = {name: p.detach().to(LABEL_DTYPES[dtype]) for name, p in target.model.named_parameters()}
+    the padding). `params` (from `labelling_params`): run the target's modules on these parameters
+    instead of its own (`torch.func.functional_call`)."""
     feats, labels = [None] * len(sequences), [None] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     for start in range(0, len(order), batch):
@@ -427,10 +426,31 @@ def _chunk_key(target: LoadedModel, chunk, cfg: ChatDataConfig) -> list:
     return [_target_key(target), chunk, cfg.max_new_tokens, cfg.l_max]
 
 
+def check_labelling(target: LoadedModel, cfg: EagleConfig) -> None:
+    """`cfg.label_dtype` is a choice, and a copy in another dtype is asked of a dense float32 target only
+    (any other is already in a reduced format): else a one-line error."""
+    if cfg.label_dtype not in LABEL_DTYPES:
+        raise DynaTreeError(f"--label-dtype must be {' or '.join(LABEL_DTYPES)}, got {cfg.label_dtype!r}")
+    if LABEL_DTYPES[cfg.label_dtype] is None:
+        return
+    if target.weights != "dense" or target.dtype != torch.float32:
+        form = target.weights if target.weights != "dense" else _dtype_name(target)
+        raise DynaTreeError(f"--label-dtype {cfg.label_dtype} copies a dense float32 target's weights; "
+                            f"{target.name} is loaded as {form} (leave --label-dtype out: its pass already runs so)")
+
+
+def labelling_params(target: LoadedModel, cfg: EagleConfig) -> dict | None:
+    """The parameters `label` runs the target on for `cfg.label_dtype`: None for the target's own, else
+    a copy of each in that dtype (buffers, such as rotary frequencies, stay as they are)."""
+    check_labelling(target, cfg)
+    dtype = LABEL_DTYPES[cfg.label_dtype]
+    return None if dtype is None else {name: p.detach().to(dtype) for name, p in target.model.named_parameters()}
+
+
 def _label_key(key: list, cfg: EagleConfig) -> list:
-    """A part's key: its chunk's, and the labelling pass's dtype unless float32 (the parts of a float32
-    pass keep the names they had before the option existed)."""
-    return key if cfg.label_dtype == "float32" else [*key, f"labels@{cfg.label_dtype}"]
+    """A part's key: its chunk's, and the labelling pass unless the target's own (whose parts keep the
+    names they had before the option existed)."""
+    return key if cfg.label_dtype == "target" else [*key, f"labels@{cfg.label_dtype}"]
 
 
 def _answers_from_part(answers_path: Path, target: LoadedModel, part: dict) -> None:
@@ -495,6 +515,8 @@ def build_data(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True, 
     Each chunk is two files: `answers-*.json.gz`, the token ids (what generation costs, small: commit
     it to share a build), and `part-*.pt`, their features and labels (large, recomputed from the
     answers in one teacher-forced pass when missing)."""
+    check_labelling(target, cfg)  # before any answer is generated
+    params, copied = None, False  # the labelling pass's parameters, copied when a part first needs them
     chunks, info = chat_chunks(target, cfg, progress, parts)
     data = {"key": cfg.data_key(), "info": info, "tokens": [], "features": [], "labels": [], "answer_from": []}
     b = _bar(progress)(sum(len(c) for chunk in chunks for c in chunk), "target answers and labels", "turn")
@@ -506,6 +528,9 @@ def build_data(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True, 
         answers_path = _part_path(parts, "answers", key, ".json.gz")
         if path is not None and path.exists():
             part = torch.load(path, weights_only=True)
+            if part.get("label_dtype", "target") != cfg.label_dtype:  # (parts before the option: the target's)
+                raise DynaTreeError(f"{path} holds features and labels of a {part['label_dtype']!r} pass, not "
+                                    f"{cfg.label_dtype!r} as asked (a part renamed or copied: remove it)")
             b.update(sum(len(c) for c in chunk))
             reused += 1
             if not answers_path.exists():
@@ -513,9 +538,11 @@ def build_data(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True, 
         else:
             sequences, starts, was_saved = chunk_answers(target, chunk, cfg, parts, b)
             answers_reused += was_saved
-            feats, labels = label(target, sequences, cfg.label_batch, dtype=cfg.label_dtype)
+            if not copied:
+                params, copied = labelling_params(target, cfg), True
+            feats, labels = label(target, sequences, cfg.label_batch, params=params)
             part = {"tokens": [torch.tensor(s, dtype=torch.int32) for s in sequences], "features": feats,
-                    "labels": labels, "answer_from": starts}
+                    "labels": labels, "answer_from": starts, "label_dtype": cfg.label_dtype}
             if path is not None:
                 save_atomic(part, path)
         starts = part.get("answer_from") or [None] * len(part["tokens"])  # older parts: unknown
