@@ -9,7 +9,7 @@ import dataclasses
 import re
 import sys
 
-from .config import cli_flag, field_type
+from .config import argparse_help, cli_flag, field_type
 from .embedded import DEFAULT_TARGET, EMBEDDED
 from .errors import DynaTreeError
 from .kernels import LINEAR_KERNELS
@@ -58,7 +58,7 @@ def method_options(parser: argparse.ArgumentParser, as_lists: bool = False,
     for name, users in fields.items():
         f = users[0][1]
         flag = cli_flag(name)
-        helps = "; ".join(f"{m}: {fld.metadata['help']} [{fld.default}]" for m, fld in users)
+        helps = argparse_help("; ".join(f"{m}: {fld.metadata['help']} [{fld.default}]" for m, fld in users))
         kind = field_type(f)
         if as_lists:
             group.add_argument(flag, dest=name, type=_list_of(kind), default=argparse.SUPPRESS, metavar="V1,V2", help=helps)

@@ -32,6 +32,12 @@ def option(default, help: str):  # noqa: A002 - mirrors argparse's keyword
     return field(default=default, metadata={"help": help})
 
 
+def argparse_help(text: str) -> str:
+    """An option's help text as argparse takes it: argparse formats help with `%`, so a literal one
+    ("98.9% of ...") is doubled."""
+    return text.replace("%", "%%")
+
+
 def field_type(f: dataclasses.Field) -> type:
     """The Python type of a config field (configs use `from __future__ import annotations`)."""
     return {"int": int, "float": float, "str": str, "bool": bool}[f.type if isinstance(f.type, str) else f.type.__name__]

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import cli_flag, field_type
+from .config import argparse_help, cli_flag, field_type
 from .draftspec import STORE_CONFIG_FILE, is_head_dir
 from .distill.lm_data import DistillConfig
 from .distill.eagle_data import EagleConfig
@@ -56,7 +56,7 @@ def add_distill_command(sub) -> None:
             shown = f"[{first.default}]"
         else:
             shown = "[" + ", ".join(f"{k}: {v if v != '' else 'none'}" for k, v in defaults.items()) + "]"
-        help_text = f"{_per_kind_help(per_kind)} {shown}"
+        help_text = argparse_help(f"{_per_kind_help(per_kind)} {shown}")
         if kind_type is bool:
             g.add_argument(cli_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
