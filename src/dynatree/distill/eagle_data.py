@@ -516,7 +516,7 @@ def build_data(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True, 
     it to share a build), and `part-*.pt`, their features and labels (large, recomputed from the
     answers in one teacher-forced pass when missing)."""
     check_labelling(target, cfg)  # before any answer is generated
-    params, copied = None, False  # the labelling pass's parameters, copied when a part first needs them
+    params = None  # the labelling pass's parameters (None: the target's own), copied when a part first needs them
     chunks, info = chat_chunks(target, cfg, progress, parts)
     data = {"key": cfg.data_key(), "info": info, "tokens": [], "features": [], "labels": [], "answer_from": []}
     b = _bar(progress)(sum(len(c) for chunk in chunks for c in chunk), "target answers and labels", "turn")
@@ -538,8 +538,8 @@ def build_data(target: LoadedModel, cfg: ChatDataConfig, progress: bool = True, 
         else:
             sequences, starts, was_saved = chunk_answers(target, chunk, cfg, parts, b)
             answers_reused += was_saved
-            if not copied:
-                params, copied = labelling_params(target, cfg), True
+            if params is None:
+                params = labelling_params(target, cfg)
             feats, labels = label(target, sequences, cfg.label_batch, params=params)
             part = {"tokens": [torch.tensor(s, dtype=torch.int32) for s in sequences], "features": feats,
                     "labels": labels, "answer_from": starts, "label_dtype": cfg.label_dtype}
