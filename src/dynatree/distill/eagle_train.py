@@ -28,6 +28,7 @@ from ..runtime import LoadedModel
 from .common import batches, lr_at, resumed, save_atomic, warmup_of
 from .eagle_data import EagleConfig, build_data
 from .eagle_export import write_head
+from .output_loss import IGNORE, output_loss
 
 
 def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> FeatureHead:
@@ -109,18 +110,21 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
         feature_in = feats if depth == 1 else torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
         mask = pass_mask_for(L, depth, max(L, cfg.seq_len), device)
         out = head(embeds, feature_in, positions, mask.expand(B, 1, L, depth * L), cache)
-        logits = out @ out_rows.T
         rows = valid & (torch.arange(L, device=device) >= depth - 1)[None]  # rows that exist at this depth
-        learn = rows & batch["covered"]  # ... and whose label the sub-vocabulary holds
+        # the output layer, its loss and argmax on those rows only (not on a batch's padding), a block of
+        # rows at a time (output_loss.py): they are most of a step's time
+        mine = out[rows]
+        learn = batch["covered"][rows]  # rows whose label the sub-vocabulary holds
         if cfg.loss_rows == "answers":
-            learn = learn & batch["answer"]
+            learn = learn & batch["answer"][rows]
+        ce, best = output_loss(mine, out_rows.detach(),  # (the target's output layer stays frozen)
+                               torch.where(learn, batch["sub_labels"][rows], IGNORE))
         if bool(learn.any()):
-            ce = F.cross_entropy(logits[learn], batch["sub_labels"][learn], reduction="mean")
             total = total + (cfg.decay ** (depth - 1)) * ce
             if depth == 1 and cfg.feature_loss:
-                total = total + cfg.feature_loss * F.smooth_l1_loss(out[learn], batch["next_features"][learn])
-        hit = (batch["head_vocab"][logits.argmax(-1)] == labels) & rows
-        answer = rows & batch["answer"]
+                total = total + cfg.feature_loss * F.smooth_l1_loss(mine[learn], batch["next_features"][rows][learn])
+        hit = batch["head_vocab"][best] == labels[rows]
+        answer = batch["answer"][rows]
         stats.append((int(hit.sum()), int(rows.sum()), int((hit & answer).sum()), int(answer.sum())))
         prev = out
     return total, stats

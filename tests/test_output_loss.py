@@ -1,0 +1,73 @@
+"""The feature head's training loss through the frozen output layer, a block of rows at a time
+(distill/output_loss.py), against the plain route it replaces: logits, F.cross_entropy, argmax."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dynatree.distill.output_loss import IGNORE, output_loss
+
+
+def _case(rows=10, width=16, vocab=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=g, requires_grad=True)
+    weight = torch.randn(vocab, width, generator=g)
+    target = torch.randint(0, vocab, (rows,), generator=g)
+    return x, weight, target
+
+
+def _plain(x, weight, target):
+    logits = x @ weight.T
+    return F.cross_entropy(logits, target, ignore_index=IGNORE), logits.argmax(-1)
+
+
+@pytest.mark.parametrize("block", [1, 3, 10, 512])
+def test_loss_gradient_and_argmax_equal_the_plain_route_in_float32(block):
+    x, weight, target = _case()
+    target[[1, 4, 5]] = IGNORE  # rows that take no loss but still count in the argmax
+    loss, best = output_loss(x, weight, target, block=block)
+    (grad,) = torch.autograd.grad(2.5 * loss, x)  # a scaled loss scales the gradient
+    x2 = x.detach().clone().requires_grad_()
+    ref_loss, ref_best = _plain(x2, weight, target)
+    (ref_grad,) = torch.autograd.grad(2.5 * ref_loss, x2)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-7)
+    assert torch.equal(best, ref_best)
+    assert grad[[1, 4, 5]].abs().max() == 0  # ignored rows get no gradient
+
+
+def test_every_row_ignored_gives_zero_loss_and_gradient():
+    x, weight, target = _case()
+    loss, best = output_loss(x, weight, torch.full_like(target, IGNORE), block=4)
+    (grad,) = torch.autograd.grad(loss, x)
+    assert float(loss.detach()) == 0.0 and grad.abs().max() == 0
+    assert torch.equal(best, (x @ weight.T).argmax(-1))
+
+
+def test_under_bfloat16_autocast_it_follows_autocast_like_the_plain_route():
+    """The product in bfloat16 (its argmax on the bfloat16 logits), the softmax in float32."""
+    x, weight, target = _case(rows=40, width=64, vocab=300, seed=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, best = output_loss(x, weight, target, block=16)
+        (grad,) = torch.autograd.grad(loss, x)
+        x2 = x.detach().clone().requires_grad_()
+        ref_loss, ref_best = _plain(x2, weight, target)
+        (ref_grad,) = torch.autograd.grad(ref_loss, x2)
+    assert loss.dtype == torch.float32 and ref_loss.dtype == torch.float32
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)  # the same bfloat16 logits, summed apart
+    torch.testing.assert_close(grad, ref_grad.float(), rtol=0.02, atol=2e-3)  # the gradient rounds through bfloat16
+    assert torch.equal(best, ref_best)
+
+
+def test_without_gradients_it_only_measures():
+    x, weight, target = _case()
+    with torch.no_grad():
+        loss, best = output_loss(x, weight, target)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, _plain(x.detach(), weight, target)[0])
+
+
+def test_the_output_layer_must_be_frozen():
+    x, weight, target = _case()
+    with pytest.raises(ValueError, match="frozen"):
+        output_loss(x, weight.requires_grad_(), target)
