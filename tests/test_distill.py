@@ -321,3 +321,13 @@ def test_an_output_directory_holding_another_kind_of_draft_is_refused_before_any
         assert words in err and err.count("\n") == 1, err
     check_out_kind(tmp_path / "new", "lm", resume=True)
     assert "has no checkpoint.pt to resume: training starts from step 0" in capsys.readouterr().err
+
+
+def test_a_new_draft_is_seeded_by_its_config_and_leaves_the_callers_generator_alone():
+    target = _target()
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    drafts = [lm_train.init_draft(target, lm_data.DistillConfig(**{**SMALL, "seed": s})) for s in (3, 3, 4)]
+    assert torch.equal(torch.get_rng_state(), before)
+    weights = [d.get_input_embeddings().weight for d in drafts]
+    assert torch.equal(weights[0], weights[1]) and not torch.equal(weights[0], weights[2])

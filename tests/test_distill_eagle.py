@@ -599,3 +599,18 @@ def test_saved_pieces_of_a_low_bit_target_are_kept_apart_from_the_dense_ones(tmp
     assert _chunk_key(dense, 0, cfg)[0] == dense.name and _chunk_key(q4, 0, cfg)[0] == f"{dense.name}@q4"
     half = dataclasses.replace(dense, model=tiny("llama", seed=4, dtype=torch.bfloat16).model)  # dense bfloat16
     assert _chunk_key(half, 0, cfg)[0] == f"{dense.name}@bfloat16" and name(half) not in (name(dense), name(q4))
+
+
+def test_a_new_head_is_seeded_by_its_config_and_leaves_the_callers_generator_alone():
+    """new_head initializes from torch's global generator: seeded by cfg.seed (two builds equal), and the
+    caller's generator state given back (rng.py), not reseeded behind its back."""
+    from dynatree.distill.eagle_train import new_head
+
+    target = tiny("llama", dtype=torch.float32)
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    heads = [new_head(target, EagleConfig(**{**SMALL, "seed": s}), torch.arange(60)) for s in (7, 7, 8)]
+    assert torch.equal(torch.get_rng_state(), before)
+    same = [torch.equal(a, b) for a, b in zip(heads[0].state_dict().values(), heads[1].state_dict().values())]
+    other = [torch.equal(a, b) for a, b in zip(heads[0].state_dict().values(), heads[2].state_dict().values())]
+    assert all(same) and not all(other)

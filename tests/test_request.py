@@ -12,6 +12,7 @@ import pytest
 
 from helpers import hf_greedy, tiny
 from dynatree import DynaTreeError, Request, Result, prepare, run
+from dynatree import rng
 from dynatree.draftspec import Hybrid
 from dynatree.result import RunInfo, Summary
 from dynatree.window import KVWindow
@@ -464,12 +465,10 @@ def test_greedy_hf_runs_leave_the_global_generators_alone(monkeypatch):
     its end would undo another thread's draws) and does not wait for sampled runs."""
     import torch
 
-    from dynatree import api
-
     monkeypatch.setattr(torch.random, "fork_rng", lambda *a, **k: pytest.fail("a greedy run forked the generators"))
     job = prepare(Request(prompt_ids=[5, 6, 7], target=tiny("llama"), method="hf-ar", max_new_tokens=4))
     assert not job.uses_global_rng
-    with api._GLOBAL_RNG:  # (held here: a greedy run on another thread would still go on)
+    with rng.LOCK:  # (held here: a greedy run on another thread would still go on)
         import threading
 
         done = []

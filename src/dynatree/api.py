@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from . import env
+from . import env, rng
 from .decode import Decoder
 from .drafters.factory import make_drafter
 from .drafters.ngram import NGRAM_MAX
@@ -320,9 +320,6 @@ class _Held(threading.local):
 
 
 _HELD = _Held()
-# a sampled hf-* run forks, seeds and restores torch's global generators: one such run at a time (reentrant:
-# a callback's own sampled hf-* decode on the same thread nests its fork inside the outer one)
-_GLOBAL_RNG = threading.RLock()
 _HEAD_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # feature head -> its `busy` lock
 _HEAD_LOCKS_MADE = threading.Lock()
 
@@ -347,7 +344,7 @@ def _holding(job: Prepared):
         for model in sorted(job.models, key=id):
             stack.enter_context(_busy(model))
         if job.uses_global_rng:
-            stack.enter_context(_GLOBAL_RNG)
+            stack.enter_context(rng.LOCK)  # (rng.py: one user of torch's global generators at a time)
         _HELD.models.extend(job.models)
         _HELD.rng += job.uses_global_rng
         try:
@@ -415,13 +412,7 @@ def _seeded(job: Prepared):
     if not job.uses_global_rng:
         yield
         return
-    device = job.target.device
-    cuda = device.type == "cuda"
-    with torch.random.fork_rng(devices=[device] if cuda else []):
-        torch.default_generator.manual_seed(job.seed)
-        if cuda:
-            with torch.cuda.device(device):
-                torch.cuda.manual_seed(job.seed)
+    with rng.seeded(job.seed, job.target.device):
         yield
 
 

@@ -4,11 +4,13 @@ prompt files, the target's chat template, and the target's greedy answers in bat
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
 
 from ..errors import DynaTreeError
+from ..rng import seeded
 from ..runtime import LoadedModel
 
 
@@ -192,11 +194,14 @@ def generate_batched(target: LoadedModel, prompts: list[list[int]], max_new: int
         ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in rows], device=target.device)
         mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in rows],
                             device=target.device)
-        if sample:
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-        result = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=sample,
-                                       temperature=0.9 if sample else None, top_p=0.95 if sample else None,
-                                       top_k=None, eos_token_id=target.eos_ids or None, pad_token_id=pad)
+        # a sampled batch draws from torch's global generators (transformers): seeded per batch, then given back
+        draws = seeded(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)), target.device) if sample \
+            else contextlib.nullcontext()
+        with draws:
+            result = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new,
+                                           do_sample=sample, temperature=0.9 if sample else None,
+                                           top_p=0.95 if sample else None, top_k=None,
+                                           eos_token_id=target.eos_ids or None, pad_token_id=pad)
         for row, i in enumerate(rows):
             answer = result[row, width:].tolist()
             for k, token in enumerate(answer):

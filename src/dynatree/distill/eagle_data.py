@@ -60,7 +60,7 @@ class ChatDataConfig:
                         "resumes from its parts, a larger one reuses them")
     data_dir: str = option("", "directory of the data parts (default OUT/data); give one directory to several "
                            "runs to reuse what each built (parts are named by what determines them)")
-    seed: int = option(0, "seed of the self-written prompts, the split and the order")
+    seed: int = option(0, "seed of the self-written prompts, the new head's initialisation, the split and the order")
 
     def validate(self) -> None:
         positive(self, "max_new_tokens", "l_max", "gen_batch", "chunk")

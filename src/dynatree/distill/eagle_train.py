@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..errors import DynaTreeError
 from ..featurehead import FeatureHead, HeadConfig, check_head, load_head, target_features, tokenizer_fingerprint
+from ..rng import seeded
 from ..runtime import LoadedModel
 from .common import batches, lr_at, resumed, save_atomic, warmup_of
 from .eagle_data import EagleConfig, build_data
@@ -44,20 +45,20 @@ def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> 
         ffn=cfg.ffn or getattr(tcfg, "intermediate_size", 4 * hidden),
         context=target.context_length or 8192, rms_norm_eps=getattr(tcfg, "rms_norm_eps", 1e-5),
     )
-    torch.manual_seed(cfg.seed)
-    head = FeatureHead(config, vocab_ids, name="feature-head")
-    with torch.no_grad():
-        head.fc.weight.zero_()
-        head.fc.weight[:, hidden:] = torch.eye(hidden)
-        head.fc.weight[:, :hidden].normal_(0.0, 0.02)
-        layers = getattr(getattr(target.model, "model", None), "layers", None)
-        last = layers[-1] if layers is not None else None
-        own = head.body.layers[0]
-        if last is not None and type(last).__name__ == type(own).__name__:
-            theirs = {k: v for k, v in last.state_dict().items()}
-            mine = own.state_dict()
-            if all(k in theirs and theirs[k].shape == v.shape for k, v in mine.items()):
-                own.load_state_dict({k: theirs[k].float() for k in mine})
+    with seeded(cfg.seed):  # (torch's global generators initialize the layer: seeded, then given back)
+        head = FeatureHead(config, vocab_ids, name="feature-head")
+        with torch.no_grad():
+            head.fc.weight.zero_()
+            head.fc.weight[:, hidden:] = torch.eye(hidden)
+            head.fc.weight[:, :hidden].normal_(0.0, 0.02)
+            layers = getattr(getattr(target.model, "model", None), "layers", None)
+            last = layers[-1] if layers is not None else None
+            own = head.body.layers[0]
+            if last is not None and type(last).__name__ == type(own).__name__:
+                theirs = {k: v for k, v in last.state_dict().items()}
+                mine = own.state_dict()
+                if all(k in theirs and theirs[k].shape == v.shape for k, v in mine.items()):
+                    own.load_state_dict({k: theirs[k].float() for k in mine})
     return head.float()
 
 

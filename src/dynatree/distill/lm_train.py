@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DynaTreeError
+from ..rng import seeded
 from ..runtime import LoadedModel
 from .common import batches, lr_at, resumed, save_atomic, warmup_of
 from .lm_data import DistillConfig, _held_count, build_data
@@ -52,24 +53,24 @@ def draft_config(target: LoadedModel, cfg: DistillConfig):
 def init_draft(target: LoadedModel, cfg: DistillConfig):
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    torch.manual_seed(cfg.seed)
-    if cfg.init_draft:
-        model = AutoModelForCausalLM.from_pretrained(Path(cfg.init_draft).expanduser(), dtype=torch.float32)
-        if model.config.vocab_size != target.vocab_size:
-            raise DynaTreeError(f"--init-draft {cfg.init_draft!r} has a vocabulary of {model.config.vocab_size} "
-                                f"tokens, the target {target.vocab_size}; it must be a draft for this target")
+    with seeded(cfg.seed):  # (torch's global generators initialize the model: seeded, then given back)
+        if cfg.init_draft:
+            model = AutoModelForCausalLM.from_pretrained(Path(cfg.init_draft).expanduser(), dtype=torch.float32)
+            if model.config.vocab_size != target.vocab_size:
+                raise DynaTreeError(f"--init-draft {cfg.init_draft!r} has a vocabulary of {model.config.vocab_size} "
+                                    f"tokens, the target {target.vocab_size}; it must be a draft for this target")
+            return model
+        model = LlamaForCausalLM(draft_config(target, cfg))
+        if cfg.init_from_target:
+            with torch.no_grad():
+                emb = target.model.get_input_embeddings().weight.float().cpu()
+                emb = emb - emb.mean(0, keepdim=True)
+                q = min(cfg.hidden, emb.shape[1])
+                _, _, v = torch.pca_lowrank(emb, q=q, center=False, niter=4)
+                proj = emb @ v  # [V, q]: the target's embeddings in their q main directions
+                proj = proj / proj.std() * model.config.initializer_range
+                model.get_input_embeddings().weight[:, :q] = proj
         return model
-    model = LlamaForCausalLM(draft_config(target, cfg))
-    if cfg.init_from_target:
-        with torch.no_grad():
-            emb = target.model.get_input_embeddings().weight.float().cpu()
-            emb = emb - emb.mean(0, keepdim=True)
-            q = min(cfg.hidden, emb.shape[1])
-            _, _, v = torch.pca_lowrank(emb, q=q, center=False, niter=4)
-            proj = emb @ v  # [V, q]: the target's embeddings in their q main directions
-            proj = proj / proj.std() * model.config.initializer_range
-            model.get_input_embeddings().weight[:, :q] = proj
-    return model
 
 
 def split(data: dict, eval_fraction: float) -> tuple[dict, dict]:
