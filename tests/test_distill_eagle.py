@@ -614,3 +614,84 @@ def test_a_new_head_is_seeded_by_its_config_and_leaves_the_callers_generator_alo
     same = [torch.equal(a, b) for a, b in zip(heads[0].state_dict().values(), heads[1].state_dict().values())]
     other = [torch.equal(a, b) for a, b in zip(heads[0].state_dict().values(), heads[2].state_dict().values())]
     assert all(same) and not all(other)
+
+
+def _plain_unrolled_loss(head, embed, out_rows, batch, cfg):
+    """unrolled_loss as it was before output_loss: the output layer on every row of the padded batch,
+    F.cross_entropy on the learnt rows, argmax over all (the reference); also each pass's predictions."""
+    from transformers import DynamicCache
+
+    from dynatree.distill.eagle_train import pass_mask_for
+
+    tokens, feats, labels, valid, positions = (batch[k] for k in ("tokens", "features", "labels", "valid", "positions"))
+    B, L = tokens.shape
+    with torch.no_grad():
+        embeds = embed(tokens).float()
+    cache, total, stats, preds, prev = DynamicCache(), 0.0, [], [], None
+    for depth in range(1, cfg.unroll + 1):
+        feature_in = feats if depth == 1 else torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
+        mask = pass_mask_for(L, depth, max(L, cfg.seq_len), out_rows.device)
+        out = head(embeds, feature_in, positions, mask.expand(B, 1, L, depth * L), cache)
+        logits = out @ out_rows.T
+        rows = valid & (torch.arange(L) >= depth - 1)[None]
+        learn = rows & batch["covered"]
+        if cfg.loss_rows == "answers":
+            learn = learn & batch["answer"]
+        if bool(learn.any()):
+            total = total + cfg.decay ** (depth - 1) * torch.nn.functional.cross_entropy(logits[learn], batch["sub_labels"][learn])
+            if depth == 1 and cfg.feature_loss:
+                total = total + cfg.feature_loss * torch.nn.functional.smooth_l1_loss(out[learn], batch["next_features"][learn])
+        pred = batch["head_vocab"][logits.argmax(-1)]
+        hit = (pred == labels) & rows
+        answer = rows & batch["answer"]
+        stats.append((int(hit.sum()), int(rows.sum()), int((hit & answer).sum()), int(answer.sum())))
+        preds.append(pred)
+        prev = out
+    return total, stats, preds
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the reference builds its rows on the CPU")
+@pytest.mark.parametrize("loss_rows", ["all", "answers"])
+def test_the_unrolled_loss_equals_the_plain_route_on_padded_batches(loss_rows):
+    """The output layer's loss on the real rows a block at a time (output_loss.py) gives the plain route's
+    loss, statistics and parameter gradients: padded sequences, three passes, the feature loss, labels
+    outside the sub-vocabulary, hits at every depth; float32 and bfloat16 autocast."""
+    from helpers import tiny_head
+    from dynatree.distill.eagle_train import make_batch, unrolled_loss
+
+    target, head = tiny("llama", dtype=torch.float32), tiny_head("llama", dtype=torch.float32)
+    vocab = head.vocab_ids.cpu()
+    gen = torch.Generator().manual_seed(1)
+    lengths = [30, 12, 21, 5]
+    data = {"tokens": [torch.randint(5, 90, (n,), generator=gen) for n in lengths],
+            "features": [torch.randn(n, 32, generator=gen) for n in lengths],
+            "labels": [torch.randint(0, target.vocab_size, (n,), generator=gen) for n in lengths],
+            "answer_from": [10, None, 4, 3]}
+    sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
+    sub_index[vocab] = torch.arange(len(vocab))
+    batch = make_batch(data, [0, 1, 2, 3], 64, sub_index, vocab)
+    embed, out_rows = target.model.get_input_embeddings(), target.model.get_output_embeddings().weight[vocab].detach()
+    cfg = EagleConfig(unroll=3, feature_loss=0.1, loss_rows=loss_rows, seq_len=64)
+    # labels the head gets right at each depth on some rows, the rest random (some outside the sub-vocabulary)
+    _, _, preds = _plain_unrolled_loss(head, embed, out_rows, batch, cfg)
+    pick = torch.randint(0, 4, batch["labels"].shape, generator=gen)
+    for depth in range(3):
+        batch["labels"] = torch.where((pick == depth) & batch["valid"], preds[depth], batch["labels"])
+    batch["sub_labels"] = sub_index[batch["labels"].clamp(min=0)].clamp(min=0)
+    batch["covered"] = sub_index[batch["labels"].clamp(min=0)] >= 0
+    assert not batch["covered"][batch["valid"]].all() and not batch["valid"].all()
+    for autocast in (False, True):
+        grads = []
+        for route in (unrolled_loss, lambda *a: _plain_unrolled_loss(*a)[:2]):
+            head.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss, stats = route(head, embed, out_rows, batch, cfg)
+            loss.backward()
+            grads.append((loss.detach(), stats, [p.grad.clone() for p in head.parameters() if p.grad is not None]))
+        (loss, stats, grad), (ref_loss, ref_stats, ref_grad) = grads
+        assert stats == ref_stats and all(s[0] > 0 for s in stats)  # every depth has hits
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-3 if autocast else 1e-6, atol=1e-5)
+        if not autocast:  # (under autocast the two round their products apart: compared in test_output_loss)
+            assert len(grad) == len(ref_grad)
+            for a, b in zip(grad, ref_grad):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

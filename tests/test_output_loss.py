@@ -36,12 +36,40 @@ def test_loss_gradient_and_argmax_equal_the_plain_route_in_float32(block):
     assert grad[[1, 4, 5]].abs().max() == 0  # ignored rows get no gradient
 
 
-def test_every_row_ignored_gives_zero_loss_and_gradient():
+def test_every_row_ignored_gives_zero_loss_and_no_gradient_to_compute():
     x, weight, target = _case()
     loss, best = output_loss(x, weight, torch.full_like(target, IGNORE), block=4)
-    (grad,) = torch.autograd.grad(loss, x)
-    assert float(loss.detach()) == 0.0 and grad.abs().max() == 0
+    assert float(loss) == 0.0 and not loss.requires_grad  # (unrolled_loss adds no such term)
     assert torch.equal(best, (x @ weight.T).argmax(-1))
+
+
+def test_a_non_finite_ignored_row_does_not_reach_the_loss_or_the_gradient():
+    """As with the plain route, which takes the loss on the learnt rows' logits only."""
+    x, weight, target = _case()
+    with torch.no_grad():
+        x[1] = float("inf")
+    target[1] = IGNORE
+    loss, _ = output_loss(x, weight, target, block=4)
+    (grad,) = torch.autograd.grad(loss, x)
+    keep = [i for i in range(len(target)) if i != 1]
+    torch.testing.assert_close(loss, _plain(x.detach()[keep], weight, target[keep])[0])
+    assert torch.isfinite(grad).all() and grad[1].abs().max() == 0
+
+
+def test_a_target_outside_the_vocabulary_is_refused():
+    x, weight, target = _case()
+    for bad in (-1, weight.shape[0]):
+        target[3] = bad
+        with pytest.raises(ValueError, match="outside 0..49"):
+            output_loss(x, weight, target)
+
+
+def test_a_second_derivative_is_refused_not_silently_wrong():
+    x, weight, target = _case()
+    loss, _ = output_loss(x, weight, target)
+    (grad,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|differentiate twice|does not require grad"):
+        torch.autograd.grad(grad.sum(), x)
 
 
 def test_under_bfloat16_autocast_it_follows_autocast_like_the_plain_route():
@@ -59,12 +87,18 @@ def test_under_bfloat16_autocast_it_follows_autocast_like_the_plain_route():
     assert torch.equal(best, ref_best)
 
 
-def test_without_gradients_it_only_measures():
+def test_without_gradients_it_only_measures(monkeypatch):
+    """Under no_grad (the held-out evaluation) no input gradient is computed, even for an input that
+    requires one."""
+    from dynatree.distill import output_loss as module
+
     x, weight, target = _case()
+    monkeypatch.setattr(module._OutputLoss, "apply", lambda *a: pytest.fail("computed a gradient nobody asks for"))
     with torch.no_grad():
         loss, best = output_loss(x, weight, target)
     assert not loss.requires_grad
     torch.testing.assert_close(loss, _plain(x.detach(), weight, target)[0])
+    assert torch.equal(best, (x.detach() @ weight.T).argmax(-1))
 
 
 def test_the_output_layer_must_be_frozen():

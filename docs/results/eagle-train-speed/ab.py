@@ -1,8 +1,8 @@
-"""A/B of the feature head's training step: the output layer's loss the plain way (logits of every
-row of the padded batch, F.cross_entropy, argmax; the code before commit 'output_loss') against
-`output_loss` on the real rows only. Real batches: 16 conversations drawn from the labelled parts of
-`data/distill/smollm2-135m` (the stage-10 data), the shipped head, bfloat16 autocast, unroll 3, seq_len
-640, as stage 10 trains. Forward, backward and the optimizer step, alternated per batch; medians.
+"""A/B of the feature head's training step: `unrolled_loss` as it was before commit 0d92e77 (the output
+layer on every row of the padded batch, F.cross_entropy, argmax; loaded from git) against today's
+(`output_loss` on the real rows only), recording both ways' loss and statistics per batch. Real batches:
+16 conversations drawn from the labelled parts of `data/distill/smollm2-135m` (the stage-10 data), the
+shipped head, bfloat16 autocast, unroll 3, seq_len 640, as stage 10 trains. Forward, backward and the optimizer step, alternated per batch; medians.
 
     python docs/results/eagle-train-speed/ab.py [BATCHES] > ab.json     (from the repository root)
 """
@@ -11,41 +11,27 @@ import glob
 import json
 import random
 import statistics
+import subprocess
 import sys
+import types
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from dynatree.distill import eagle_train
 from dynatree.distill.eagle_data import EagleConfig
 from dynatree.featurehead import load_head
 
 
-def plain_loss(head, embed, out_rows, batch, cfg):
-    """unrolled_loss as it was: the output layer on every row of the padded batch."""
-    from transformers import DynamicCache
-    tokens, feats, labels, valid, positions = (batch[k] for k in ("tokens", "features", "labels", "valid", "positions"))
-    B, L = tokens.shape
-    with torch.no_grad():
-        embeds = embed(tokens).float()
-    cache, total, stats, prev = DynamicCache(), 0.0, [], None
-    for depth in range(1, cfg.unroll + 1):
-        feature_in = feats if depth == 1 else torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
-        mask = eagle_train.pass_mask_for(L, depth, max(L, cfg.seq_len), "cpu")
-        out = head(embeds, feature_in, positions, mask.expand(B, 1, L, depth * L), cache)
-        logits = out @ out_rows.T
-        rows = valid & (torch.arange(L) >= depth - 1)[None]
-        learn = rows & batch["covered"]
-        ce = F.cross_entropy(logits[learn], batch["sub_labels"][learn], reduction="mean")
-        total = total + (cfg.decay ** (depth - 1)) * ce
-        if depth == 1:
-            total = total + cfg.feature_loss * F.smooth_l1_loss(out[learn], batch["next_features"][learn])
-        hit = (batch["head_vocab"][logits.argmax(-1)] == labels) & rows
-        stats.append((int(hit.sum()), int(rows.sum())))
-        prev = out
-    return total, stats
+def code_before(commit: str = "0d92e77^"):
+    """eagle_train.py as it was before output_loss (`git show`), loaded as a module of the package."""
+    source = subprocess.run(["git", "show", f"{commit}:src/dynatree/distill/eagle_train.py"], capture_output=True,
+                            text=True, check=True).stdout
+    module = types.ModuleType("dynatree.distill._eagle_train_before")
+    module.__package__ = "dynatree.distill"
+    exec(compile(source, f"eagle_train.py@{commit}", "exec"), module.__dict__)
+    return module
 
 
 def main(n_batches: int) -> dict:
@@ -69,9 +55,10 @@ def main(n_batches: int) -> dict:
     sub_index[head.vocab_ids] = torch.arange(len(head.vocab_ids))
     cfg = EagleConfig(unroll=3, seq_len=640)
     params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-6)
+    opt = torch.optim.AdamW(params, lr=0.0)  # (the full step's cost, the weights unchanged: both ways see the same head)
+    plain_loss = code_before().unrolled_loss
     times = {"plain": [], "output_loss": []}
-    padding = []
+    padding, seen = [], {}
     for b in range(n_batches + 1):  # the first batch warms up both
         batch = eagle_train.make_batch(data, rng.sample(range(len(data["tokens"])), 16), cfg.seq_len, sub_index, head.vocab_ids)
         padding.append(1 - float(batch["valid"].float().mean()))
@@ -80,7 +67,8 @@ def main(n_batches: int) -> dict:
             t = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 fn = plain_loss if way == "plain" else eagle_train.unrolled_loss
-                loss, _ = fn(head, embed, out_rows, batch, cfg)
+                loss, stats = fn(head, embed, out_rows, batch, cfg)
+            seen.setdefault(b, []).append((round(float(loss), 4), stats))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -88,8 +76,10 @@ def main(n_batches: int) -> dict:
                 times[way].append(time.perf_counter() - t)
         print(f"batch {b}: " + " ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v), file=sys.stderr)
     med = {k: statistics.median(v) for k, v in times.items()}
+    same_stats = all(a[1] == b[1] for a, b in seen.values())
     return {"batches": n_batches, "padding_share_median": statistics.median(padding[1:]),
             "step_s": times, "median_s": med, "speedup": med["plain"] / med["output_loss"],
+            "losses": {b: [x[0] for x in v] for b, v in seen.items()}, "same_statistics": same_stats,
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 

@@ -114,10 +114,10 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
         rows = valid & (torch.arange(L, device=device) >= depth - 1)[None]  # rows that exist at this depth
         # the output layer, its loss and argmax on those rows only (not on a batch's padding), a block of
         # rows at a time (output_loss.py): they are most of a step's time
-        mine = out[rows]
+        mine, answer = out[rows], batch["answer"][rows]
         learn = batch["covered"][rows]  # rows whose label the sub-vocabulary holds
         if cfg.loss_rows == "answers":
-            learn = learn & batch["answer"][rows]
+            learn = learn & answer
         ce, best = output_loss(mine, out_rows.detach(),  # (the target's output layer stays frozen)
                                torch.where(learn, batch["sub_labels"][rows], IGNORE))
         if bool(learn.any()):
@@ -125,7 +125,6 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
             if depth == 1 and cfg.feature_loss:
                 total = total + cfg.feature_loss * F.smooth_l1_loss(mine[learn], batch["next_features"][rows][learn])
         hit = batch["head_vocab"][best] == labels[rows]
-        answer = batch["answer"][rows]
         stats.append((int(hit.sum()), int(rows.sum()), int((hit & answer).sum()), int(answer.sum())))
         prev = out
     return total, stats
