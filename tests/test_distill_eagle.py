@@ -20,7 +20,7 @@ from dynatree.prompts import encode_prompt, load_texts
 from dynatree.cli import main
 from dynatree.distill.chat import instruction_prompts
 from dynatree.distill.eagle_data import EagleConfig, build_data, label, labelling_params
-from dynatree.distill.eagle_train import _pass_mask, distill_eagle, pass_mask_for
+from dynatree.distill.eagle_train import _pass_mask, distill_eagle, make_batch, segment_mask
 from dynatree.featurehead import check_head, load_head, output_signature
 from dynatree.runtime import LoadedModel
 
@@ -435,10 +435,48 @@ def test_pass_mask_by_hand():
     assert allowed[2].tolist() == [True, False, False, False, True, False, False, False, True]
 
 
-def test_pass_mask_cut_from_the_longest_equals_the_mask_built_for_the_rows():
+def test_the_mask_of_packed_sequences_is_each_sequences_own_mask_on_the_diagonal():
+    """Sequences of 3, 5 and 1 rows packed into one batch row, then 2 rows of padding: each sequence's
+    block of every pass is `_pass_mask` of its length, nothing across sequences, padding rows see only
+    themselves."""
+    lengths = [3, 5, 1]
+    segment = torch.tensor([[0] * 3 + [1] * 5 + [2] + [-1] * 2])
+    local = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 0, 0, 0]])
+    L = segment.shape[1]
     for depth in (1, 2, 3, 4):
-        for rows in (1, 2, 5, 17, 40):
-            assert torch.equal(pass_mask_for(rows, depth, 40, "cpu"), _pass_mask(rows, depth)), (rows, depth)
+        allowed = segment_mask(segment, local, depth)[0, 0] == 0
+        want = torch.zeros(L, depth * L, dtype=torch.bool)
+        start = 0
+        for m in lengths:
+            own = _pass_mask(m, depth)[0, 0] == 0
+            for i in range(depth):
+                want[start:start + m, i * L + start: i * L + start + m] = own[:, i * m: (i + 1) * m]
+            start += m
+        for r in range(start, L):  # padding: its own key of the last pass (and, at depth 1, the padding)
+            want[r, (depth - 1) * L + r] = True
+            if depth == 1:
+                want[r, start:L] = True
+        assert torch.equal(allowed, want), depth
+
+
+def test_packing_fills_rows_first_fit_longest_first():
+    gen = torch.Generator().manual_seed(0)
+    lengths = [41, 12, 30, 9, 20, 50]  # rows 40, 11, 29, 8, 19, 49 (seq_len 64: a row holds at most 64)
+    data = {"tokens": [torch.randint(5, 90, (n,), generator=gen) for n in lengths],
+            "features": [torch.randn(n, 4, generator=gen) for n in lengths],
+            "labels": [torch.randint(5, 90, (n,), generator=gen) for n in lengths], "answer_from": [None] * 6}
+    sub_index = torch.arange(100)
+    packed = make_batch(data, list(range(6)), 64, sub_index, torch.arange(100))
+    plain = make_batch(data, list(range(6)), 64, sub_index, torch.arange(100), pack=False)
+    # first fit, longest first: [49, 8] [40, 19] [29, 11]
+    assert packed["tokens"].shape[0] == 3 and plain["tokens"].shape == (6, 49)
+    assert int(packed["valid"].sum()) == int(plain["valid"].sum()) == sum(lengths) - 6
+    for k in range(6):  # every sequence's rows, in order, whole
+        here = packed["segment"] == k
+        assert int(here.sum()) == lengths[k] - 1
+        assert torch.equal(packed["local"][here], torch.arange(lengths[k] - 1))
+        for key in ("tokens", "labels", "positions", "features", "answer"):
+            assert torch.equal(packed[key][here], plain[key][k][plain["valid"][k]]), key
 
 
 def test_training_fits_the_data_and_the_head_drafts_exactly(tmp_path, prompts):
@@ -621,8 +659,6 @@ def _plain_unrolled_loss(head, embed, out_rows, batch, cfg):
     F.cross_entropy on the learnt rows, argmax over all (the reference); also each pass's predictions."""
     from transformers import DynamicCache
 
-    from dynatree.distill.eagle_train import pass_mask_for
-
     tokens, feats, labels, valid, positions = (batch[k] for k in ("tokens", "features", "labels", "valid", "positions"))
     B, L = tokens.shape
     with torch.no_grad():
@@ -630,8 +666,7 @@ def _plain_unrolled_loss(head, embed, out_rows, batch, cfg):
     cache, total, stats, preds, prev = DynamicCache(), 0.0, [], [], None
     for depth in range(1, cfg.unroll + 1):
         feature_in = feats if depth == 1 else torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
-        mask = pass_mask_for(L, depth, max(L, cfg.seq_len), out_rows.device)
-        out = head(embeds, feature_in, positions, mask.expand(B, 1, L, depth * L), cache)
+        out = head(embeds, feature_in, positions, _pass_mask(L, depth).expand(B, 1, L, depth * L), cache)
         logits = out @ out_rows.T
         rows = valid & (torch.arange(L) >= depth - 1)[None]
         learn = rows & batch["covered"]
@@ -652,46 +687,51 @@ def _plain_unrolled_loss(head, embed, out_rows, batch, cfg):
 
 @pytest.mark.skipif(not ON_CPU, reason="the reference builds its rows on the CPU")
 @pytest.mark.parametrize("loss_rows", ["all", "answers"])
-def test_the_unrolled_loss_equals_the_plain_route_on_padded_batches(loss_rows):
-    """The output layer's loss on the real rows a block at a time (output_loss.py) gives the plain route's
-    loss, statistics and parameter gradients: padded sequences, three passes, the feature loss, labels
-    outside the sub-vocabulary, hits at every depth; float32 and bfloat16 autocast."""
+def test_the_unrolled_loss_equals_the_plain_route_on_packed_and_padded_batches(loss_rows):
+    """Packed sequences (make_batch's default) and the output layer's loss on the real rows a block at a
+    time (output_loss.py) give the plain route's loss, statistics and parameter gradients (one sequence
+    per batch row, right-padded, logits of every row): three passes, the feature loss, labels outside
+    the sub-vocabulary, hits at every depth; float32 and bfloat16 autocast."""
     from helpers import tiny_head
-    from dynatree.distill.eagle_train import make_batch, unrolled_loss
+    from dynatree.distill.eagle_train import unrolled_loss
 
     target, head = tiny("llama", dtype=torch.float32), tiny_head("llama", dtype=torch.float32)
     vocab = head.vocab_ids.cpu()
     gen = torch.Generator().manual_seed(1)
-    lengths = [30, 12, 21, 5]
+    lengths = [30, 12, 21, 5, 40]
     data = {"tokens": [torch.randint(5, 90, (n,), generator=gen) for n in lengths],
             "features": [torch.randn(n, 32, generator=gen) for n in lengths],
             "labels": [torch.randint(0, target.vocab_size, (n,), generator=gen) for n in lengths],
-            "answer_from": [10, None, 4, 3]}
+            "answer_from": [10, None, 4, 3, 20]}
     sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
     sub_index[vocab] = torch.arange(len(vocab))
-    batch = make_batch(data, [0, 1, 2, 3], 64, sub_index, vocab)
+    picked = list(range(len(lengths)))
     embed, out_rows = target.model.get_input_embeddings(), target.model.get_output_embeddings().weight[vocab].detach()
     cfg = EagleConfig(unroll=3, feature_loss=0.1, loss_rows=loss_rows, seq_len=64)
     # labels the head gets right at each depth on some rows, the rest random (some outside the sub-vocabulary)
-    _, _, preds = _plain_unrolled_loss(head, embed, out_rows, batch, cfg)
-    pick = torch.randint(0, 4, batch["labels"].shape, generator=gen)
-    for depth in range(3):
-        batch["labels"] = torch.where((pick == depth) & batch["valid"], preds[depth], batch["labels"])
-    batch["sub_labels"] = sub_index[batch["labels"].clamp(min=0)].clamp(min=0)
-    batch["covered"] = sub_index[batch["labels"].clamp(min=0)] >= 0
-    assert not batch["covered"][batch["valid"]].all() and not batch["valid"].all()
+    _, _, preds = _plain_unrolled_loss(head, embed, out_rows, make_batch(data, picked, 64, sub_index, vocab, pack=False), cfg)
+    for b, n in enumerate(lengths):  # batch row b, row j is sequence b's label at j + 1
+        pick = torch.randint(0, 4, (n - 1,), generator=gen)
+        for depth in range(3):
+            data["labels"][b][1:] = torch.where(pick == depth, preds[depth][b, :n - 1], data["labels"][b][1:])
+    plain = make_batch(data, picked, 64, sub_index, vocab, pack=False)
+    packed = make_batch(data, picked, 64, sub_index, vocab)
+    assert packed["tokens"].shape[0] < plain["tokens"].shape[0]  # (sequences share batch rows)
+    assert not plain["covered"][plain["valid"]].all() and not plain["valid"].all()
     for autocast in (False, True):
         grads = []
-        for route in (unrolled_loss, lambda *a: _plain_unrolled_loss(*a)[:2]):
+        for route, batch in ((unrolled_loss, packed), (unrolled_loss, plain),
+                             (lambda *a: _plain_unrolled_loss(*a)[:2], plain)):
             head.zero_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 loss, stats = route(head, embed, out_rows, batch, cfg)
             loss.backward()
             grads.append((loss.detach(), stats, [p.grad.clone() for p in head.parameters() if p.grad is not None]))
-        (loss, stats, grad), (ref_loss, ref_stats, ref_grad) = grads
-        assert stats == ref_stats and all(s[0] > 0 for s in stats)  # every depth has hits
-        torch.testing.assert_close(loss, ref_loss, rtol=1e-3 if autocast else 1e-6, atol=1e-5)
-        if not autocast:  # (under autocast the two round their products apart: compared in test_output_loss)
-            assert len(grad) == len(ref_grad)
-            for a, b in zip(grad, ref_grad):
-                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        ref_loss, ref_stats, ref_grad = grads[-1]
+        for loss, stats, grad in grads[:-1]:
+            assert stats == ref_stats and all(s[0] > 0 for s in stats)  # every depth has hits
+            torch.testing.assert_close(loss, ref_loss, rtol=1e-3 if autocast else 1e-5, atol=1e-5)
+            if not autocast:  # (under autocast the two round their products apart: compared in test_output_loss)
+                assert len(grad) == len(ref_grad)
+                for a, b in zip(grad, ref_grad):
+                    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

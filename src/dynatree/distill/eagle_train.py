@@ -77,18 +77,23 @@ def _pass_mask(rows: int, depth: int) -> torch.Tensor:
     return mask[None, None]
 
 
-_MASKS: dict = {}  # (depth, device) -> (longest, _pass_mask(longest, depth) on that device): the latest only
-
-
-def pass_mask_for(rows: int, depth: int, longest: int, device) -> torch.Tensor:
-    """`_pass_mask(rows, depth)` cut from the mask of the longest rows a batch can have, built once
-    per device (it was rebuilt on the CPU for every pass of every step, then copied to the device): the
-    mask of fewer rows is, in each pass's block of keys, the top-left corner of the longer one's."""
-    key = (depth, str(device))
-    if key not in _MASKS or _MASKS[key][0] != longest:
-        _MASKS[key] = (longest, _pass_mask(longest, depth)[0, 0].to(device))
-    full = _MASKS[key][1]
-    return torch.cat([full[:rows, i * longest: i * longest + rows] for i in range(depth)], dim=1)[None, None]
+def segment_mask(segment: torch.Tensor, local: torch.Tensor, depth: int) -> torch.Tensor:
+    """`_pass_mask` for rows packed several sequences to a row (`make_batch`): additive [batch, 1, rows,
+    depth * rows], where `segment` [batch, rows] names each row's sequence (-1: padding) and `local` is its
+    index in that sequence. A row sees pass-1 keys of its own sequence at local index <= its own -
+    (depth - 1), and pass-i key r - (depth - i) when that row is in its sequence (its own key of pass
+    `depth` always)."""
+    B, L = segment.shape
+    same = segment[:, :, None] == segment[:, None, :]
+    blocks = [same & (local[:, None, :] <= local[:, :, None] - (depth - 1))]
+    r = torch.arange(L, device=segment.device)
+    for i in range(2, depth + 1):
+        back = depth - i
+        diagonal = torch.zeros(B, L, L, dtype=torch.bool, device=segment.device)
+        diagonal[:, r[back:], r[back:] - back] = (local[:, back:] >= back) | (back == 0)
+        blocks.append(diagonal)
+    mask = torch.zeros(B, 1, L, depth * L, device=segment.device)
+    return mask.masked_fill_(~torch.cat(blocks, dim=2)[:, None], torch.finfo(torch.float32).min)
 
 
 def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleConfig) -> tuple[torch.Tensor, list]:
@@ -98,8 +103,8 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
 
     device = out_rows.device  # the target's: batches are built on the CPU, trained where the target is
     batch = {k: v.to(device) for k, v in batch.items()}
-    tokens, feats, labels, valid, positions = (batch[k] for k in ("tokens", "features", "labels", "valid", "positions"))
-    B, L = tokens.shape
+    tokens, feats, labels, valid, positions, segment, local = (
+        batch[k] for k in ("tokens", "features", "labels", "valid", "positions", "segment", "local"))
     with torch.no_grad():  # the target's embeddings stay frozen
         embeds = embed(tokens).float()
     cache = DynamicCache()
@@ -107,11 +112,11 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
     prev = None
     for depth in range(1, cfg.unroll + 1):
         # pass 1 reads the target's true feature of the position before each row; pass j the
-        # previous pass's prediction at row r - 1
-        feature_in = feats if depth == 1 else torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
-        mask = pass_mask_for(L, depth, max(L, cfg.seq_len), device)
-        out = head(embeds, feature_in, positions, mask.expand(B, 1, L, depth * L), cache)
-        rows = valid & (torch.arange(L, device=device) >= depth - 1)[None]  # rows that exist at this depth
+        # previous pass's prediction at row r - 1 (zeros at a sequence's first row: rows are packed)
+        feature_in = feats if depth == 1 else torch.where(
+            (local == 0)[..., None], 0.0, torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1))
+        out = head(embeds, feature_in, positions, segment_mask(segment, local, depth), cache)
+        rows = valid & (local >= depth - 1)  # rows that exist at this depth
         # the output layer, its loss and argmax on those rows only (not on a batch's padding), a block of
         # rows at a time (output_loss.py): they are most of a step's time
         mine, answer = out[rows], batch["answer"][rows]
@@ -130,14 +135,28 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
     return total, stats
 
 
-def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Tensor, head_vocab: torch.Tensor) -> dict:
+def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Tensor, head_vocab: torch.Tensor,
+               pack: bool = True) -> dict:
     """Rows r of a sequence of n tokens (the last seq_len of 0..n-2): input token x_{r+1} at position
-    r+1 with feature f_r; label the target's argmax at r+1 and feature f_{r+1}. Right-padded. A row
-    is an answer row when its label is the target's choice of an answer token (position r+2 at or
-    after the answer's start; every row when the start is unknown): what drafting meets."""
+    r+1 with feature f_r; label the target's argmax at r+1 and feature f_{r+1}. A row is an answer
+    row when its label is the target's choice of an answer token (position r+2 at or after the
+    answer's start; every row when the start is unknown): what drafting meets.
+
+    With `pack` the sequences are packed into as few batch rows of at most seq_len as first-fit
+    (longest first) allows, `segment` naming each row's sequence (-1: padding) and `local` its index in
+    it, which the masks and the unrolled passes follow (`segment_mask`): the same loss as one sequence
+    per batch row, without the head's work on padding (half of a batch of chat turns). Without it, one
+    sequence per batch row, right-padded."""
     rows = [min(seq_len, len(data["tokens"][i]) - 1) for i in picked]
-    L = max(rows)
-    B = len(picked)
+    places, fill = [], []  # (batch row, offset) per picked sequence; rows filled per batch row
+    for k in (sorted(range(len(picked)), key=lambda k: -rows[k]) if pack else range(len(picked))):
+        b = next((b for b, f in enumerate(fill) if f + rows[k] <= seq_len), None) if pack else None
+        if b is None:
+            b = len(fill)
+            fill.append(0)
+        places.append((k, b, fill[b]))
+        fill[b] += rows[k]
+    B, L = len(fill), max(fill)
     H = data["features"][picked[0]].shape[1]
     tokens = torch.zeros(B, L, dtype=torch.long)
     feats = torch.zeros(B, L, H)
@@ -146,24 +165,28 @@ def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Ten
     positions = torch.zeros(B, L, dtype=torch.long)
     valid = torch.zeros(B, L, dtype=torch.bool)
     answer = torch.zeros(B, L, dtype=torch.bool)
+    segment = torch.full((B, L), -1, dtype=torch.long)
+    local = torch.zeros(B, L, dtype=torch.long)
     starts = data.get("answer_from") or [None] * len(data["tokens"])
-    for b, (i, m) in enumerate(zip(picked, rows)):
+    for k, b, o in sorted(places):
+        i, m = picked[k], rows[k]
         n = len(data["tokens"][i])
         start = n - 1 - m  # first row
         r = torch.arange(start, n - 1)
         # slices, converted by copy_ (indexing with `r` gathered copies first: 3x slower)
-        tokens[b, :m].copy_(data["tokens"][i][start + 1: n])
-        feats[b, :m].copy_(data["features"][i][start: n - 1])
-        nxt[b, :m].copy_(data["features"][i][start + 1: n])
-        labels[b, :m].copy_(data["labels"][i][start + 1: n])
-        positions[b, :m] = r + 1
-        positions[b, m:] = n + torch.arange(L - m)
-        valid[b, :m] = True
-        answer[b, :m] = True if starts[i] is None else r + 2 >= starts[i]
+        tokens[b, o:o + m].copy_(data["tokens"][i][start + 1: n])
+        feats[b, o:o + m].copy_(data["features"][i][start: n - 1])
+        nxt[b, o:o + m].copy_(data["features"][i][start + 1: n])
+        labels[b, o:o + m].copy_(data["labels"][i][start + 1: n])
+        positions[b, o:o + m] = r + 1
+        valid[b, o:o + m] = True
+        answer[b, o:o + m] = True if starts[i] is None else r + 2 >= starts[i]
+        segment[b, o:o + m] = k
+        local[b, o:o + m] = torch.arange(m)
     sub = sub_index[labels.clamp(min=0)]
     return {"tokens": tokens, "features": feats, "next_features": nxt, "labels": labels, "sub_labels": sub.clamp(min=0),
             "valid": valid, "answer": answer, "covered": sub >= 0,  # labels outside the sub-vocabulary: counted as misses, no loss
-            "positions": positions, "head_vocab": head_vocab}
+            "positions": positions, "segment": segment, "local": local, "head_vocab": head_vocab}
 
 
 @torch.no_grad()
