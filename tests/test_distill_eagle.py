@@ -20,7 +20,7 @@ from dynatree.prompts import encode_prompt, load_texts
 from dynatree.cli import main
 from dynatree.distill.chat import instruction_prompts
 from dynatree.distill.eagle_data import EagleConfig, build_data, label, labelling_params
-from dynatree.distill.eagle_train import _pass_mask, distill_eagle, make_batch, segment_mask
+from dynatree.distill.eagle_train import _pass_mask, distill_eagle, make_batch, segment_masks
 from dynatree.featurehead import check_head, load_head, output_signature
 from dynatree.runtime import LoadedModel
 
@@ -443,8 +443,10 @@ def test_the_mask_of_packed_sequences_is_each_sequences_own_mask_on_the_diagonal
     segment = torch.tensor([[0] * 3 + [1] * 5 + [2] + [-1] * 2])
     local = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 0, 0, 0]])
     L = segment.shape[1]
+    masks = segment_masks(segment, local, 4)
     for depth in (1, 2, 3, 4):
-        allowed = segment_mask(segment, local, depth)[0, 0] == 0
+        allowed = masks[depth - 1][0, 0]
+        assert masks[depth - 1].dtype == torch.bool and masks[depth - 1].shape == (1, 1, L, depth * L)
         want = torch.zeros(L, depth * L, dtype=torch.bool)
         start = 0
         for m in lengths:
@@ -461,15 +463,16 @@ def test_the_mask_of_packed_sequences_is_each_sequences_own_mask_on_the_diagonal
 
 def test_packing_fills_rows_first_fit_longest_first():
     gen = torch.Generator().manual_seed(0)
-    lengths = [41, 12, 30, 9, 20, 50]  # rows 40, 11, 29, 8, 19, 49 (seq_len 64: a row holds at most 64)
+    lengths = [41, 12, 30, 9, 20, 50]  # rows 40, 11, 29, 8, 19, 49: a batch row holds at most 49
     data = {"tokens": [torch.randint(5, 90, (n,), generator=gen) for n in lengths],
             "features": [torch.randn(n, 4, generator=gen) for n in lengths],
             "labels": [torch.randint(5, 90, (n,), generator=gen) for n in lengths], "answer_from": [None] * 6}
     sub_index = torch.arange(100)
     packed = make_batch(data, list(range(6)), 64, sub_index, torch.arange(100))
     plain = make_batch(data, list(range(6)), 64, sub_index, torch.arange(100), pack=False)
-    # first fit, longest first: [49, 8] [40, 19] [29, 11]
-    assert packed["tokens"].shape[0] == 3 and plain["tokens"].shape == (6, 49)
+    # first fit, longest first, into rows of the longest: [49] [40, 8] [29, 19] [11]
+    assert packed["tokens"].shape == (4, 49) and plain["tokens"].shape == (6, 49)
+    assert [sorted(set(row.tolist()) - {-1}) for row in packed["segment"]] == [[5], [0, 3], [2, 4], [1]]
     assert int(packed["valid"].sum()) == int(plain["valid"].sum()) == sum(lengths) - 6
     for k in range(6):  # every sequence's rows, in order, whole
         here = packed["segment"] == k

@@ -32,7 +32,9 @@ batch = {"tokens": torch.randint(0, 49152, (B, L)), "features": torch.randn(B, L
          "labels": torch.randint(0, 49152, (B, L)), "sub_labels": torch.randint(0, V, (B, L)),
          "valid": torch.ones(B, L, dtype=torch.bool), "answer": torch.ones(B, L, dtype=torch.bool),
          "covered": torch.ones(B, L, dtype=torch.bool), "positions": torch.arange(L).repeat(B, 1),
-         "head_vocab": head.vocab_ids}
+         "head_vocab": head.vocab_ids,
+         # one sequence per batch row (read by the code since 7cb54bd; ignored before)
+         "segment": torch.arange(B)[:, None].expand(B, L).clone(), "local": torch.arange(L).repeat(B, 1)}
 params = [p for p in head.parameters() if p.requires_grad]
 opt = torch.optim.AdamW(params, lr=1e-5)
 

@@ -77,23 +77,23 @@ def _pass_mask(rows: int, depth: int) -> torch.Tensor:
     return mask[None, None]
 
 
-def segment_mask(segment: torch.Tensor, local: torch.Tensor, depth: int) -> torch.Tensor:
-    """`_pass_mask` for rows packed several sequences to a row (`make_batch`): additive [batch, 1, rows,
-    depth * rows], where `segment` [batch, rows] names each row's sequence (-1: padding) and `local` is its
-    index in that sequence. A row sees pass-1 keys of its own sequence at local index <= its own -
-    (depth - 1), and pass-i key r - (depth - i) when that row is in its sequence (its own key of pass
-    `depth` always)."""
+def segment_masks(segment: torch.Tensor, local: torch.Tensor, unroll: int) -> list[torch.Tensor]:
+    """`_pass_mask` of every pass for rows packed several sequences to a batch row (`make_batch`), as
+    boolean masks [batch, 1, rows, depth * rows] (True: attend), where `segment` [batch, rows] names each
+    row's sequence (-1: padding) and `local` is its index in that sequence. In pass `depth` a row sees
+    pass-1 keys of its own sequence at local index <= its own - (depth - 1), and pass-i key r - (depth - i)
+    when that row is in its sequence (its own key of pass `depth` always: no row is left without a key)."""
     B, L = segment.shape
     same = segment[:, :, None] == segment[:, None, :]
-    blocks = [same & (local[:, None, :] <= local[:, :, None] - (depth - 1))]
     r = torch.arange(L, device=segment.device)
-    for i in range(2, depth + 1):
-        back = depth - i
+    diagonals = []  # diagonals[back]: key r - back, when in the row's sequence
+    for back in range(unroll):
         diagonal = torch.zeros(B, L, L, dtype=torch.bool, device=segment.device)
-        diagonal[:, r[back:], r[back:] - back] = (local[:, back:] >= back) | (back == 0)
-        blocks.append(diagonal)
-    mask = torch.zeros(B, 1, L, depth * L, device=segment.device)
-    return mask.masked_fill_(~torch.cat(blocks, dim=2)[:, None], torch.finfo(torch.float32).min)
+        diagonal[:, r[back:], r[back:] - back] = local[:, back:] >= back
+        diagonals.append(diagonal)
+    return [torch.cat([same & (local[:, None, :] <= local[:, :, None] - (depth - 1))]
+                      + [diagonals[depth - i] for i in range(2, depth + 1)], dim=2)[:, None]
+            for depth in range(1, unroll + 1)]
 
 
 def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleConfig) -> tuple[torch.Tensor, list]:
@@ -110,12 +110,14 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
     cache = DynamicCache()
     total, stats = 0.0, []
     prev = None
+    masks = segment_masks(segment, local, cfg.unroll)
     for depth in range(1, cfg.unroll + 1):
         # pass 1 reads the target's true feature of the position before each row; pass j the
-        # previous pass's prediction at row r - 1 (zeros at a sequence's first row: rows are packed)
+        # previous pass's prediction at row r - 1 (zeros at a sequence's first row, as at a batch row's
+        # first: they reach only rows not counted at their depth, but keep packed sequences apart)
         feature_in = feats if depth == 1 else torch.where(
             (local == 0)[..., None], 0.0, torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1))
-        out = head(embeds, feature_in, positions, segment_mask(segment, local, depth), cache)
+        out = head(embeds, feature_in, positions, masks[depth - 1], cache)
         rows = valid & (local >= depth - 1)  # rows that exist at this depth
         # the output layer, its loss and argmax on those rows only (not on a batch's padding), a block of
         # rows at a time (output_loss.py): they are most of a step's time
@@ -142,15 +144,17 @@ def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Ten
     row when its label is the target's choice of an answer token (position r+2 at or after the
     answer's start; every row when the start is unknown): what drafting meets.
 
-    With `pack` the sequences are packed into as few batch rows of at most seq_len as first-fit
-    (longest first) allows, `segment` naming each row's sequence (-1: padding) and `local` its index in
-    it, which the masks and the unrolled passes follow (`segment_mask`): the same loss as one sequence
-    per batch row, without the head's work on padding (half of a batch of chat turns). Without it, one
-    sequence per batch row, right-padded."""
+    With `pack` the sequences are packed into as few batch rows as first-fit (longest first) allows,
+    each no longer than the longest sequence (so attention, quadratic in a batch row's length, costs
+    no more per batch row than unpacked), `segment` naming each row's sequence (-1: padding) and `local`
+    its index in it, which the masks and the unrolled passes follow (`segment_masks`): the same loss as
+    one sequence per batch row, without the head's work on most of the padding (half of a batch of chat
+    turns). Without it, one sequence per batch row, right-padded."""
     rows = [min(seq_len, len(data["tokens"][i]) - 1) for i in picked]
+    width = max(rows)
     places, fill = [], []  # (batch row, offset) per picked sequence; rows filled per batch row
     for k in (sorted(range(len(picked)), key=lambda k: -rows[k]) if pack else range(len(picked))):
-        b = next((b for b, f in enumerate(fill) if f + rows[k] <= seq_len), None) if pack else None
+        b = next((b for b, f in enumerate(fill) if f + rows[k] <= width), None) if pack else None
         if b is None:
             b = len(fill)
             fill.append(0)
