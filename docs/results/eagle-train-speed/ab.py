@@ -93,6 +93,9 @@ def main(n_batches: int) -> dict:
             "speedup_over_before": {k: med[first] / v for k, v in med.items()},
             "losses": {b: {k: v[0] for k, v in ways.items()} for b, ways in seen.items()},
             "same_statistics": all(len({str(v[1]) for v in ways.values()}) == 1 for ways in seen.values()),
+            # (hits, rows, answer hits, answer rows) per depth: under bfloat16 autocast a product blocked
+            # otherwise can round a near-tie the other way
+            "statistics": {b: {k: v[1] for k, v in ways.items()} for b, ways in seen.items()},
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
