@@ -732,8 +732,13 @@ def test_the_unrolled_loss_equals_the_plain_route_on_packed_and_padded_batches(l
             grads.append((loss.detach(), stats, [p.grad.clone() for p in head.parameters() if p.grad is not None]))
         ref_loss, ref_stats, ref_grad = grads[-1]
         for loss, stats, grad in grads[:-1]:
-            assert stats == ref_stats and all(s[0] > 0 for s in stats)  # every depth has hits
-            torch.testing.assert_close(loss, ref_loss, rtol=1e-3 if autocast else 1e-5, atol=1e-5)
+            assert all(s[0] > 0 for s in stats)  # every depth has hits
+            if autocast:  # rows alike; a bfloat16 product blocked otherwise may round a near-tie apart
+                assert [s[1::2] for s in stats] == [s[1::2] for s in ref_stats]
+                assert all(abs(a - b) <= 2 for s, r in zip(stats, ref_stats) for a, b in zip(s[::2], r[::2]))
+            else:
+                assert stats == ref_stats
+            torch.testing.assert_close(loss, ref_loss, rtol=5e-3 if autocast else 1e-5, atol=1e-5)
             if not autocast:  # (under autocast the two round their products apart: compared in test_output_loss)
                 assert len(grad) == len(ref_grad)
                 for a, b in zip(grad, ref_grad):

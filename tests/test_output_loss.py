@@ -82,9 +82,13 @@ def test_under_bfloat16_autocast_it_follows_autocast_like_the_plain_route():
         ref_loss, ref_best = _plain(x2, weight, target)
         (ref_grad,) = torch.autograd.grad(ref_loss, x2)
     assert loss.dtype == torch.float32 and ref_loss.dtype == torch.float32
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)  # the same bfloat16 logits, summed apart
+    # bfloat16 logits either way; a CPU whose bfloat16 product rounds a row by the rows beside it (blocks of 16
+    # here, 40 there) may differ by its rounding step (0.4%), and flip an argmax on a near-tie
+    torch.testing.assert_close(loss, ref_loss, rtol=5e-3, atol=5e-3)
     torch.testing.assert_close(grad, ref_grad.float(), rtol=0.02, atol=2e-3)  # the gradient rounds through bfloat16
-    assert torch.equal(best, ref_best)
+    assert int((best != ref_best).sum()) <= 2
+    float_loss, _ = _plain(x.detach(), weight, target)  # ... and bfloat16 logits they are: apart from float32's
+    assert not torch.allclose(loss, float_loss, rtol=1e-6, atol=0)
 
 
 def test_without_gradients_it_only_measures(monkeypatch):
