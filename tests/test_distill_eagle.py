@@ -20,7 +20,7 @@ from dynatree.prompts import encode_prompt, load_texts
 from dynatree.cli import main
 from dynatree.distill.chat import instruction_prompts
 from dynatree.distill.eagle_data import EagleConfig, build_data, label, labelling_params
-from dynatree.distill.eagle_train import _pass_mask, distill_eagle, make_batch, segment_masks
+from dynatree.distill.eagle_train import distill_eagle, make_batch, segment_masks
 from dynatree.featurehead import check_head, load_head, output_signature
 from dynatree.runtime import LoadedModel
 
@@ -424,6 +424,22 @@ def test_answer_rows_are_the_targets_answers_and_the_loss_can_keep_to_them():
         EagleConfig(loss_rows="prompt").validate()
 
 
+def _pass_mask(rows: int, depth: int) -> torch.Tensor:
+    """The reference mask of one sequence (eagle_train.segment_masks packs several): additive, [1, 1, rows,
+    depth * rows], of pass `depth` (1-based) over the keys of passes 1..depth: row r sees pass-1 keys
+    r' <= r - (depth - 1) and pass-i key r - (depth - i)."""
+    allowed = torch.zeros(rows, depth * rows, dtype=torch.bool)
+    r = torch.arange(rows)
+    allowed[:, :rows] = torch.ones(rows, rows, dtype=torch.bool).tril(-(depth - 1))
+    for i in range(2, depth + 1):
+        col = r - (depth - i)
+        ok = col >= 0
+        allowed[r[ok], (i - 1) * rows + col[ok]] = True
+    mask = torch.zeros(rows, depth * rows)
+    mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    return mask[None, None]
+
+
 def test_pass_mask_by_hand():
     # depth 2 over 3 rows: row r sees pass-1 keys r' <= r - 1 and its own pass-2 key
     allowed = _pass_mask(3, 2)[0, 0] == 0
@@ -433,6 +449,9 @@ def test_pass_mask_by_hand():
     # depth 3: pass-1 keys up to r - 2, pass-2 key r - 1, pass-3 key r
     allowed = _pass_mask(3, 3)[0, 0] == 0
     assert allowed[2].tolist() == [True, False, False, False, True, False, False, False, True]
+    # the packed masks of one sequence are these
+    masks = segment_masks(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None], 3)
+    assert torch.equal(masks[1][0, 0], _pass_mask(3, 2)[0, 0] == 0) and torch.equal(masks[2][0, 0], allowed)
 
 
 def test_the_mask_of_packed_sequences_is_each_sequences_own_mask_on_the_diagonal():

@@ -62,23 +62,8 @@ def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> 
     return head.float()
 
 
-def _pass_mask(rows: int, depth: int) -> torch.Tensor:
-    """Additive mask [1, 1, rows, depth * rows] of pass `depth` (1-based) over the keys of passes
-    1..depth: row r sees pass-1 keys r' <= r - (depth - 1) and pass-i key r - (depth - i)."""
-    allowed = torch.zeros(rows, depth * rows, dtype=torch.bool)
-    r = torch.arange(rows)
-    allowed[:, :rows] = torch.ones(rows, rows, dtype=torch.bool).tril(-(depth - 1))
-    for i in range(2, depth + 1):
-        col = r - (depth - i)
-        ok = col >= 0
-        allowed[r[ok], (i - 1) * rows + col[ok]] = True
-    mask = torch.zeros(rows, depth * rows)
-    mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
-    return mask[None, None]
-
-
 def segment_masks(segment: torch.Tensor, local: torch.Tensor, unroll: int) -> list[torch.Tensor]:
-    """`_pass_mask` of every pass for rows packed several sequences to a batch row (`make_batch`), as
+    """The attention mask of every pass for rows packed several sequences to a batch row (`make_batch`), as
     boolean masks [batch, 1, rows, depth * rows] (True: attend), where `segment` [batch, rows] names each
     row's sequence (-1: padding) and `local` is its index in that sequence. In pass `depth` a row sees
     pass-1 keys of its own sequence at local index <= its own - (depth - 1), and pass-i key r - (depth - i)

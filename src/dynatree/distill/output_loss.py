@@ -4,8 +4,7 @@ A feature head's training step spends most of its time not in its own layer but 
 over the sub-vocabulary: for 16 sequences of 640 rows, three passes, the logits are 3 x 10,240 x 8,192
 values, and the plain route (logits, then log-softmax, its backward with a zero-filled gradient of the
 same size, the argmax for the statistics, the gather of the learnt rows) writes and rereads them
-several times over (measured on a 2-core CPU: those passes, dtype copies and fills took about half of
-a step's CPU time; docs/results/eagle-train-speed). Here each block of rows is multiplied and turned
+several times over (docs/results/eagle-train-speed). Here each block of rows is multiplied and turned
 into its loss, argmax and the gradient with respect to its input at once, so a block's logits (a few
 MB) are written once and reread while recent, and only the input-sized gradient is kept for the
 backward pass (the idea of fused linear cross-entropy kernels such as Liger's, written here for the
