@@ -424,13 +424,15 @@ def test_answer_rows_are_the_targets_answers_and_the_loss_can_keep_to_them():
         EagleConfig(loss_rows="prompt").validate()
 
 
-def _pass_mask(rows: int, depth: int) -> torch.Tensor:
+def _pass_mask(rows: int, depth: int, window: int = 0) -> torch.Tensor:
     """The reference mask of one sequence (eagle_train.segment_masks packs several): additive, [1, 1, rows,
     depth * rows], of pass `depth` (1-based) over the keys of passes 1..depth: row r sees pass-1 keys
-    r' <= r - (depth - 1) and pass-i key r - (depth - i)."""
+    r' <= r - (depth - 1) (and r' >= r - window with a window) and pass-i key r - (depth - i)."""
     allowed = torch.zeros(rows, depth * rows, dtype=torch.bool)
     r = torch.arange(rows)
     allowed[:, :rows] = torch.ones(rows, rows, dtype=torch.bool).tril(-(depth - 1))
+    if window:
+        allowed[:, :rows] &= torch.ones(rows, rows, dtype=torch.bool).triu(-window)
     for i in range(2, depth + 1):
         col = r - (depth - i)
         ok = col >= 0
@@ -454,22 +456,40 @@ def test_pass_mask_by_hand():
     assert torch.equal(masks[1][0, 0], _pass_mask(3, 2)[0, 0] == 0) and torch.equal(masks[2][0, 0], allowed)
 
 
-def test_the_mask_of_packed_sequences_is_each_sequences_own_mask_on_the_diagonal():
+def test_a_window_limits_how_far_back_the_first_pass_keys_reach():
+    # window 1 over 4 rows, depth 1: row r sees rows r - 1 and r, as a drafter under KVWindow(0, 1)
+    assert (_pass_mask(4, 1, window=1)[0, 0] == 0).tolist() == [[True, False, False, False],
+                                                                 [True, True, False, False],
+                                                                 [False, True, True, False],
+                                                                 [False, False, True, True]]
+    # depth 2, window 2: pass-1 keys r - 2 .. r - 1, and the own pass-2 key
+    assert (_pass_mask(4, 2, window=2)[0, 0] == 0)[3].tolist() == [False, True, True, False,
+                                                                   False, False, False, True]
+    masks = segment_masks(torch.zeros(1, 4, dtype=torch.long), torch.arange(4)[None], 2, window=2)
+    assert torch.equal(masks[1][0, 0], _pass_mask(4, 2, window=2)[0, 0] == 0)
+    # a window as long as the sequence changes nothing
+    assert all(torch.equal(a, b) for a, b in zip(
+        segment_masks(torch.zeros(1, 4, dtype=torch.long), torch.arange(4)[None], 3, window=4),
+        segment_masks(torch.zeros(1, 4, dtype=torch.long), torch.arange(4)[None], 3)))
+
+
+@pytest.mark.parametrize("window", [0, 2])
+def test_the_mask_of_packed_sequences_is_each_sequences_own_mask_on_the_diagonal(window):
     """Sequences of 3, 5 and 1 rows packed into one batch row, then 2 rows of padding: each sequence's
-    block of every pass is `_pass_mask` of its length, nothing across sequences, padding rows see only
-    themselves."""
+    block of every pass is `_pass_mask` of its length (and window), nothing across sequences, padding rows
+    see only themselves."""
     lengths = [3, 5, 1]
     segment = torch.tensor([[0] * 3 + [1] * 5 + [2] + [-1] * 2])
     local = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 0, 0, 0]])
     L = segment.shape[1]
-    masks = segment_masks(segment, local, 4)
+    masks = segment_masks(segment, local, 4, window)
     for depth in (1, 2, 3, 4):
         allowed = masks[depth - 1][0, 0]
         assert masks[depth - 1].dtype == torch.bool and masks[depth - 1].shape == (1, 1, L, depth * L)
         want = torch.zeros(L, depth * L, dtype=torch.bool)
         start = 0
         for m in lengths:
-            own = _pass_mask(m, depth)[0, 0] == 0
+            own = _pass_mask(m, depth, window)[0, 0] == 0
             for i in range(depth):
                 want[start:start + m, i * L + start: i * L + start + m] = own[:, i * m: (i + 1) * m]
             start += m

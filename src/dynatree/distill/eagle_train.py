@@ -62,14 +62,18 @@ def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> 
     return head.float()
 
 
-def segment_masks(segment: torch.Tensor, local: torch.Tensor, unroll: int) -> list[torch.Tensor]:
+def segment_masks(segment: torch.Tensor, local: torch.Tensor, unroll: int, window: int = 0) -> list[torch.Tensor]:
     """The attention mask of every pass for rows packed several sequences to a batch row (`make_batch`), as
     boolean masks [batch, 1, rows, depth * rows] (True: attend), where `segment` [batch, rows] names each
     row's sequence (-1: padding) and `local` is its index in that sequence. In pass `depth` a row sees
     pass-1 keys of its own sequence at local index <= its own - (depth - 1), and pass-i key r - (depth - i)
-    when that row is in its sequence (its own key of pass `depth` always: no row is left without a key)."""
+    when that row is in its sequence (its own key of pass `depth` always: no row is left without a key).
+    With a `window` W > 0 a row at local index r sees pass-1 keys from r - W on only, as a drafter under
+    KVWindow(0, W) does (the later passes' keys, at most unroll - 1 back, are always within it)."""
     B, L = segment.shape
     same = segment[:, :, None] == segment[:, None, :]
+    if window > 0:
+        same = same & (local[:, None, :] >= local[:, :, None] - window)
     r = torch.arange(L, device=segment.device)
     diagonals = []  # diagonals[back]: key r - back, when in the row's sequence
     for back in range(unroll):
@@ -81,9 +85,12 @@ def segment_masks(segment: torch.Tensor, local: torch.Tensor, unroll: int) -> li
             for depth in range(1, unroll + 1)]
 
 
-def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleConfig) -> tuple[torch.Tensor, list]:
+def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleConfig,
+                  window: int = 0) -> tuple[torch.Tensor, list]:
     """Loss and per-pass top-1 agreement (hits, rows, hits on answer rows, answer rows) for a batch
-    of sequences (see module doc); with `loss_rows` 'answers' the loss is taken on answer rows only."""
+    of sequences (see module doc); with `loss_rows` 'answers' the loss is taken on answer rows only. A
+    `window` > 0 lets each row attend only that far back (`segment_masks`: a probe of ../eagle-window;
+    training and the drafter use none)."""
     from transformers import DynamicCache
 
     device = out_rows.device  # the target's: batches are built on the CPU, trained where the target is
@@ -95,7 +102,7 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
     cache = DynamicCache()
     total, stats = 0.0, []
     prev = None
-    masks = segment_masks(segment, local, cfg.unroll)
+    masks = segment_masks(segment, local, cfg.unroll, window)
     for depth in range(1, cfg.unroll + 1):
         # pass 1 reads the target's true feature of the position before each row; pass j the
         # previous pass's prediction at row r - 1 (zeros at a sequence's first row, as at a batch row's
@@ -179,16 +186,16 @@ def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Ten
 
 
 @torch.no_grad()
-def evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab) -> dict:
+def evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab, window: int = 0) -> dict:
     """Held-out top-1 agreement with the target per depth (pass), over all rows and over answer rows
     (what drafting meets: the prompt's rows, the chat template's above all, are easier), and the
-    share of labels the sub-vocabulary holds."""
+    share of labels the sub-vocabulary holds; `window` as for `unrolled_loss`."""
     head.eval()
     hits = [[0, 0, 0, 0] for _ in range(cfg.unroll)]
     covered = total = 0
     for s in range(0, len(held), cfg.batch_size):
         batch = make_batch(data, held[s: s + cfg.batch_size], cfg.seq_len, sub_index, head_vocab)
-        _, stats = unrolled_loss(head, embed, out_rows, batch, cfg)
+        _, stats = unrolled_loss(head, embed, out_rows, batch, cfg, window)
         for d, counts in enumerate(stats):
             hits[d] = [a + b for a, b in zip(hits[d], counts)]
         real = batch["labels"] >= 0
