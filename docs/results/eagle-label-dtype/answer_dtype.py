@@ -1,8 +1,10 @@
 """Batched answer generation (chat.generate_batched, HF generate; prompts under 256 tokens) of the embedded
 target: float32 against a bfloat16 dense load, the same prompts (Spec-Bench training questions, first turns),
 interleaved twice. `python docs/results/eagle-label-dtype/answer_dtype.py 32 64` (prompts, new tokens)."""
-import sys, time, json
-import torch
+import json
+import sys
+import time
+
 from dynatree.models import DEFAULT_TARGET, load_model
 from dynatree.distill.chat import instruction_prompts, chat_ids, generate_batched
 n, max_new = int(sys.argv[1]), int(sys.argv[2])

@@ -19,7 +19,7 @@ from dynatree.distill.eagle_train import evaluate
 from dynatree.embedded import EMBEDDED_DRAFTS
 from dynatree.featurehead import check_head, load_head
 from dynatree.models import DEFAULT_TARGET, load_model
-from dynatree.prompts import SPEC_BENCH_FILE, SPEC_BENCH_TASKS, task_of
+from dynatree.prompts import SPEC_BENCH_FILE, SPEC_BENCH_TASKS, questions, task_of
 
 HERE = Path(__file__).resolve().parent
 ANSWERS = HERE.parent / "eagle-heldout" / "answers"  # the target's answers to the held-out questions (never trained on)
@@ -29,12 +29,11 @@ DECLARED = 640  # the training length (--seq-len), declared before the run
 WINDOWS = [0, DECLARED, 256, 1024, 2048]  # 0: the whole context (as shipped); the others: sensitivity only
 
 spec = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-eagle"
-rows = [json.loads(line) for line in SPEC_BENCH_FILE.read_text().splitlines() if line.strip()]
-by_task: dict[str, list] = {}
-for row in rows:
-    task = task_of(row["category"])
-    if len(by_task.setdefault(task, [])) < HELD_OUT:
-        by_task[task].append({**row, "turns": row["turns"][:1]})
+by_task: dict[str, list] = {}  # the first HELD_OUT questions of each task, first turns (as measure.py asks them)
+for question_id, category, turns in questions(SPEC_BENCH_FILE):
+    held = by_task.setdefault(task_of(category), [])
+    if len(held) < HELD_OUT:
+        held.append({"question_id": question_id, "category": category, "turns": turns[:1]})
 target = load_model(DEFAULT_TARGET, weights="dense")
 t0 = time.perf_counter()
 data, tmp = {}, Path(tempfile.mkdtemp())
