@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from dynatree.distill.eagle_data import EagleConfig, build_data
-from dynatree.distill.eagle_train import evaluate
+from dynatree.distill.eagle_train import evaluate, vocab_tables
 from dynatree.embedded import EMBEDDED_DRAFTS
 from dynatree.featurehead import check_head, load_head
 from dynatree.models import DEFAULT_TARGET, load_model
@@ -52,9 +52,7 @@ every = {k: sum((data[t][k] for t in SPEC_BENCH_TASKS), []) for k in ("tokens", 
 head = load_head(EMBEDDED_DRAFTS.get(spec, Path(spec)))
 check_head(head, target)
 vocab = head.vocab_ids
-sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
-sub_index[vocab] = torch.arange(len(vocab))
-out_rows = target.model.get_output_embeddings().weight.detach()[vocab].float()
+sub_index, out_rows = vocab_tables(target, vocab)
 embed = target.model.get_input_embeddings()
 base = EagleConfig(prompts="", holdout=0, self_prompts=0, l_max=L_MAX, seq_len=L_MAX + 256, unroll=3, batch_size=2)
 result = {"head": spec, "target": DEFAULT_TARGET, "weights": "dense", "declared_window": DECLARED,

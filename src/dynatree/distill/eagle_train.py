@@ -62,6 +62,14 @@ def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> 
     return head.float()
 
 
+def vocab_tables(target: LoadedModel, head_vocab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the loss and `evaluate` read of a head's sub-vocabulary `head_vocab` (target token ids): each
+    target token's index in it (-1: outside) and the target's output-layer rows of those tokens (float32)."""
+    sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
+    sub_index[head_vocab.cpu()] = torch.arange(len(head_vocab))
+    return sub_index, target.model.get_output_embeddings().weight.detach()[head_vocab.to(target.device)].float()
+
+
 def segment_masks(segment: torch.Tensor, local: torch.Tensor, unroll: int, window: int = 0) -> list[torch.Tensor]:
     """The attention mask of every pass for rows packed several sequences to a batch row (`make_batch`), as
     boolean masks [batch, 1, rows, depth * rows] (True: attend), where `segment` [batch, rows] names each
@@ -248,13 +256,11 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
         head_vocab = start_from.vocab_ids.cpu()
     else:
         head_vocab = counts.argsort(descending=True)[: min(cfg.draft_vocab, target.vocab_size)].sort().values
-    sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
-    sub_index[head_vocab] = torch.arange(len(head_vocab))
+    sub_index, out_rows = vocab_tables(target, head_vocab)
     train_coverage = float(counts[head_vocab].sum() / counts.sum())
 
     head = (new_head(target, cfg, head_vocab) if start_from is None else start_from.float().train()).to(target.device)
     embed = target.model.get_input_embeddings()
-    out_rows = target.model.get_output_embeddings().weight.detach()[head_vocab].float()
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     step, history, prior_s, state = 0, [], 0.0, None
