@@ -331,3 +331,19 @@ def test_a_new_draft_is_seeded_by_its_config_and_leaves_the_callers_generator_al
     assert torch.equal(torch.get_rng_state(), before)
     weights = [d.get_input_embeddings().weight for d in drafts]
     assert torch.equal(weights[0], weights[1]) and not torch.equal(weights[0], weights[2])
+
+
+def test_distill_bounds_the_kernel_caches_unless_the_user_set_them(monkeypatch):
+    """`dynatree distill` caps oneDNN's and ideep's per-shape primitive caches (distill_cli: training meets a
+    new product shape nearly every batch), before anything runs a product; a value the user set stays."""
+    from dynatree import distill_cli
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
+    assert distill_cli.bound_kernel_caches() == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "7"}
+    # the CLI sets them before it loads the target: a bad option fails after the call, before any load
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    seen = {}
+    monkeypatch.setattr(distill_cli, "bound_kernel_caches", lambda: seen.setdefault("called", True))
+    assert main(["distill", "--kind", "eagle", "--out", "/nonexistent/x", "--steps", "0"]) == 2
+    assert seen == {"called": True}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -139,7 +140,24 @@ def check_out_kind(out: Path, kind: str, resume: bool) -> None:
               "are still reused)", file=sys.stderr)
 
 
+# oneDNN, and ideep in front of it (PyTorch's CPU bfloat16 and packed float32 products), keep a compiled primitive
+# per product shape, up to 1024 each and several MB apiece. Decoding meets few shapes (one row, tree sizes) and
+# gains from keeping them all; distillation meets new ones nearly every batch (packed training rows, labelling
+# batches), so a long run grew by 1.2-2.8 GB per 100 training steps until the machine ran short
+# (docs/results/eagle-train-speed). These bound both caches for `distill`, unless the user set them; the
+# libraries read them at their first product, which comes after `cmd_distill` starts.
+DISTILL_CACHE_CAPACITY = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+
+
+def bound_kernel_caches() -> dict[str, str]:
+    """Set `DISTILL_CACHE_CAPACITY`'s variables where the environment does not; what they are now."""
+    for name, value in DISTILL_CACHE_CAPACITY.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in DISTILL_CACHE_CAPACITY}
+
+
 def cmd_distill(args) -> int:
+    bound_kernel_caches()  # before anything runs a product (the target's load probes oneDNN)
     from .models import DEFAULT_TARGET, load_model
 
     cfg = config_of(args)
