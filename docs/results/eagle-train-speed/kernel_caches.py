@@ -5,7 +5,7 @@ kernel caches (BOUND=1) or the libraries' defaults.
     BOUND=1 python docs/results/eagle-train-speed/kernel_caches.py; python docs/results/eagle-train-speed/kernel_caches.py
 """
 import os, random
-import dynatree.cli  # what the CLI imports before cmd_distill runs
+import dynatree.cli  # noqa: F401  (what the CLI imports before cmd_distill runs)
 from dynatree.distill_cli import bound_kernel_caches
 import torch
 if os.environ.get("BOUND"): print(bound_kernel_caches())
