@@ -1,20 +1,40 @@
-"""Memory of a process that runs bfloat16 products (autocast, a 576 x 1536 linear, forward and backward) on a
-new number of rows each time, as distillation does: RSS every 100 products, with `dynatree distill`'s bounded
-kernel caches (BOUND=1) or the libraries' defaults.
+"""Memory of a process that runs bfloat16 work under autocast (forward and backward) on a new number of rows each
+time, as distillation does: RSS every 100 calls. MODE=linear (default): a 576 x 1536 linear; MODE=sdpa: SDPA
+with 9 heads of 64 and a boolean mask over as many keys. BOUND=1: `dynatree distill`'s bounded oneDNN/ideep
+caches (set in-process after the CLI's imports, as `cmd_distill` does); FIXED=1: the same shape every time.
 
-    BOUND=1 python docs/results/eagle-train-speed/kernel_caches.py; python docs/results/eagle-train-speed/kernel_caches.py
+    BOUND=1 python docs/results/eagle-train-speed/kernel_caches.py
+    MODE=sdpa BOUND=1 python docs/results/eagle-train-speed/kernel_caches.py
 """
-import os, random
+import os
+import random
+
 import dynatree.cli  # noqa: F401  (what the CLI imports before cmd_distill runs)
-from dynatree.distill_cli import bound_kernel_caches
 import torch
-if os.environ.get("BOUND"): print(bound_kernel_caches())
-def rss(): return int(open(f"/proc/{os.getpid()}/statm").read().split()[1]) * 4096 / 2**20
+import torch.nn.functional as F
+from dynatree.distill_cli import bound_kernel_caches
+
+if os.environ.get("BOUND"):
+    print(bound_kernel_caches())
+MODE = os.environ.get("MODE", "linear")
+
+
+def rss() -> float:
+    return int(open(f"/proc/{os.getpid()}/statm").read().split()[1]) * 4096 / 2**20
+
+
 lin = torch.nn.Linear(576, 1536)
 random.seed(0)
 for i in range(1, 401):
-    x = torch.randn(random.randint(200, 6000), 576, requires_grad=True)
+    rows = 3000 if os.environ.get("FIXED") else random.randint(200, 6000)
+    x = torch.randn(rows, 576, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = lin(x)
+        if MODE == "linear":
+            y = lin(x)
+        else:
+            q = x.view(1, -1, 9, 64).transpose(1, 2)
+            mask = torch.rand(1, 1, rows, rows) > 0.5
+            y = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     y.float().sum().backward()
-    if i % 100 == 0: print(i, round(rss()), "MB", flush=True)
+    if i % 100 == 0:
+        print(MODE, i, round(rss()), "MB", flush=True)
