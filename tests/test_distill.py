@@ -338,7 +338,8 @@ def test_distill_bounds_the_kernel_caches_unless_the_user_set_them(monkeypatch):
     new product shape nearly every batch), before anything runs a product; a value the user set stays."""
     from dynatree import distill_cli
 
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "x")  # (recorded first, so teardown restores the session's)
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
     assert distill_cli.bound_kernel_caches() == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "7"}
     # the CLI sets them before it loads the target: a bad option fails after the call, before any load

@@ -143,9 +143,10 @@ def check_out_kind(out: Path, kind: str, resume: bool) -> None:
 # oneDNN, and ideep in front of it (PyTorch's CPU bfloat16 and packed float32 products), keep a compiled primitive
 # per product shape, up to 1024 each and several MB apiece. Decoding meets few shapes (one row, tree sizes) and
 # gains from keeping them all; distillation meets new ones nearly every batch (packed training rows, labelling
-# batches), so a long run grew by 1.2-2.8 GB per 100 training steps until the machine ran short
-# (docs/results/eagle-train-speed). These bound both caches for `distill`, unless the user set them; the
-# libraries read them at their first product, which comes after `cmd_distill` starts.
+# batches). These bound both caches for `distill`, unless the user set them; the libraries read them at their
+# first product, which comes after `cmd_distill` starts. Only part of a long training run's growth: the head's
+# bfloat16 attention keeps its own per-shape state that no variable bounds (docs/results/eagle-train-speed,
+# "Memory": still 13.6 -> 20.6 GB in ~110 steps with these set).
 DISTILL_CACHE_CAPACITY = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
 

@@ -67,7 +67,8 @@ def vocab_tables(target: LoadedModel, head_vocab: torch.Tensor) -> tuple[torch.T
     target token's index in it (-1: outside) and the target's output-layer rows of those tokens (float32)."""
     sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
     sub_index[head_vocab.cpu()] = torch.arange(len(head_vocab))
-    return sub_index, target.model.get_output_embeddings().weight.detach()[head_vocab.to(target.device)].float()
+    weight = target.model.get_output_embeddings().weight.detach()
+    return sub_index, weight[head_vocab.to(weight.device)].float()
 
 
 def segment_masks(segment: torch.Tensor, local: torch.Tensor, unroll: int, window: int = 0) -> list[torch.Tensor]:
@@ -77,7 +78,7 @@ def segment_masks(segment: torch.Tensor, local: torch.Tensor, unroll: int, windo
     pass-1 keys of its own sequence at local index <= its own - (depth - 1), and pass-i key r - (depth - i)
     when that row is in its sequence (its own key of pass `depth` always: no row is left without a key).
     With a `window` W > 0 a row at local index r sees pass-1 keys from r - W on only, as a drafter under
-    KVWindow(0, W) does (the later passes' keys, at most unroll - 1 back, are always within it)."""
+    KVWindow(0, W) does; the later passes' keys (at most unroll - 1 back) stay visible whatever W."""
     B, L = segment.shape
     same = segment[:, :, None] == segment[:, None, :]
     if window > 0:
