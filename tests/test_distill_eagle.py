@@ -399,10 +399,10 @@ def test_answer_rows_are_the_targets_answers_and_the_loss_can_keep_to_them():
             "labels": [vocab[torch.randint(0, 80, (n,), generator=gen)]], "answer_from": [start]}
     sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
     sub_index[vocab] = torch.arange(len(vocab))
-    batch = make_batch(data, [0], 64, sub_index, vocab)
+    batch = make_batch(data, [0], 64, sub_index, vocab, multiple=1)  # (no padding: the reference below has none)
     # row r: input token r + 1, label the choice of token r + 2: answer rows r = 5..10
     assert batch["answer"][0].tolist() == [False] * 5 + [True] * 6
-    assert make_batch({**data, "answer_from": [None]}, [0], 64, sub_index, vocab)["answer"].all()
+    assert make_batch({**data, "answer_from": [None]}, [0], 64, sub_index, vocab, multiple=1)["answer"].all()
 
     embed, out_rows = target.model.get_input_embeddings(), target.model.get_output_embeddings().weight[head.vocab_ids]
     cfg = EagleConfig(unroll=1, feature_loss=0.0, loss_rows="answers")
@@ -507,10 +507,19 @@ def test_packing_fills_rows_first_fit_longest_first():
             "features": [torch.randn(n, 4, generator=gen) for n in lengths],
             "labels": [torch.randint(5, 90, (n,), generator=gen) for n in lengths], "answer_from": [None] * 6}
     sub_index = torch.arange(100)
-    packed = make_batch(data, list(range(6)), 64, sub_index, torch.arange(100))
-    plain = make_batch(data, list(range(6)), 64, sub_index, torch.arange(100), pack=False)
+    packed = make_batch(data, list(range(6)), 64, sub_index, torch.arange(100), multiple=1)
+    plain = make_batch(data, list(range(6)), 64, sub_index, torch.arange(100), pack=False, multiple=1)
     # first fit, longest first, into rows of the longest: [49] [40, 8] [29, 19] [11]
     assert packed["tokens"].shape == (4, 49) and plain["tokens"].shape == (6, 49)
+    # as training builds them: the rows' length rounded up to a multiple of 64 (few shapes for the
+    # kernels' per-shape caches), the same rows plus padding that belongs to no sequence
+    rounded = make_batch(data, list(range(6)), 64, sub_index, torch.arange(100))
+    assert rounded["tokens"].shape == (4, 64) and make_batch(data, [0], 64, sub_index, torch.arange(100),
+                                                             multiple=16)["tokens"].shape == (1, 48)
+    for key in packed:
+        if key != "head_vocab":
+            assert torch.equal(rounded[key][:, :49], packed[key]), key
+    assert not rounded["valid"][:, 49:].any() and (rounded["segment"][:, 49:] == -1).all()
     assert [sorted(set(row.tolist()) - {-1}) for row in packed["segment"]] == [[5], [0, 3], [2, 4], [1]]
     assert int(packed["valid"].sum()) == int(plain["valid"].sum()) == sum(lengths) - 6
     for k in range(6):  # every sequence's rows, in order, whole

@@ -138,8 +138,11 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
     return total, stats
 
 
+ROW_MULTIPLE = 64  # batch rows' length is rounded up to this (make_batch): few distinct shapes, bounded kernel caches
+
+
 def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Tensor, head_vocab: torch.Tensor,
-               pack: bool = True) -> dict:
+               pack: bool = True, multiple: int = ROW_MULTIPLE) -> dict:
     """Rows r of a sequence of n tokens (the last seq_len of 0..n-2): input token x_{r+1} at position
     r+1 with feature f_r; label the target's argmax at r+1 and feature f_{r+1}. A row is an answer
     row when its label is the target's choice of an answer token (position r+2 at or after the
@@ -150,7 +153,12 @@ def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Ten
     no more per batch row than unpacked), `segment` naming each row's sequence (-1: padding) and `local`
     its index in it, which the masks and the unrolled passes follow (`segment_masks`): the same loss as
     one sequence per batch row, without the head's work on most of the padding (half of a batch of chat
-    turns). Without it, one sequence per batch row, right-padded."""
+    turns). Without it, one sequence per batch row, right-padded.
+
+    The batch rows' length is rounded up to a `multiple` (padding rows: segment -1, never counted): the
+    CPU's attention kernels keep state per input shape that nothing bounds (bfloat16 SDPA with a boolean
+    mask grew a trainer by 7 GB in 110 steps of new lengths: docs/results/eagle-train-speed); 64 leaves
+    seq_len / 64 lengths for at most 63 padding rows more per batch row (a tenth at seq_len 640)."""
     rows = [min(seq_len, len(data["tokens"][i]) - 1) for i in picked]
     width = max(rows)
     places, fill = [], []  # (batch row, offset) per picked sequence; rows filled per batch row
@@ -161,7 +169,7 @@ def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Ten
             fill.append(0)
         places.append((k, b, fill[b]))
         fill[b] += rows[k]
-    B, L = len(fill), max(fill)
+    B, L = len(fill), -(-max(fill) // multiple) * multiple
     H = data["features"][picked[0]].shape[1]
     tokens = torch.zeros(B, L, dtype=torch.long)
     feats = torch.zeros(B, L, H)
