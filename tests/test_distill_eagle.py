@@ -520,6 +520,8 @@ def test_packing_fills_rows_first_fit_longest_first():
         if key != "head_vocab":
             assert torch.equal(rounded[key][:, :49], packed[key]), key
     assert not rounded["valid"][:, 49:].any() and (rounded["segment"][:, 49:] == -1).all()
+    with pytest.raises(ValueError, match="multiple must be at least 1"):
+        make_batch(data, [0], 64, sub_index, torch.arange(100), multiple=0)
     assert [sorted(set(row.tolist()) - {-1}) for row in packed["segment"]] == [[5], [0, 3], [2, 4], [1]]
     assert int(packed["valid"].sum()) == int(plain["valid"].sum()) == sum(lengths) - 6
     for k in range(6):  # every sequence's rows, in order, whole
@@ -767,11 +769,13 @@ def test_the_unrolled_loss_equals_the_plain_route_on_packed_and_padded_batches(l
             data["labels"][b][1:] = torch.where(pick == depth, preds[depth][b, :n - 1], data["labels"][b][1:])
     plain = make_batch(data, picked, 64, sub_index, vocab, pack=False)
     packed = make_batch(data, picked, 64, sub_index, vocab)
+    unrounded = make_batch(data, picked, 64, sub_index, vocab, multiple=1)  # (the rows' length not rounded to 64)
+    assert packed["tokens"].shape[1] == 64 and unrounded["tokens"].shape[1] == 39
     assert packed["tokens"].shape[0] < plain["tokens"].shape[0]  # (sequences share batch rows)
     assert not plain["covered"][plain["valid"]].all() and not plain["valid"].all()
     for autocast in (False, True):
         grads = []
-        for route, batch in ((unrolled_loss, packed), (unrolled_loss, plain),
+        for route, batch in ((unrolled_loss, packed), (unrolled_loss, unrounded), (unrolled_loss, plain),
                              (lambda *a: _plain_unrolled_loss(*a)[:2], plain)):
             head.zero_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):

@@ -2,7 +2,7 @@
 time, as distillation does: RSS every 100 calls. MODE=linear (default): a 576 x 1536 linear; MODE=sdpa: SDPA
 with 9 heads of 64 and a boolean mask over as many keys. BOUND=1: `dynatree distill`'s bounded oneDNN/ideep
 caches (set in-process after the CLI's imports, as `cmd_distill` does); FIXED=1: the same shape every time.
-MODE=trainer: the head's attention as training calls it, [B, 9, L, depth * L] with B 1..8, L 64..640 and
+MODE=trainer: the head's attention shaped as training calls it (9 key/value heads; the shipped head has 3), [B, 9, L, depth * L] with B 1..8, L 64..640 and
 depth 1..3 drawn anew each call; ROUND=64 rounds L up to a multiple of 64, as make_batch now does.
 
     BOUND=1 python docs/results/eagle-train-speed/kernel_caches.py

@@ -155,10 +155,13 @@ def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Ten
     one sequence per batch row, without the head's work on most of the padding (half of a batch of chat
     turns). Without it, one sequence per batch row, right-padded.
 
-    The batch rows' length is rounded up to a `multiple` (padding rows: segment -1, never counted): the
-    CPU's attention kernels keep state per input shape that nothing bounds (bfloat16 SDPA with a boolean
-    mask grew a trainer by 7 GB in 110 steps of new lengths: docs/results/eagle-train-speed); 64 leaves
-    seq_len / 64 lengths for at most 63 padding rows more per batch row (a tenth at seq_len 640)."""
+    The batch rows' length is rounded up to a `multiple` (padding rows: segment -1, never counted, so the
+    rows may exceed seq_len when it is not a multiple): the CPU's attention kernels keep state per input
+    shape that nothing bounds, and with 640 possible lengths a trainer's memory grew about 0.8 GB per 100
+    steps, with 64 about 0.25 (docs/results/eagle-train-speed, "Memory"), for up to 63 padding rows more per
+    batch row (about 10% more time per step there)."""
+    if multiple < 1:
+        raise ValueError(f"make_batch: multiple must be at least 1, got {multiple}")
     rows = [min(seq_len, len(data["tokens"][i]) - 1) for i in picked]
     width = max(rows)
     places, fill = [], []  # (batch row, offset) per picked sequence; rows filled per batch row
