@@ -157,9 +157,8 @@ def make_batch(data: dict, picked: list[int], seq_len: int, sub_index: torch.Ten
 
     The batch rows' length is rounded up to a `multiple` (padding rows: segment -1, never counted, so the
     rows may exceed seq_len when it is not a multiple): the CPU's attention kernels keep state per input
-    shape that nothing bounds, and with 640 possible lengths a trainer's memory grew about 0.8 GB per 100
-    steps, with 64 about 0.25 (docs/results/eagle-train-speed, "Memory"), for up to 63 padding rows more per
-    batch row (about 10% more time per step there)."""
+    shape that nothing bounds, so few distinct lengths keep a long run's memory bounded, for up to
+    multiple - 1 padding rows more per batch row (measured: docs/results/eagle-train-speed, "Memory")."""
     if multiple < 1:
         raise ValueError(f"make_batch: multiple must be at least 1, got {multiple}")
     rows = [min(seq_len, len(data["tokens"][i]) - 1) for i in picked]
