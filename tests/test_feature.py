@@ -15,6 +15,8 @@ from dynatree import kernels
 from dynatree.drafters import FeatureDrafter, HybridDrafter, NgramDrafter
 from dynatree.featurehead import FeatureHead, check_head, load_head, output_signature
 from dynatree.methods import METHODS
+from dynatree.cache import length as kv_length
+from dynatree.tree import TreeBuilder
 from dynatree.window import KVWindow
 
 TREE_METHODS = {"linear": {"k": 4}, "fixed-tree": {"depth": 4, "branch": 2, "tau": 0.0},
@@ -48,6 +50,29 @@ def reference_cache(head: FeatureHead, target, tokens: list[int], n_fed: int):
     drafter.reset(tokens[:n_fed], hidden[: n_fed - 1])
     drafter._feed_committed()
     return drafter.cache
+
+
+def test_the_head_is_fed_the_prompt_in_reset_so_the_first_root_expansion_feeds_one_position():
+    """The head's prefill happens when the sequence starts, not inside the first tree: a cost-aware
+    policy learns a head forward's cost from each tree's drafting time, and a long prompt fed in the
+    first tree made the head look many times dearer than it is (it then declined it for most of the run)."""
+    target = tiny("llama", eos_ids=[])
+    head = fitted_head("llama")
+    tokens = PROMPT * 3
+    hidden = target.model(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+    drafter = FeatureDrafter(head, target)
+    drafter.reset(tokens, hidden)
+    assert kv_length(drafter.cache) == len(tokens) - 2 and drafter.n_fed == len(tokens) - 1
+    fed = []
+    run = drafter._run
+    drafter._run = lambda ids, *args: fed.append(len(ids)) or run(ids, *args)
+    first = drafter.propose(TreeBuilder(tokens[-1]), [0], k=3)
+    assert fed == [1] and kv_length(drafter.cache) == len(tokens) - 1
+    at_once = FeatureDrafter(head, target)  # the whole prompt fed in one forward, as before
+    at_once.reset(tokens[:2], hidden[:1])
+    at_once.tokens, at_once.features = list(tokens), hidden[at_once.n_fed - 1:]
+    want = at_once.propose(TreeBuilder(tokens[-1]), [0], k=3)
+    assert torch.equal(first.ids, want.ids) and torch.allclose(first.probs, want.probs, atol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

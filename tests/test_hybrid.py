@@ -8,6 +8,7 @@ import torch
 
 from helpers import hf_greedy, noisy_copy, tiny
 from dynatree import DynaTreeError, Decoder, api, draftspec, make_config
+from dynatree import cache as kv
 from dynatree.bench import presets, report, runner
 from dynatree.cli import main
 from dynatree.drafters import HybridDrafter, LMDrafter, NgramDrafter
@@ -71,6 +72,21 @@ def test_a_node_below_an_ngram_drafted_node_never_reaches_the_lm():
     child = tree.add(0, 77, 0.1)  # "5 77": no match at all, but the LM never saw the root this iteration
     proposal = hybrid.propose(tree, [child], k=2)
     assert lm.asked == [] and proposal.candidates(0) == []
+
+
+def test_the_draft_lm_is_fed_the_prompt_in_reset_so_the_first_root_expansion_feeds_one_token():
+    """The draft's prefill happens when the sequence starts (a cost-aware policy learns a draft forward's
+    cost from each tree's drafting time: the prompt fed inside the first tree made it look dear)."""
+    target = tiny("llama", eos_ids=[])
+    lm = LMDrafter(noisy_copy("llama", 0, 0.08), vocab_limit=target.vocab_size)
+    tokens = [5, 6, 7, 8, 9, 10, 11, 40]
+    lm.reset(tokens)
+    assert kv.length(lm.cache) == len(tokens) - 1 and lm.n_cached == len(tokens) - 1
+    fed = []
+    forward = lm.draft.forward
+    lm.draft.forward = lambda cache, ids, *args, **kw: fed.append(len(ids)) or forward(cache, ids, *args, **kw)
+    lm.propose(TreeBuilder(40), [0], k=2)
+    assert fed == [1] and kv.length(lm.cache) == len(tokens)
 
 
 def test_the_lm_catches_up_on_tokens_committed_while_the_ngram_drafted():

@@ -625,6 +625,24 @@ def test_learnt_verification_costs_never_make_a_tree_look_free():
     assert best_rate([0.9, 0.9], costs, draft_s=0.0)[1] < 1e3  # finite, no division by zero
 
 
+def test_a_probe_can_lower_a_draft_forward_cost_raised_while_the_model_idled_but_never_raise_it():
+    """A probe's first model call also feeds the tokens of the idle spell, so its time is an upper bound
+    of a usual forward: learnt only when below the estimate. Otherwise a forward cost raised by a slow
+    spell of the machine stayed up while the model idled (idle iterations run no model) and kept the
+    probes from ever judging that drafting pays."""
+    from dynatree.costmodel import CostCurve, IterationCosts
+
+    costs = IterationCosts(CostCurve((1, 2), (0.05, 0.06)))
+    costs.learn(levels=2, forwards=2, verified=3, draft_s=0.040, verify_s=0.06)  # a slow spell: 20 ms a forward
+    assert costs.forward_s == pytest.approx(0.020)
+    costs.learn(levels=2, forwards=2, verified=3, draft_s=0.100, verify_s=0.06, catch_up=True)  # dearer: not learnt
+    assert costs.forward_s == pytest.approx(0.020)
+    costs.learn(levels=2, forwards=2, verified=3, draft_s=0.008, verify_s=0.06, catch_up=True)  # 4 ms: learnt
+    assert costs.forward_s == pytest.approx(0.8 * 0.020 + 0.2 * 0.004)
+    costs.learn(levels=2, forwards=2, verified=3, draft_s=0.100, verify_s=0.06)  # a usual tree is always learnt
+    assert costs.forward_s > 0.020
+
+
 def test_the_draft_gate_idles_probes_and_backs_off():
     """gate.py on its own: a tree that did not pay starts a one-iteration spell, then a probe; a probe
     that does not pay doubles the spell (up to backoff_max) unless it beat plain steps (halved), and

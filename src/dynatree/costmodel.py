@@ -80,11 +80,17 @@ class IterationCosts:
         spell of the machine, must not make other trees look free)."""
         return max(self.curve.at(n) + self.extra_s[n > 1], 0.5 * self.curve.at(n))
 
-    def learn(self, levels: int, forwards: int, verified: int, draft_s: float, verify_s: float) -> None:
+    def learn(self, levels: int, forwards: int, verified: int, draft_s: float, verify_s: float,
+              catch_up: bool = False) -> None:
         """One iteration as measured: `levels` drafter calls (`forwards` with a model) took
-        `draft_s`, verifying `verified` tokens took `verify_s`."""
+        `draft_s`, verifying `verified` tokens took `verify_s`. With `catch_up`, its first model call
+        also fed tokens committed while the model idled, so its drafting time bounds a usual forward's
+        from above: it is learnt only when below the estimate (which a slow spell of the machine may
+        have raised while the model idled and nothing else could lower it)."""
         if forwards:
-            self.forward_s = self._mix(0, self.forward_s, max(draft_s - (levels - forwards) * self.lookup_s, 0.0) / forwards)
+            forward_s = max(draft_s - (levels - forwards) * self.lookup_s, 0.0) / forwards
+            if not catch_up or forward_s < self.forward_s:
+                self.forward_s = self._mix(0, self.forward_s, forward_s)
         elif levels:
             self.lookup_s = self._mix(1, self.lookup_s, draft_s / levels)
         kind = int(verified > 1)

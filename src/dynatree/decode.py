@@ -167,8 +167,10 @@ class Decoder:
         if on_tokens:
             on_tokens([first])
         self._evict(run)
-        if self.drafter is not None:
+        if self.drafter is not None:  # (the drafter's own prefill: drafting time, outside any tree's)
+            start = time.perf_counter()
             self.drafter.reset(run.seq, features)
+            run.stats.draft_s += time.perf_counter() - start
 
     def _commit(self, run: Run, tree: Tree, accepted: Accepted, positions: torch.Tensor, features: torch.Tensor | None,
                 cached: int, stop_ids: set[int], limit: int) -> list[int]:

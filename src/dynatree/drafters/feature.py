@@ -2,9 +2,10 @@
 
 The head's cache holds committed positions only, each computed from the target's *true*
 feature of the position before (what the head was trained on). The engine hands those
-features over: the prompt's after the prefill (`reset`), the verified root's and accepted
-path's after each verification (`commit`; the same forward pass, no second target pass).
-Expanding the root feeds the committed tokens the head has not seen yet (the previous
+features over: the prompt's after the prefill (`reset`, which feeds them to the head at once: the
+head's own prefill, so the first tree's drafting costs what later trees' do), the verified root's
+and accepted path's after each verification (`commit`; the same forward pass, no second target
+pass). Expanding the root feeds the committed tokens the head has not seen yet (the previous
 iteration's accepted path and bonus) with their true features; deeper levels feed each node
 with its parent's *predicted* feature, one level per forward, each node seeing the committed
 positions and its own ancestors (4-D mask, position = root position + depth). After
@@ -60,6 +61,9 @@ class FeatureDrafter:
         self.features = hidden[: len(tokens) - 1]  # true features of positions n_fed - 1 .. len(tokens) - 2
         self.slots = DraftSlots(self.window)  # which position each cache slot holds (slots.py)
         self.node_feat: dict[int, torch.Tensor] = {}  # tree node -> the head's predicted feature at it
+        if len(tokens) > 2:  # the head's prefill: every prompt position but the root's (fed when it is expanded)
+            with torch.no_grad():
+                self._feed_committed(len(tokens) - 1)
 
     @torch.no_grad()
     def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
@@ -127,15 +131,21 @@ class FeatureDrafter:
         self.node_feat = {}
         self.slots.evict(self.cache, self.n_fed)
 
-    def _feed_committed(self) -> torch.Tensor:
-        """Feed committed positions n_fed .. root with their true features; the root's prediction."""
-        start, end = self.n_fed, len(self.tokens)
+    def _feed_committed(self, end: int | None = None) -> torch.Tensor:
+        """Feed committed positions n_fed .. end - 1 (default: through the root) with their true
+        features; the last one's prediction."""
+        start, end = self.n_fed, len(self.tokens) if end is None else end
         positions = list(range(start, end))
         allowed, _ = self.slots.committed(positions)
-        out = self._run(self.tokens[start:end], self.features, positions, allowed)
+        prefill = end < len(self.tokens)  # `reset`'s feed of the prompt (eager: the sequence's first forward)
+        out = self._run(self.tokens[start:end], self.features[: end - start] if prefill else self.features, positions,
+                        allowed)
         self.slots.fed_committed(positions)
-        self.n_fed, self.features = end, self.features[end - start:]
-        self.node_feat[0] = out[-1]
+        # what is left is never a view of the prompt's features: a compiled head step is guarded on whether
+        # its inputs are views, and the warm-up builds its graphs for fresh tensors
+        self.n_fed, self.features = end, self.features[end - start:].clone() if prefill else self.features[end - start:]
+        if end == len(self.tokens):  # the root was fed: its prediction expands it
+            self.node_feat[0] = out[-1]
         return out[-1:]
 
     def _feed_nodes(self, tree: TreeBuilder, nodes: list[int]) -> torch.Tensor:

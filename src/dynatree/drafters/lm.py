@@ -45,6 +45,9 @@ class LMDrafter:
         self.tokens = list(tokens)
         self.n_cached = 0  # committed tokens already run through the draft (cached, or evicted by the window)
         self.slots = DraftSlots(self.window)  # which position each cache slot holds (slots.py)
+        if len(tokens) > 1:  # the draft's prefill: every committed token but the root (fed when it is expanded)
+            with torch.no_grad():
+                self._feed_committed(len(tokens) - 1)
 
     @torch.no_grad()
     def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
@@ -76,9 +79,10 @@ class LMDrafter:
         self.tokens = list(tokens)
         self.slots.evict(self.cache, self.n_cached)
 
-    def _feed_committed(self) -> torch.Tensor:
-        """Feed the committed tokens not yet run through the draft (the root is always among them)."""
-        start, end = self.n_cached, len(self.tokens)
+    def _feed_committed(self, end: int | None = None) -> torch.Tensor:
+        """Feed the committed tokens not yet run through the draft, up to `end` (default: all of them,
+        the root among them); the last one's logits."""
+        start, end = self.n_cached, len(self.tokens) if end is None else end
         positions = list(range(start, end))
         allowed, key_pos = self.slots.committed(positions)
         logits = self.draft.forward(self.cache, self.draft.readable(self.tokens[start:end]), positions,

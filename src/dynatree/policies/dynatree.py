@@ -211,8 +211,8 @@ class DynaTreePolicy(TreePolicy):
         c = self.config
         if self.costs is not None:
             g = self._growth
-            if not self._probe:  # a probe's first call catches up on the tokens of the idle spell: not a usual forward
-                self.costs.learn(g.levels, g.forwards, len(tree.tokens), timing.draft_s, timing.verify_s)
+            # a probe's first call catches up on the tokens of the idle spell: an upper bound of a usual forward
+            self.costs.learn(g.levels, g.forwards, len(tree.tokens), timing.draft_s, timing.verify_s, catch_up=self._probe)
             last = self._learn(tree, path)
             if self._probe and g.forwards:  # judged with what it taught, then on what it achieved
                 plain = self._plain_rate()
