@@ -59,9 +59,9 @@ class CountingDrafter(LMDrafter):
     fed_committed = 0  # committed tokens run through the draft model
     reused = 0  # cache entries kept from accepted tree nodes instead
 
-    def _feed_committed(self):
-        self.fed_committed += len(self.tokens) - self.n_cached
-        return super()._feed_committed()
+    def _feed_committed(self, end=None):
+        self.fed_committed += (len(self.tokens) if end is None else end) - self.n_cached
+        return super()._feed_committed(end)
 
     def commit(self, tokens, path, hidden=None):
         before = self.n_cached
