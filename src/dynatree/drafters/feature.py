@@ -13,8 +13,8 @@ verification the tree's entries are dropped: the accepted tokens are fed again n
 the target's features, as in training. Under a KV window the head sees what the window lets
 the target see and evicts the same way.
 
-With `compile` (a `--compile` run) every head forward after the first of a sequence (which feeds
-the whole prompt, as the target's prefill does, eagerly) on a cache of 2+ entries
+With `compile` (a `--compile` run) every head forward after the first of a sequence (`reset`'s feed
+of the prompt, eager as the target's prefill is) on a cache of 2+ entries
 (`runtime.compiles_on`) goes through the head's torch.compile wrapper (`FeatureHead.compiled`): one
 graph for one fed token and one for several, built by `warm_up` before any clock starts. Proposals never decide what is committed, so compiled and eager
 heads round differently without touching exactness.
