@@ -26,9 +26,9 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # DynaTree with the hybrid of the n-gram drafter and the feature head, trees sized by the target's measured
-# cost: the DynaTree configuration that measured best on Spec-Bench's chat questions (docs/results/amd-stage10,
-# the shipped stage-10 head: 2.24x our eager ar, per-prompt median 2.28x, 1.58x compiled; n-gram alone 2.11x and
-# 1.56x; the fixed-tree hybrid 2.27x by totals, median 1.94x). On a GGUF target the CLI
+# cost: the DynaTree configuration that measured best on Spec-Bench's chat questions (docs/results/amd-stage11,
+# the shipped stage-10 head: 2.03x our eager ar, per-prompt median 2.06x, 1.59x compiled; n-gram alone 1.89x and
+# 1.54x; the fixed-tree hybrid 2.06x by totals, median 1.93x). On a GGUF target the CLI
 # loads its q4 weights (--weights auto; docs/results/q4-cpu).
 DEMO_DRAFT ?= ngram+smollm2-135m-eagle
 
