@@ -643,6 +643,27 @@ def test_a_probe_can_lower_a_draft_forward_cost_raised_while_the_model_idled_but
     assert costs.forward_s > 0.020
 
 
+def test_a_probe_after_an_idle_spell_lowers_the_policys_draft_cost_but_a_dearer_one_does_not_raise_it():
+    """Through the policy: a model learnt at 20 ms a call idles; the probe after the spell (its first
+    call also feeds the spell's tokens) is learnt only when it shows a cheaper forward."""
+    from dynatree.costmodel import CostCurve
+
+    curve = CostCurve((1, 2, 8), (0.005, 0.0051, 0.006))
+    for probe_s, want in ((0.001, 0.8 * 0.02 + 0.2 * 0.001), (0.1, 0.02)):
+        policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
+        policy.prepare(curve, model_free=False)
+        dear = ScriptedDrafter(lambda path: [(100 + len(path), 0.95)])
+        _step(policy, dear, 1, curve, 0.02)
+        _step(policy, dear, 1, curve, 0.02)  # does not pay: an idle spell starts
+        assert policy.gate.idle >= 1 and policy.costs.forward_s == pytest.approx(0.02)
+        while policy.gate.idle:
+            _step(policy, dear, 1, curve, 0.02)  # idle: the root alone, no drafter call
+        calls = len(dear.calls)
+        _step(policy, dear, 1, curve, probe_s, accept=False)
+        assert policy._probe and len(dear.calls) > calls
+        assert policy.costs.forward_s == pytest.approx(want), probe_s
+
+
 def test_the_draft_gate_idles_probes_and_backs_off():
     """gate.py on its own: a tree that did not pay starts a one-iteration spell, then a probe; a probe
     that does not pay doubles the spell (up to backoff_max) unless it beat plain steps (halved), and

@@ -89,7 +89,7 @@ class IterationCosts:
         have raised while the model idled and nothing else could lower it)."""
         if forwards:
             forward_s = max(draft_s - (levels - forwards) * self.lookup_s, 0.0) / forwards
-            if not catch_up or forward_s < self.forward_s:
+            if not catch_up or not self.seen[0] or forward_s < self.forward_s:
                 self.forward_s = self._mix(0, self.forward_s, forward_s)
         elif levels:
             self.lookup_s = self._mix(1, self.lookup_s, draft_s / levels)

@@ -170,6 +170,8 @@ class Decoder:
         if self.drafter is not None:  # (the drafter's own prefill: drafting time, outside any tree's)
             start = time.perf_counter()
             self.drafter.reset(run.seq, features)
+            if self.target.device.type == "cuda":  # its work done before the first tree's clock starts
+                torch.cuda.synchronize(self.target.device)
             run.stats.draft_s += time.perf_counter() - start
 
     def _commit(self, run: Run, tree: Tree, accepted: Accepted, positions: torch.Tensor, features: torch.Tensor | None,

@@ -85,8 +85,10 @@ class LMDrafter:
         start, end = self.n_cached, len(self.tokens) if end is None else end
         positions = list(range(start, end))
         allowed, key_pos = self.slots.committed(positions)
+        prefill = end < len(self.tokens)  # `reset`'s feed of the prompt: only its cache entries are used
         logits = self.draft.forward(self.cache, self.draft.readable(self.tokens[start:end]), positions,
-                                    self._mask(allowed, positions, key_pos), compiled=self._compiled())
+                                    self._mask(allowed, positions, key_pos), last_only=prefill,
+                                    compiled=self._compiled())
         self.slots.fed_committed(positions)
         self.n_cached = end
         return logits[-1:]

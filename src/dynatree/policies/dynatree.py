@@ -34,7 +34,8 @@ iteration after a spell is a probe that asks the model again and verifies at lea
 likeliest node, so acceptance is learnt back (calibration forgets old trials,
 `Calibration.decay`). The probe's drafting time, which includes feeding the model the tokens of the
 spell, is learnt as a draft forward's cost only when below the estimate: an upper bound, which can undo
-a cost that a slow spell of the machine raised while the model idled. Once the probe's outcome (and,
+a cost that a slow spell of the machine raised while the model idled (its lookups and verification are
+learnt as any iteration's). Once the probe's outcome (and,
 greedy, the target's choices at its cut nodes) is learnt, its tree is judged again: if it would now pay in expectation drafting
 resumes; else a probe that beat plain steps in measured tokens per second halves the next
 spell (acceptance is coming back faster than the calibration shows) and one that did not
