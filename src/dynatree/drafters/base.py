@@ -40,9 +40,8 @@ class Drafter(Protocol):
         `hidden` the target's last hidden states of the prompt [len(tokens) - 1, hidden size]. A
         drafter with a model runs its prefill here (every committed token but the last), so that the
         first tree's drafting costs what later trees' do: a cost-aware policy learns the cost of a
-        draft forward from each tree's drafting time, and a whole prompt fed inside the first tree
-        made the draft look many times dearer than it is on long prompts (the decoder counts this
-        time as drafting, outside every tree's)."""
+        draft forward from each tree's drafting time (the decoder counts this time as drafting,
+        outside every tree's)."""
 
     def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
         """Top-k next tokens after each of `nodes` (one row per node, in the given order);

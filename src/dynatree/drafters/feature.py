@@ -52,6 +52,7 @@ class FeatureDrafter:
         self.window = window
         self.calls = 0  # head forwards (for stats and tests)
 
+    @torch.no_grad()
     def reset(self, tokens: list[int], hidden: torch.Tensor | None = None) -> None:
         if hidden is None or len(hidden) < len(tokens) - 1:
             raise ValueError("a feature drafter needs the target's hidden states of the prompt")
@@ -62,8 +63,7 @@ class FeatureDrafter:
         self.slots = DraftSlots(self.window)  # which position each cache slot holds (slots.py)
         self.node_feat: dict[int, torch.Tensor] = {}  # tree node -> the head's predicted feature at it
         if len(tokens) > 2:  # the head's prefill: every prompt position but the root's (fed when it is expanded)
-            with torch.no_grad():
-                self._feed_committed(len(tokens) - 1)
+            self._feed_committed(len(tokens) - 1)
 
     @torch.no_grad()
     def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:

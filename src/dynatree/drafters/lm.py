@@ -40,14 +40,14 @@ class LMDrafter:
         self.vocab_limit = vocab_limit  # only ids the target can score are proposed
         self.window = window
 
+    @torch.no_grad()
     def reset(self, tokens: list[int], hidden=None) -> None:
         self.cache = kv.new_cache(self.model)
         self.tokens = list(tokens)
         self.n_cached = 0  # committed tokens already run through the draft (cached, or evicted by the window)
         self.slots = DraftSlots(self.window)  # which position each cache slot holds (slots.py)
         if len(tokens) > 1:  # the draft's prefill: every committed token but the root (fed when it is expanded)
-            with torch.no_grad():
-                self._feed_committed(len(tokens) - 1)
+            self._feed_committed(len(tokens) - 1)
 
     @torch.no_grad()
     def propose(self, tree: TreeBuilder, nodes: list[int], k: int, full: bool = False) -> Proposal:
