@@ -63,6 +63,27 @@ def test_an_unseen_context_asks_the_lm_and_gets_its_answer():
     assert lm.asked[-1] == [seen, other]
 
 
+def test_the_hybrid_marks_which_rows_its_model_answered():
+    _, lm, hybrid = _hybrid()
+    hybrid.reset([5, 6, 7, 8, 40, 5, 6])  # "5 6" seen before (-> 7): the root is copied
+    tree = TreeBuilder(6)
+    copied = hybrid.propose(tree, [0], k=2)
+    assert copied.forwards == 0 and not copied.by_model(0)
+    hybrid.reset([5, 6, 7, 8, 40])  # "40" unseen: the LM answers the root
+    tree = TreeBuilder(40)
+    asked = hybrid.propose(tree, [0], k=2)
+    assert asked.forwards == 1 and asked.by_model(0)
+    seen = tree.add(0, 7, 0.5, asked.by_model(0))  # "40 7": unseen (LM); "7 8" below it would be copied
+    nxt = tree.add(0, 6, 0.4, asked.by_model(0))  # "40 6": unseen -> LM
+    level = hybrid.propose(tree, [seen, nxt], k=2)
+    assert [level.by_model(0), level.by_model(1)] == [True, True]
+    below = tree.add(seen, 8, 0.5, level.by_model(0))  # "7 8" seen, "40 7 8": order 2 "7 8" -> 40: copied
+    mixed = tree.add(nxt, 99, 0.5, level.by_model(1))  # "6 99": unseen -> LM
+    last = hybrid.propose(tree, [below, mixed], k=2)
+    assert [last.by_model(0), last.by_model(1)] == [False, True] and last.forwards == 1
+    assert tree.modelled == [False, True, True, True, True]  # the root is no one's proposal
+
+
 def test_a_node_below_an_ngram_drafted_node_never_reaches_the_lm():
     _, lm, hybrid = _hybrid(min_match=1)
     hybrid.reset([5, 6, 7, 9, 9, 5])  # root context "... 9 5": order-2 "9 5" unseen, order 1 "5" -> 6: n-gram

@@ -6,6 +6,7 @@ import math
 import time
 
 import pytest
+import torch
 
 from helpers import ScriptedDrafter
 from dynatree import make_config
@@ -274,16 +275,68 @@ def test_calibration_learns_acceptance_per_draft_probability():
     assert cal(0.15) == pytest.approx((4 * 0.15 + 0) / (4 + 36))  # node 4 (q = 0.1) tried and rejected
 
 
+def test_calibration_learns_model_and_lookup_proposals_apart():
+    from dynatree.costmodel import Calibration
+
+    cal = Calibration(bins=10, prior=4.0, decay=1.0)
+    # root -> node 1 (a model's, q = 0.5, the target's choice) and node 2 (a lookup's, q = 0.5, not it)
+    parents, logp, tokens = [-1, 0, 0], [0.0, math.log(0.5), math.log(0.5)], [1, 50, 60]
+    for _ in range(40):
+        cal.observe_choices(parents, logp, tokens, {0: 50}, modelled=[False, True, False])
+    assert cal(0.55, True) == pytest.approx((4 * 0.55 + 40) / 44)
+    assert cal(0.55, False) == pytest.approx(4 * 0.55 / 44)
+    cal.observe(parents, logp, {0, 2}, modelled=[False, True, False])  # sampling: the verified nodes' outcome
+    assert cal(0.55, False) == pytest.approx((4 * 0.55 + 1) / 45) and cal(0.55, True) == pytest.approx((4 * 0.55 + 40) / 45)
+    assert cal.table(True)[5] == cal(0.55, True)
+
+
+def test_cost_aware_dynatree_judges_a_hybrids_model_and_lookup_nodes_each_by_its_own_record():
+    """Both sources offer one child at q = 0.45; the model's is always the target's choice, the
+    lookup's never. Verifying a second token costs 1.6x a plain step, so a node pays only when its
+    acceptance exceeds 0.6: learnt apart, the model's node is verified and the lookup's cut; one
+    table for both (about 0.5 each) would cut both."""
+    from dynatree.costmodel import CostCurve
+    from dynatree.drafters import Proposal
+
+    class TwoSources:
+        name, model = "two-sources", True
+
+        def propose(self, tree, nodes, k, full=False):
+            token = 51 if self.model else 61
+            return Proposal(torch.tensor([[token]]), torch.tensor([[0.45]], dtype=torch.float64),
+                            forwards=int(self.model), modelled=torch.tensor([self.model]))
+
+        def without_model(self):
+            return None
+
+    drafter = TwoSources()
+    curve = CostCurve((1, 2), (0.05, 0.08))
+    policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
+    policy.prepare(curve, model_free=False)
+    kept = {True: [], False: []}
+    for i in range(200):
+        drafter.model = i % 2 == 0
+        tree = draft(policy, drafter, 1, max_depth=1)
+        choice = 51 if drafter.model else 99  # the target's token after the root
+        path = [1] if tree.n_drafted and int(tree.tokens[1]) == choice else []
+        bonus = 7 if path else choice
+        kept[drafter.model].append(tree.n_drafted)
+        policy.observe(tree, path, bonus, Timing(draft_s=1e-4, verify_s=curve.at(tree.size)))
+    assert sum(kept[True][-20:]) == 20, kept[True]  # the model's node: verified every time
+    assert sum(kept[False][-20:]) == 0  # the lookup's: cut every time
+    assert policy.state()["calibration"]["model"][4] > 0.9 > 0.1 > policy.state()["calibration"]["lookup"][4]
+
+
 def test_calibration_forgets_so_a_draft_that_improves_is_learnt_back():
     from dynatree.costmodel import Calibration
 
     cal = Calibration()  # default decay: old trials fade
     for hit in [False] * 200 + [True] * 40:
-        cal._count(0.95, hit)
+        cal._count(0.95, hit, False)
     assert cal(0.95) > 0.5
     plain = Calibration(decay=1.0)
     for hit in [False] * 200 + [True] * 40:
-        plain._count(0.95, hit)
+        plain._count(0.95, hit, False)
     assert plain(0.95) < 0.2
 
 

@@ -112,42 +112,55 @@ class Calibration:
     pseudo-trials at the bin's centre (so an unseen bin trusts the draft), old trials fading
     (`decay`) so that a draft whose acceptance changes with the text is learnt again. Learnt from every
     verification, for the drafter actually in use, whose probabilities may be under- or
-    overconfident (an n-gram drafter gives at most 1/2 to a continuation it has seen once)."""
+    overconfident (an n-gram drafter gives at most 1/2 to a continuation it has seen once).
+
+    Nodes a model proposed and nodes a lookup proposed (`modelled`, per node: a hybrid drafter mixes
+    both in one tree) are learnt in two tables: the same q means a different chance of acceptance
+    from a draft model's softmax and from an n-gram's counts, and one table would judge each by the
+    other's record."""
 
     def __init__(self, bins: int = 10, prior: float = 4.0, decay: float = 0.98):
         self.bins = bins
         self.decay = decay  # each new trial of a bin scales its old counts by this: ~1/(1-decay) trials remembered
         centres = [(b + 0.5) / bins for b in range(bins)]
-        self.trials = [prior] * bins
-        self.hits = [prior * c for c in centres]
+        self.trials = {source: [prior] * bins for source in (False, True)}  # per source: lookup, model
+        self.hits = {source: [prior * c for c in centres] for source in (False, True)}
 
     def _bin(self, q: float) -> int:
         return min(int(q * self.bins), self.bins - 1)
 
-    def __call__(self, q: float) -> float:
-        """Estimated acceptance of a node whose parent is accepted and whose draft probability is q."""
+    def __call__(self, q: float, modelled: bool = False) -> float:
+        """Estimated acceptance of a node whose parent is accepted and whose draft probability is q,
+        proposed by a model (`modelled`) or by a lookup."""
         b = self._bin(q)
-        return self.hits[b] / self.trials[b]
+        return self.hits[modelled][b] / self.trials[modelled][b]
 
-    def _count(self, q: float, hit: bool) -> None:
-        b = self._bin(q)
-        self.trials[b] = self.decay * self.trials[b] + 1
-        self.hits[b] = self.decay * self.hits[b] + hit
+    def _count(self, q: float, hit: bool, modelled: bool) -> None:
+        b, trials, hits = self._bin(q), self.trials[modelled], self.hits[modelled]
+        trials[b] = self.decay * trials[b] + 1
+        hits[b] = self.decay * hits[b] + hit
 
-    def observe(self, parents: list[int], logp: list[float], accepted: set[int]) -> None:
-        """One verified tree: every drafted node whose parent was accepted (or is the root) is a trial."""
+    def table(self, modelled: bool) -> list[float]:
+        """Estimated acceptance per bin of q for one source (for a run's record)."""
+        return [h / t for h, t in zip(self.hits[modelled], self.trials[modelled])]
+
+    def observe(self, parents: list[int], logp: list[float], accepted: set[int],
+                modelled: list[bool] | None = None) -> None:
+        """One verified tree: every drafted node whose parent was accepted (or is the root) is a trial
+        (`modelled`: per node, whether a model proposed it; None: none did)."""
         for u in range(1, len(parents)):
             if parents[u] in accepted:
-                self._count(step_prob(parents, logp, u), u in accepted)
+                self._count(step_prob(parents, logp, u), u in accepted, bool(modelled and modelled[u]))
 
-    def observe_choices(self, parents: list[int], logp: list[float], tokens: list[int], choices: dict[int, int]) -> None:
+    def observe_choices(self, parents: list[int], logp: list[float], tokens: list[int], choices: dict[int, int],
+                        modelled: list[bool] | None = None) -> None:
         """Greedy decoding, where the target's next token at each accepted node is known (`choices`:
         node -> token; at the last accepted node it is the committed bonus token): every drafted
         child of such a node is a trial, verified or cut from the tree before verification - a
         hit iff its token is the target's choice. Trials from cut nodes are what lets a policy
         that cuts everything (verification looks dear, the draft looks unsure) still learn that
-        its draft is better than it looks."""
+        its draft is better than it looks. `modelled` as in `observe`."""
         for u in range(1, len(parents)):
             choice = choices.get(parents[u])
             if choice is not None:
-                self._count(step_prob(parents, logp, u), tokens[u] == choice)
+                self._count(step_prob(parents, logp, u), tokens[u] == choice, bool(modelled and modelled[u]))

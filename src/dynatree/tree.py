@@ -110,6 +110,7 @@ class TreeBuilder:
         self.parents: list[int] = [-1]
         self.depths: list[int] = [0]
         self.logp: list[float] = [0.0]
+        self.modelled: list[bool] = [False]  # per node: a draft model proposed it (else a lookup, or the root)
         self._child_tokens: list[set[int]] = [set()]
         self.proposals: dict[int, torch.Tensor] = {}  # node -> distribution its children were sampled from
 
@@ -143,8 +144,9 @@ class TreeBuilder:
             node = self.parents[node]
         return out[::-1]
 
-    def add(self, parent: int, token: int, prob: float) -> int | None:
-        """Add a child of `parent`; returns its index, or None if a sibling already has that token."""
+    def add(self, parent: int, token: int, prob: float, modelled: bool = False) -> int | None:
+        """Add a child of `parent` (`modelled`: a draft model proposed it, `Proposal.by_model`); returns
+        its index, or None if a sibling already has that token."""
         if token in self._child_tokens[parent] or prob <= 0.0:
             return None
         self._child_tokens[parent].add(token)
@@ -153,6 +155,7 @@ class TreeBuilder:
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)
         self.logp.append(self.logp[parent] + math.log(prob))
+        self.modelled.append(modelled)
         return len(self.tokens) - 1
 
     def build(self, keep: list[int] | None = None) -> Tree:

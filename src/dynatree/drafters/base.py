@@ -25,6 +25,12 @@ class Proposal:
     probs: torch.Tensor  # [m, k] float, their draft probabilities; 0 where ids == -1
     dist: torch.Tensor | None = None  # [m, V] the whole next-token distribution, when asked for (full=True)
     forwards: int = 0  # model forwards this answer cost (0: lookups only, as the n-gram drafter's)
+    modelled: torch.Tensor | None = None  # [m] bool, rows a model answered (None: all rows if forwards, else none)
+
+    def by_model(self, row: int) -> bool:
+        """Whether a model (not a lookup) proposed row `row`'s candidates: a hybrid answers some rows
+        of a call by n-gram lookups and the others by its model."""
+        return bool(self.modelled[row]) if self.modelled is not None else self.forwards > 0
 
     def candidates(self, row: int) -> list[tuple[int, float]]:
         """(token, probability) pairs of node `row`, most probable first, padding dropped."""

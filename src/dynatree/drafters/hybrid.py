@@ -51,6 +51,7 @@ class HybridDrafter:
             if full:
                 result.dist[rows] = answer.dist[:, : result.dist.shape[1]]
             result.forwards = answer.forwards
+            result.modelled = torch.tensor(ask_lm)
         return result
 
     def warm_up(self) -> float:

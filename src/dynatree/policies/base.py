@@ -169,7 +169,7 @@ def grow_levels(
             break
         proposal = yield Ask(tree, nodes, max_breadth, model_free=model_free)
         growth = Growth(growth.levels + 1, growth.forwards + proposal.forwards)
-        children = []  # (cumulative logp, parent, token, prob)
+        children = []  # (cumulative logp, parent, token, prob, proposed by a model)
         for row, parent in enumerate(nodes):
             candidates = proposal.candidates(row)
             if not candidates:
@@ -177,12 +177,13 @@ def grow_levels(
             for token, prob in candidates[: breadth(candidates[0][1])]:
                 logp = tree.logp[parent] + math.log(prob)
                 if logp >= log_tau:
-                    children.append((logp, parent, token, prob))
+                    children.append((logp, parent, token, prob, proposal.by_model(row)))
         budget = n_max - (len(tree) - 1)
         if len(children) > budget:
             best = sorted(range(len(children)), key=lambda i: -children[i][0])[:budget]
             children = [children[i] for i in sorted(best)]  # keep BFS order by parent
-        frontier = [node for _, parent, token, prob in children if (node := tree.add(parent, token, prob)) is not None]
+        frontier = [node for _, parent, token, prob, modelled in children
+                    if (node := tree.add(parent, token, prob, modelled)) is not None]
         if stop is not None and stop(tree, growth):
             break
     return Grown(tree, growth)

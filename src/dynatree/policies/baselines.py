@@ -57,8 +57,8 @@ class SpecInferPolicy(TreePolicy):
                 offers = top_children(proposal, k, None)
             else:
                 offers = [self._draw(tree, node, q, k, sampler) for node, q in zip(ends, tempered(proposal.dist, sampler))]
-            ends = [child for node, children in zip(ends, offers) for token, prob in children
-                    if (child := tree.add(node, token, prob)) is not None]
+            ends = [child for row, (node, children) in enumerate(zip(ends, offers)) for token, prob in children
+                    if (child := tree.add(node, token, prob, proposal.by_model(row))) is not None]
             if not ends:
                 break
         return tree.build()
@@ -101,9 +101,9 @@ class SpecExecPolicy(TreePolicy):
                 todo = [0]  # the root is drafted on its own
             expanded.update(todo)
             proposal = yield Ask(tree, todo, c.branch, full=sampler is not None)
-            for node, children in zip(todo, top_children(proposal, c.branch, sampler)):
+            for row, (node, children) in enumerate(zip(todo, top_children(proposal, c.branch, sampler))):
                 for token, prob in children:
-                    tree.add(node, token, prob)
+                    tree.add(node, token, prob, proposal.by_model(row))
         return tree.build(keep=[0] + _most_probable(tree, c.budget))
 
 
@@ -129,9 +129,9 @@ class OptTreePolicy(TreePolicy):
         layer, expected = [0], 0.0
         for level in range(1, min(c.depth, max_depth) + 1):
             proposal = yield Ask(tree, layer, c.budget, full=sampler is not None)
-            for node, children in zip(layer, top_children(proposal, c.budget, sampler)):
+            for row, (node, children) in enumerate(zip(layer, top_children(proposal, c.budget, sampler))):
                 for token, prob in children:
-                    tree.add(node, token, prob)
+                    tree.add(node, token, prob, proposal.by_model(row))
             best = _most_probable(tree, c.budget)
             gain = sum(tree.prob(u) for u in best) - expected
             if gain < c.delta:  # this layer is not worth its cost: the tree stays as it was

@@ -52,7 +52,9 @@ def grow_beams(root_token: int, width: int, depth: int, sampler: Sampler | None)
             pairs = best_pairs(tree, layer, top_children(proposal, width, None), width)
         else:
             pairs = _sampled_pairs(tree, layer, tempered(proposal.dist, sampler), width, sampler)
-        layer = [node for parent, token, prob in pairs if (node := tree.add(parent, token, prob)) is not None]
+        row = {node: r for r, node in enumerate(layer)}
+        layer = [node for parent, token, prob in pairs
+                 if (node := tree.add(parent, token, prob, proposal.by_model(row[parent]))) is not None]
         if not layer:
             break
     return tree.build()

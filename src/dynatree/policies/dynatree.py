@@ -130,7 +130,7 @@ class DynaTreePolicy(TreePolicy):
         est = [1.0]
         for u in range(1, len(tree)):
             parent = tree.parents[u]
-            est.append(est[parent] * self.calibration(step_prob(tree.parents, tree.logp, u)))
+            est.append(est[parent] * self.calibration(step_prob(tree.parents, tree.logp, u), tree.modelled[u]))
         return est
 
     def _worth(self, tree: TreeBuilder, drafting: float) -> tuple[list[int], float, list[float]]:
@@ -224,7 +224,7 @@ class DynaTreePolicy(TreePolicy):
                 self.gate.probed(pays_now=expected >= plain, beat_plain=achieved >= plain)
             if last is not None:  # the bonus: the target's choice at the last accepted node, learnt after a
                 grown, node = last  # probe is judged on what the verified nodes taught (as the policy was tuned)
-                self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: bonus})
+                self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: bonus}, grown.modelled)
         if not c.history or tree.n_drafted == 0:
             return
         self.window.append(len(path) / tree.n_drafted)
@@ -240,12 +240,13 @@ class DynaTreePolicy(TreePolicy):
         grown, self._grown = self._grown, None
         if grown is None and tree.n_drafted == 0:  # nothing drafted (an idle iteration): nothing to learn
             return None
-        if grown is None:  # sampling: the verified nodes only
-            self.calibration.observe(tree.parents.tolist(), tree.logp.tolist(), {0, *path})
+        if grown is None:  # sampling: the verified nodes only (`_drafted`: the tree as drafted, its sources)
+            modelled = [self._drafted.modelled[u] for u in tree.drafted_nodes(list(range(tree.size)))]
+            self.calibration.observe(tree.parents.tolist(), tree.logp.tolist(), {0, *path}, modelled)
             return None
         chain = [0, *tree.drafted_nodes(path)]  # the accepted nodes as drafted
         choices = {a: grown.tokens[b] for a, b in zip(chain, chain[1:])}
-        self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, choices)
+        self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, choices, grown.modelled)
         return grown, chain[-1]
 
     def state(self) -> dict:
@@ -258,6 +259,9 @@ class DynaTreePolicy(TreePolicy):
             state["cost_curve_ms"] = {n: round(s * 1e3, 3) for n, s in zip(curve.sizes, curve.seconds)}
             state["draft_forward_ms"] = round(self.costs.forward_s * 1e3, 3)  # per drafter call that ran a model
             state["draft_lookup_ms"] = round(self.costs.lookup_s * 1e3, 3)  # per lookup-only drafter call
+            # acceptance learnt per bin of the draft's probability, by proposer (costmodel.Calibration)
+            state["calibration"] = {"model": [round(a, 3) for a in self.calibration.table(True)],
+                                    "lookup": [round(a, 3) for a in self.calibration.table(False)]}
             state["verify_extra_ms"] = {"token": round(self.costs.extra_s[0] * 1e3, 3),  # measured minus the curve
                                         "tree": round(self.costs.extra_s[1] * 1e3, 3)}
         return state

@@ -49,13 +49,14 @@ class LinearPolicy(TreePolicy):
         tree = TreeBuilder(root_token)
         node = 0
         for _ in range(length):
-            dist = (yield Ask(tree, [node], 1, full=True)).dist[0]
+            proposal = yield Ask(tree, [node], 1, full=True)
+            dist = proposal.dist[0]
             q = tempered(dist[None], sampler)[0]
             if float(q.sum()) <= 0.0:  # the drafter has nothing to say here
                 break
             token = sampler.draw(q)
             tree.proposals[node] = q
-            node = tree.add(node, token, float(q[token]))
+            node = tree.add(node, token, float(q[token]), proposal.by_model(0))
         return tree.build()
 
 

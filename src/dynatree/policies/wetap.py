@@ -126,7 +126,9 @@ class WetapPolicy(TreePolicy):
         for _ in range(min(c.depth, max_depth)):
             proposal = yield Ask(tree, layer, width, full=sampler is not None)
             chosen = best_pairs(tree, layer, top_children(proposal, width, sampler), width)  # top f(v)
-            layer = [node for parent, token, prob in chosen if (node := tree.add(parent, token, prob)) is not None]
+            row = {node: r for r, node in enumerate(layer)}
+            layer = [node for parent, token, prob in chosen
+                     if (node := tree.add(parent, token, prob, proposal.by_model(row[parent]))) is not None]
             if not layer:
                 break
             layer_probs = [tree.prob(u) for u in layer]
