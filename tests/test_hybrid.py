@@ -135,6 +135,7 @@ def test_the_lm_catches_up_on_tokens_committed_while_the_ngram_drafted():
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("method, options", [
     ("dynatree", {"d0": 2, "d_max": 5}), ("linear", {"k": 4}), ("fixed-tree", {"depth": 3, "branch": 2}),
+    ("dynatree", {"d0": 2, "d_max": 5, "cost_aware": True}),  # the cut and the model's idle spells
 ])
 @pytest.mark.parametrize("min_match", [1, 2, 3])
 def test_greedy_decoding_with_the_hybrid_equals_plain_decoding(arch, method, options, min_match):

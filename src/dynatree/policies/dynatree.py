@@ -25,7 +25,8 @@ accepted node being known); growth stops after a level unless a deeper chain cou
 expected tokens per second (`_stop`). Times are predicted, never read from a clock: the
 target's cost curve (measured by the decoder, handed over in `prepare`) corrected, like the
 drafting time per drafter call, by the timings the decoder reports after every iteration
-(`IterationCosts`). The policy may also decline to pay for draft-model forwards: when a tree
+(`IterationCosts`); acceptance is calibrated apart for nodes a model proposed and nodes a lookup
+proposed (a hybrid's trees mix both). The policy may also decline to pay for draft-model forwards: when a tree
 that ran one has a best expected rate more than `idle_slack` under the rate of plain one-token
 steps (the model costs more than its calibrated acceptance brings back), the next iterations
 (an idle spell, `gate.py`) draft with the drafter's model-free part only (`Drafter.without_model`: a hybrid's
