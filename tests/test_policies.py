@@ -290,18 +290,6 @@ def test_calibration_learns_model_and_lookup_proposals_apart():
     assert cal.table(True)[5] == cal(0.55, True)
 
 
-def test_calibration_learns_lookups_of_each_ngram_order_apart():
-    from dynatree.costmodel import Calibration
-
-    cal = Calibration(bins=10, prior=4.0, decay=1.0)
-    parents, logp, tokens = [-1, 0, 0], [0.0, math.log(0.5), math.log(0.5)], [1, 50, 60]
-    for _ in range(40):  # a 3-token match's node (1) is the target's choice, a 1-token match's (2) is not
-        cal.observe_choices(parents, logp, tokens, {0: 50}, modelled=[False, False, False], orders=[0, 3, 1])
-    assert cal(0.55, False, 3) == pytest.approx((4 * 0.55 + 40) / 44)
-    assert cal(0.55, False, 1) == pytest.approx(4 * 0.55 / 44)
-    assert cal(0.55, False, 2) == pytest.approx(0.55) and cal(0.55, True) == pytest.approx(0.55)  # unseen: the prior
-
-
 def test_cost_aware_dynatree_judges_a_hybrids_model_and_lookup_nodes_each_by_its_own_record():
     """Both sources offer one child at q = 0.45; the model's is always the target's choice, the
     lookup's never. Verifying a second token costs 1.6x a plain step, so a node pays only when its
@@ -336,83 +324,7 @@ def test_cost_aware_dynatree_judges_a_hybrids_model_and_lookup_nodes_each_by_its
         policy.observe(tree, path, bonus, Timing(draft_s=1e-4, verify_s=curve.at(tree.size)))
     assert sum(kept[True][-20:]) == 20, kept[True]  # the model's node: verified every time
     assert sum(kept[False][-20:]) == 0  # the lookup's: cut every time
-    assert policy.state()["calibration"]["model"][4] > 0.9 > 0.1 > policy.state()["calibration"]["lookup order 0"][4]
-
-
-class _Lookups:
-    """A hybrid's model-free part for the tests below: one candidate at the root, no model forward."""
-
-    name = "lookups"
-
-    def __init__(self, token: int):
-        self.token, self.calls = token, 0
-
-    def propose(self, tree, nodes, k, full=False):
-        from dynatree.drafters import Proposal
-
-        self.calls += 1
-        ids = torch.full((len(nodes), 1), -1)
-        ids[[row for row, node in enumerate(nodes) if node == 0]] = self.token
-        return Proposal(ids, (ids >= 0).double() * 0.45)
-
-
-class _ModelWithLookups(_Lookups):
-    """A hybrid-like drafter: its model offers `token` at the root (q = 0.45), its lookups their own."""
-
-    name = "model+lookups"
-
-    def __init__(self, token: int, lookups: _Lookups):
-        super().__init__(token)
-        self.lookups = lookups
-
-    def propose(self, tree, nodes, k, full=False):
-        proposal = super().propose(tree, nodes, k, full)
-        proposal.forwards = 1
-        return proposal
-
-    def without_model(self):
-        return self.lookups
-
-
-def _run_two_sources(model_token: int, lookup_token: int, right: int, iterations: int = 150):
-    """Cost-aware DynaTree over `_ModelWithLookups` (a model call costs 10 ms, a lookup 0.1 ms, a
-    target step 50 ms); the target's token after every root is `right`. Returns the policy, the
-    drafter and, per iteration, (model calls, lookup calls, verified tokens)."""
-    from dynatree.costmodel import CostCurve
-
-    lookups = _Lookups(lookup_token)
-    drafter = _ModelWithLookups(model_token, lookups)
-    curve = CostCurve((1, 2, 3), (0.05, 0.06, 0.07))
-    policy = dynatree(cost_aware=True, d0=1, d_max=2, history=False)
-    policy.prepare(curve, model_free=True)
-    log = []
-    for _ in range(iterations):
-        before = drafter.calls, lookups.calls
-        tree = draft(policy, drafter, 1, max_depth=1)
-        calls = drafter.calls - before[0], lookups.calls - before[1]
-        tokens = tree.tokens.tolist()
-        path = [tokens.index(right)] if right in tokens[1:] else []
-        log.append((*calls, tokens[1:]))
-        policy.observe(tree, path, 7 if path else right,
-                       Timing(draft_s=0.01 * calls[0] + 1e-4 * calls[1], verify_s=curve.at(tree.size)))
-    return policy, log
-
-
-def test_cost_aware_dynatree_verifies_the_lookups_node_and_idles_a_model_that_adds_nothing_to_them():
-    """The lookups' candidate is always the target's token, the model's never: the cut verifies the
-    lookups' node, and the model, whose 10 ms bring nothing the lookups do not, is declined (idle
-    spells, a probe now and then) although the trees it drafts beat plain steps."""
-    policy, log = _run_two_sources(model_token=51, lookup_token=61, right=61)
-    assert all(tokens == [61] for _, _, tokens in log[-30:]), log[-30:]  # the lookups' node, every time
-    assert sum(model for model, _, _ in log[-40:]) <= 6  # the model: probes only
-    assert policy.gate.idle_iterations > 100
-
-
-def test_cost_aware_dynatree_keeps_a_model_that_beats_its_lookups_and_cuts_their_node():
-    policy, log = _run_two_sources(model_token=51, lookup_token=61, right=51)
-    assert all(model == 1 and tokens == [51] for model, _, tokens in log[-30:]), log[-30:]
-    assert all(lookups == 1 for _, lookups, _ in log[-30:])  # the lookups were asked beside it (and cut)
-    assert policy.gate.idle_iterations < 10
+    assert policy.state()["calibration"]["model"][4] > 0.9 > 0.1 > policy.state()["calibration"]["lookup"][4]
 
 
 def test_calibration_forgets_so_a_draft_that_improves_is_learnt_back():

@@ -115,72 +115,52 @@ class Calibration:
     overconfident (an n-gram drafter gives at most 1/2 to a continuation it has seen once).
 
     Nodes a model proposed and nodes a lookup proposed (`modelled`, per node: a hybrid drafter mixes
-    both in one tree) are learnt in tables of their own, the lookups' per n-gram order they matched:
-    the same q means a different chance of acceptance from a draft model's softmax, from a long
-    n-gram match and from a one-token match, and one table would judge each by the others' record."""
+    both in one tree) are learnt in two tables: the same q means a different chance of acceptance
+    from a draft model's softmax and from an n-gram's counts, and one table would judge each by the
+    other's record."""
 
     def __init__(self, bins: int = 10, prior: float = 4.0, decay: float = 0.98):
-        self.bins, self.prior = bins, prior
+        self.bins = bins
         self.decay = decay  # each new trial of a bin scales its old counts by this: ~1/(1-decay) trials remembered
-        self.trials: dict = {}  # per source (`_source`): trials per bin
-        self.hits: dict = {}
-
-    @staticmethod
-    def _source(modelled: bool, order: int) -> tuple:
-        """Which table a node is learnt in: the model's, or the lookups' of its n-gram order."""
-        return ("model", 0) if modelled else ("lookup", order)
-
-    def _tables(self, source: tuple) -> tuple[list[float], list[float]]:
-        if source not in self.trials:
-            self.trials[source] = [self.prior] * self.bins
-            self.hits[source] = [self.prior * (b + 0.5) / self.bins for b in range(self.bins)]
-        return self.trials[source], self.hits[source]
+        centres = [(b + 0.5) / bins for b in range(bins)]
+        self.trials = {source: [prior] * bins for source in (False, True)}  # per source: lookup, model
+        self.hits = {source: [prior * c for c in centres] for source in (False, True)}
 
     def _bin(self, q: float) -> int:
         return min(int(q * self.bins), self.bins - 1)
 
-    def __call__(self, q: float, modelled: bool = False, order: int = 0) -> float:
+    def __call__(self, q: float, modelled: bool = False) -> float:
         """Estimated acceptance of a node whose parent is accepted and whose draft probability is q,
-        proposed by a model (`modelled`) or by a lookup of n-gram order `order`."""
+        proposed by a model (`modelled`) or by a lookup."""
         b = self._bin(q)
-        trials, hits = self._tables(self._source(modelled, order))
-        return hits[b] / trials[b]
+        return self.hits[modelled][b] / self.trials[modelled][b]
 
-    def _count(self, q: float, hit: bool, modelled: bool, order: int = 0) -> None:
-        b = self._bin(q)
-        trials, hits = self._tables(self._source(modelled, order))
+    def _count(self, q: float, hit: bool, modelled: bool) -> None:
+        b, trials, hits = self._bin(q), self.trials[modelled], self.hits[modelled]
         trials[b] = self.decay * trials[b] + 1
         hits[b] = self.decay * hits[b] + hit
 
-    def table(self, modelled: bool, order: int = 0) -> list[float]:
+    def table(self, modelled: bool) -> list[float]:
         """Estimated acceptance per bin of q for one source (for a run's record)."""
-        trials, hits = self._tables(self._source(modelled, order))
-        return [h / t for h, t in zip(hits, trials)]
-
-    def sources(self) -> list[tuple]:
-        """The sources learnt so far, as (kind, order)."""
-        return sorted(self.trials)
+        return [h / t for h, t in zip(self.hits[modelled], self.trials[modelled])]
 
     def observe(self, parents: list[int], logp: list[float], accepted: set[int],
-                modelled: list[bool] | None = None, orders: list[int] | None = None) -> None:
+                modelled: list[bool] | None = None) -> None:
         """One verified tree: every drafted node whose parent was accepted (or is the root) is a trial
-        (`modelled`: per node, whether a model proposed it, None: none did; `orders`: per lookup node its
-        n-gram order, None: unknown)."""
+        (`modelled`: per node, whether a model proposed it; None: none did)."""
         for u in range(1, len(parents)):
             if parents[u] in accepted:
-                self._count(step_prob(parents, logp, u), u in accepted, bool(modelled and modelled[u]),
-                            orders[u] if orders else 0)
+                self._count(step_prob(parents, logp, u), u in accepted, bool(modelled and modelled[u]))
 
     def observe_choices(self, parents: list[int], logp: list[float], tokens: list[int], choices: dict[int, int],
-                        modelled: list[bool] | None = None, orders: list[int] | None = None) -> None:
+                        modelled: list[bool] | None = None) -> None:
         """Greedy decoding, where the target's next token at each accepted node is known (`choices`:
         node -> token; at the last accepted node it is the committed bonus token): every drafted
         child of such a node is a trial, verified or cut from the tree before verification - a
         hit iff its token is the target's choice. Trials from cut nodes are what lets a policy
         that cuts everything (verification looks dear, the draft looks unsure) still learn that
-        its draft is better than it looks. `modelled`, `orders` as in `observe`."""
+        its draft is better than it looks. `modelled` as in `observe`."""
         for u in range(1, len(parents)):
             choice = choices.get(parents[u])
             if choice is not None:
-                self._count(step_prob(parents, logp, u), tokens[u] == choice, bool(modelled and modelled[u]),
-                            orders[u] if orders else 0)
+                self._count(step_prob(parents, logp, u), tokens[u] == choice, bool(modelled and modelled[u]))

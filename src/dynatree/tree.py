@@ -111,7 +111,6 @@ class TreeBuilder:
         self.depths: list[int] = [0]
         self.logp: list[float] = [0.0]
         self.modelled: list[bool] = [False]  # per node: a draft model proposed it (else a lookup, or the root)
-        self.orders: list[int] = [0]  # per lookup node: the n-gram order its parent's context matched (0: unknown)
         self._child_tokens: list[set[int]] = [set()]
         self.proposals: dict[int, torch.Tensor] = {}  # node -> distribution its children were sampled from
 
@@ -145,7 +144,7 @@ class TreeBuilder:
             node = self.parents[node]
         return out[::-1]
 
-    def add(self, parent: int, token: int, prob: float, modelled: bool = False, order: int = 0) -> int | None:
+    def add(self, parent: int, token: int, prob: float, modelled: bool = False) -> int | None:
         """Add a child of `parent` (`modelled`: a draft model proposed it, `Proposal.by_model`); returns
         its index, or None if a sibling already has that token."""
         if token in self._child_tokens[parent] or prob <= 0.0:
@@ -157,7 +156,6 @@ class TreeBuilder:
         self.depths.append(self.depths[parent] + 1)
         self.logp.append(self.logp[parent] + math.log(prob))
         self.modelled.append(modelled)
-        self.orders.append(order)
         return len(self.tokens) - 1
 
     def build(self, keep: list[int] | None = None) -> Tree:

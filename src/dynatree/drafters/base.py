@@ -27,12 +27,6 @@ class Proposal:
     forwards: int = 0  # model forwards this answer cost (0: lookups only, as the n-gram drafter's)
     modelled: torch.Tensor | None = None  # [m] bool, rows a model answered (None: all rows if forwards, else none)
 
-    orders: torch.Tensor | None = None  # [m] long, per lookup row the n-gram order its candidates matched (0: unknown)
-
-    def order(self, row: int) -> int:
-        """The n-gram order a lookup row matched (its candidates' acceptance depends on it), else 0."""
-        return int(self.orders[row]) if self.orders is not None else 0
-
     def by_model(self, row: int) -> bool:
         """Whether a model (not a lookup) proposed row `row`'s candidates: a hybrid answers some rows
         of a call by n-gram lookups and the others by its model."""

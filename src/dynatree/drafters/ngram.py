@@ -68,17 +68,14 @@ class NgramDrafter:
         ids = torch.full((len(nodes), k), -1, dtype=torch.long)
         probs = torch.zeros(len(nodes), k)
         dist = torch.zeros(len(nodes), self.vocab_size) if full else None
-        orders = torch.zeros(len(nodes), dtype=torch.long)
         for row, node in enumerate(nodes):
-            context = self.context(tree, node)
-            orders[row] = self.match_order(context)
-            candidates = self.distribution(context, None if full else k)
+            candidates = self.distribution(self.context(tree, node), None if full else k)
             for col, (token, p) in enumerate(candidates[:k]):
                 ids[row, col], probs[row, col] = token, p
             if full and candidates:
                 tokens, mass = zip(*candidates)
                 dist[row, list(tokens)] = torch.tensor(mass) / sum(mass)
-        return Proposal(ids=ids, probs=probs, dist=dist, orders=orders)
+        return Proposal(ids=ids, probs=probs, dist=dist)
 
     def context(self, tree: TreeBuilder, node: int) -> list[int]:
         """The last tokens (max_n, or the datastore's order if longer) of a node's context: committed

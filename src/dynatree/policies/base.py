@@ -147,7 +147,6 @@ def grow_levels(
     tau: float = 0.0,
     stop: Callable[[TreeBuilder, Growth], bool] | None = None,
     model_free: bool = False,
-    extend: Grown | None = None,
 ) -> Generator[Ask, Proposal, Grown]:
     """Grow a tree breadth-first, one drafter call per level.
 
@@ -157,16 +156,13 @@ def grow_levels(
     pruned. At most `n_max` drafted nodes: when a level's children exceed the remaining
     budget, the most probable (by cumulative probability) are kept. `stop(tree, growth)`, when
     given, is asked after each drafter call (`growth`: the calls so far) whether to stop growing.
-    With `model_free`, only the drafter's model-free part is asked. With `extend`, a tree already
-    grown (below the same root) grows further from its root: only the nodes this growth adds are
-    expanded (a token a sibling already has is not added again), its cost adds to `extend`'s, and the
-    tree is no longer breadth-first (build it with `keep`). Returns the tree as drafted and what
-    drafting it cost (the caller builds it, cut or whole).
+    With `model_free`, only the drafter's model-free part is asked. Returns the tree as drafted and
+    what drafting it cost (the caller builds it, cut or whole).
     """
-    tree = TreeBuilder(root_token) if extend is None else extend.tree
+    tree = TreeBuilder(root_token)
     frontier = [0]
     log_tau = math.log(tau) if tau > 0 else -math.inf
-    growth = Growth() if extend is None else extend.growth
+    growth = Growth()
     while frontier and len(tree) - 1 < n_max:
         nodes = [u for u in frontier if tree.depths[u] < max_depth and expandable(tree.depths[u], tree.prob(u))]
         if not nodes:
@@ -181,13 +177,13 @@ def grow_levels(
             for token, prob in candidates[: breadth(candidates[0][1])]:
                 logp = tree.logp[parent] + math.log(prob)
                 if logp >= log_tau:
-                    children.append((logp, parent, token, prob, proposal.by_model(row), proposal.order(row)))
+                    children.append((logp, parent, token, prob, proposal.by_model(row)))
         budget = n_max - (len(tree) - 1)
         if len(children) > budget:
             best = sorted(range(len(children)), key=lambda i: -children[i][0])[:budget]
             children = [children[i] for i in sorted(best)]  # keep BFS order by parent
-        frontier = [node for _, parent, token, prob, modelled, order in children
-                    if (node := tree.add(parent, token, prob, modelled, order)) is not None]
+        frontier = [node for _, parent, token, prob, modelled in children
+                    if (node := tree.add(parent, token, prob, modelled)) is not None]
         if stop is not None and stop(tree, growth):
             break
     return Grown(tree, growth)

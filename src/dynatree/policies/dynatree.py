@@ -25,13 +25,10 @@ accepted node being known); growth stops after a level unless a deeper chain cou
 expected tokens per second (`_stop`). Times are predicted, never read from a clock: the
 target's cost curve (measured by the decoder, handed over in `prepare`) corrected, like the
 drafting time per drafter call, by the timings the decoder reports after every iteration
-(`IterationCosts`). Acceptance is calibrated apart for nodes a model proposed and nodes a lookup
-proposed. With a drafter that has a model-free part (a hybrid's n-gram lookups), a tree whose
-drafting ran the model also gets the lookups' own nodes from its root (`_add_lookups`), and the cut
-picks from both. The policy may also decline to pay for draft-model forwards: when a tree
+(`IterationCosts`); acceptance is calibrated apart for nodes a model proposed and nodes a lookup
+proposed (a hybrid's trees mix both). The policy may also decline to pay for draft-model forwards: when a tree
 that ran one has a best expected rate more than `idle_slack` under the rate of plain one-token
-steps, or under what those lookup nodes alone would bring (the model costs more than its calibrated
-acceptance brings back over the free drafting), the next iterations
+steps (the model costs more than its calibrated acceptance brings back), the next iterations
 (an idle spell, `gate.py`) draft with the drafter's model-free part only (`Drafter.without_model`: a hybrid's
 n-gram copying, so the hybrid does not fall below its free part) or verify the root alone. The
 iteration after a spell is a probe that asks the model again and verifies at least its
@@ -53,14 +50,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Generator
 
 from ..config import MethodConfig, in_open_unit, in_unit, option, positive, require
 from ..costmodel import Calibration, CostCurve, IterationCosts, best_rate, step_prob
-from ..drafters.base import Proposal
 from ..sampling import Sampler
 from ..tree import Tree, TreeBuilder
-from .base import Ask, Grown, Growing, Growth, Timing, TreePolicy, grow_levels
+from .base import Growing, Growth, Timing, TreePolicy, grow_levels
 from .gate import IDLE, PROBE, DraftGate
 
 
@@ -125,8 +120,6 @@ class DynaTreePolicy(TreePolicy):
         self.gate = DraftGate(config.backoff_max)  # idle spells and probes of the draft model (cost_aware)
         self.model_free = False  # whether the drafter has a part that runs no model (`prepare`)
         self._probe = False  # whether the last grown tree was a probe after an idle spell
-        self._free: list[int] | None = None  # the lookups' own nodes beside a model's tree (`_add_lookups`), if any
-        self._free_levels = 0  # the lookup calls that drafted them
 
     def prepare(self, curve: CostCurve | None, model_free: bool) -> None:
         self.model_free = model_free
@@ -138,38 +131,29 @@ class DynaTreePolicy(TreePolicy):
         est = [1.0]
         for u in range(1, len(tree)):
             parent = tree.parents[u]
-            est.append(est[parent] * self.calibration(step_prob(tree.parents, tree.logp, u), tree.modelled[u], tree.orders[u]))
+            est.append(est[parent] * self.calibration(step_prob(tree.parents, tree.logp, u), tree.modelled[u]))
         return est
 
-    def _worth(self, tree: TreeBuilder, drafting: float, nodes: list[int] | None = None,
-               ) -> tuple[list[int], float, list[float]]:
-        """The drafted nodes (of `nodes`, default all; a set closed under parents) worth verifying after
-        `drafting` seconds spent on this tree (which make bigger trees pay sooner), most likely first
-        (parents before children), the expected tokens per second of verifying them, and the
-        acceptance estimates."""
+    def _worth(self, tree: TreeBuilder, drafting: float) -> tuple[list[int], float, list[float]]:
+        """The drafted nodes worth verifying after `drafting` seconds spent on this tree (which make
+        bigger trees pay sooner), most likely first (parents before children), the expected tokens
+        per second of verifying them, and the acceptance estimates."""
         est = self._accept_estimates(tree)
-        ranked = sorted(range(1, len(tree)) if nodes is None else nodes, key=lambda u: (-est[u], u))
+        ranked = sorted(range(1, len(tree)), key=lambda u: (-est[u], u))
         k, rate = best_rate([est[u] for u in ranked], self.costs, drafting)
         return ranked[:k], rate, est
 
-    def _bar(self, tree: TreeBuilder) -> float:
-        """The rate a tree whose drafting ran a model must reach to pay, less `idle_slack`: plain
-        one-token steps', or, when the drafter's lookups drafted their own nodes beside the model's
-        (`_add_lookups`), what those alone would bring for their own drafting time, if more."""
-        bar = 1.0 / self.costs.at(1)
-        if self._free is not None:
-            bar = max(bar, self._worth(tree, self.costs.drafting(self._free_levels, 0), self._free)[1])
-        return (1.0 - self.config.idle_slack) * bar
+    def _plain_rate(self) -> float:
+        """The rate drafting must reach to pay: plain one-token steps', less `idle_slack`."""
+        return (1.0 - self.config.idle_slack) / self.costs.at(1)
 
     def _cut(self, tree: TreeBuilder, growth: Growth) -> tuple[list[int] | None, bool]:
         """The root and the drafted nodes worth verifying (drafting them took `growth`), or None for
-        all; and whether verifying them pays (their expected rate reaches `_bar`)."""
+        all; and whether verifying them pays (their expected rate reaches plain steps')."""
         kept, rate, est = self._worth(tree, self.costs.drafting(growth.levels, growth.forwards))
         if self._probe and not kept and len(tree) > 1:  # a probe verifies its likeliest node: acceptance is learnt
-            modelled = [u for u in range(1, len(tree)) if tree.modelled[u]] or range(1, len(tree))
-            kept = [max(modelled, key=lambda u: (est[u], -u))]
-        whole = len(kept) == len(tree) - 1 and self._free is None  # (a tree with added lookups is not breadth-first)
-        return (None if whole else [0, *kept]), rate >= self._bar(tree)
+            kept = [max(range(1, len(tree)), key=lambda u: (est[u], -u))]
+        return (None if len(kept) == len(tree) - 1 else [0, *kept]), rate >= self._plain_rate()
 
     def _stop(self, tree: TreeBuilder, growth: Growth, depth_limit: int) -> bool:
         """Stop growing unless a deeper chain below the likeliest node u of the level just drafted
@@ -207,7 +191,7 @@ class DynaTreePolicy(TreePolicy):
                 return c.b_min
             return c.b_mid if confidence >= c.tau_l else c.b_max
 
-        self._growth, self._grown, self._drafted, self._free = Growth(), None, None, None
+        self._growth, self._grown, self._drafted = Growth(), None, None
         mode = self.gate.begin() if self.costs is not None else None
         idle, self._probe = mode == IDLE, mode == PROBE  # idle: the draft model did not pay lately
         if idle and not self.model_free:  # its model-free part only, or the root alone
@@ -220,30 +204,12 @@ class DynaTreePolicy(TreePolicy):
         )
         if self.costs is None:
             return grown.tree.build()
-        if grown.growth.forwards and self.model_free:  # a model drafted: the lookups draft their own nodes too
-            grown = yield from self._add_lookups(grown, root_token, depth_limit, expandable, breadth)
         self._growth, self._drafted = grown.growth, grown.tree  # what observe learns from and judges a probe by
         self._grown = grown.tree if sampler is None else None  # greedy: learn from the nodes cut too (`_learn`)
         keep, paid = self._cut(grown.tree, grown.growth)
         if grown.growth.forwards and not self._probe:  # a model ran: did it pay? (a probe is judged in observe)
             self.gate.drafted(paid)
         return grown.tree.build(keep=keep)
-
-    def _add_lookups(self, grown: Grown, root_token: int, depth_limit: int, expandable, breadth,
-                     ) -> Generator[Ask, Proposal, Grown]:
-        """The drafter's model-free part (a hybrid's n-gram lookups) grows its own nodes from the root of
-        a tree a model drafted (the hybrid asks its model where the text has no long enough match, but
-        shorter matches may still be right more often than the model), so that the cut picks the best
-        nodes of both, each judged by its own acceptance record (`Calibration`), and the model is
-        judged against the lookups' own expected rate (`_bar`), not only against plain steps: a
-        hybrid should not run slower than its n-gram part alone."""
-        c, first = self.config, len(grown.tree)
-        more = yield from grow_levels(
-            root_token, max_depth=depth_limit, n_max=c.n_max, max_breadth=c.b_max, expandable=expandable,
-            breadth=breadth, tau=c.tau, model_free=True, extend=grown,
-        )
-        self._free, self._free_levels = list(range(first, len(more.tree))), more.growth.levels - grown.growth.levels
-        return more
 
     def observe(self, tree: Tree, path: list[int], bonus: int, timing: Timing) -> None:
         c = self.config
@@ -253,14 +219,13 @@ class DynaTreePolicy(TreePolicy):
             self.costs.learn(g.levels, g.forwards, len(tree.tokens), timing.draft_s, timing.verify_s, catch_up=self._probe)
             last = self._learn(tree, path)
             if self._probe and g.forwards:  # judged with what it taught, then on what it achieved
-                bar = self._bar(self._drafted)
+                plain = self._plain_rate()
                 expected = self._worth(self._drafted, self.costs.drafting(g.levels, g.forwards))[1]
                 achieved = (1 + len(path)) / max(timing.draft_s + timing.verify_s, 1e-9)
-                self.gate.probed(pays_now=expected >= bar, beat_plain=achieved >= bar)
+                self.gate.probed(pays_now=expected >= plain, beat_plain=achieved >= plain)
             if last is not None:  # the bonus: the target's choice at the last accepted node, learnt after a
                 grown, node = last  # probe is judged on what the verified nodes taught (as the policy was tuned)
-                self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: bonus}, grown.modelled,
-                                                 grown.orders)
+                self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, {node: bonus}, grown.modelled)
         if not c.history or tree.n_drafted == 0:
             return
         self.window.append(len(path) / tree.n_drafted)
@@ -277,13 +242,12 @@ class DynaTreePolicy(TreePolicy):
         if grown is None and tree.n_drafted == 0:  # nothing drafted (an idle iteration): nothing to learn
             return None
         if grown is None:  # sampling: the verified nodes only (`_drafted`: the tree as drafted, its sources)
-            drafted = tree.drafted_nodes(list(range(tree.size)))
-            self.calibration.observe(tree.parents.tolist(), tree.logp.tolist(), {0, *path},
-                                     [self._drafted.modelled[u] for u in drafted], [self._drafted.orders[u] for u in drafted])
+            modelled = [self._drafted.modelled[u] for u in tree.drafted_nodes(list(range(tree.size)))]
+            self.calibration.observe(tree.parents.tolist(), tree.logp.tolist(), {0, *path}, modelled)
             return None
         chain = [0, *tree.drafted_nodes(path)]  # the accepted nodes as drafted
         choices = {a: grown.tokens[b] for a, b in zip(chain, chain[1:])}
-        self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, choices, grown.modelled, grown.orders)
+        self.calibration.observe_choices(grown.parents, grown.logp, grown.tokens, choices, grown.modelled)
         return grown, chain[-1]
 
     def state(self) -> dict:
@@ -297,9 +261,8 @@ class DynaTreePolicy(TreePolicy):
             state["draft_forward_ms"] = round(self.costs.forward_s * 1e3, 3)  # per drafter call that ran a model
             state["draft_lookup_ms"] = round(self.costs.lookup_s * 1e3, 3)  # per lookup-only drafter call
             # acceptance learnt per bin of the draft's probability, by proposer (costmodel.Calibration)
-            state["calibration"] = {kind if kind == "model" else f"lookup order {order}":
-                                    [round(a, 3) for a in self.calibration.table(kind == "model", order)]
-                                    for kind, order in self.calibration.sources()}
+            state["calibration"] = {"model": [round(a, 3) for a in self.calibration.table(True)],
+                                    "lookup": [round(a, 3) for a in self.calibration.table(False)]}
             state["verify_extra_ms"] = {"token": round(self.costs.extra_s[0] * 1e3, 3),  # measured minus the curve
                                         "tree": round(self.costs.extra_s[1] * 1e3, 3)}
         return state
