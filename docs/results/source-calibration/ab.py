@@ -1,16 +1,19 @@
-"""A/B of two changes to cost-aware DynaTree with the hybrid drafter `ngram+smollm2-135m-eagle`
-(README.md here), each emulating the previous behaviour in this process:
-  * `hybrid`: as shipped;
+"""A/Bs of changes to cost-aware DynaTree with the hybrid drafter `ngram+smollm2-135m-eagle` (README.md
+here), each emulating another behaviour in this process. Variants:
+  * `hybrid`: the policy of the commit the script runs at;
   * `hybrid-shared`: one calibration table for model and lookup nodes (every node reported as a
     lookup's, `Proposal.by_model` -> False, the only thing the tables are keyed by);
   * `hybrid-no-lookups`: no lookup nodes beside a model's tree, the model judged against plain steps
-    only (`DynaTreePolicy._add_lookups` returns the tree as it is);
-beside `ar` and the n-gram drafter alone; interleaved per prompt in one process, the order rotated
-from prompt to prompt. Spec-Bench questions (first turns, chat, EOS respected, 256 new tokens,
-greedy), the first a warm-up. (`q4-compiled-calibration.json` came from the first version of this
-script, with `hybrid` named `hybrid-split` and no `hybrid-no-lookups`, before `_add_lookups` existed.)
+    only (`DynaTreePolicy._add_lookups` returns the tree as it is; needs a commit that has it);
+  * `ar`, `ngram` and `ngram-again` (the n-gram drafter alone, twice: the second gives the noise).
+Set `lookups` (section 2, ran at 8fba883): ar, ngram, hybrid, hybrid-shared, hybrid-no-lookups; set
+`orders` (section 3, at b0c4624): ar, ngram, ngram-again, hybrid, hybrid-no-lookups. Interleaved per
+prompt in one process, the order rotated from prompt to prompt. Spec-Bench questions (first turns,
+chat, EOS respected, 256 new tokens, greedy), the first a warm-up. (`q4-compiled-calibration.json`,
+section 1, came from the first version of this script at c9e6b1c: variants ar, ngram, `hybrid-split`
+(= `hybrid`) and hybrid-shared.)
 
-  python docs/results/source-calibration/ab.py N_PER_TASK q4|dense COMPILE(0|1) > OUT.json
+  python docs/results/source-calibration/ab.py lookups|orders N_PER_TASK q4|dense COMPILE(0|1) > OUT.json
 """
 import json
 import statistics
@@ -43,17 +46,21 @@ PATCHES = {
 def run(name, target, drafts, ids, compile):
     if name == "ar":
         return generate(method="ar", target=target, prompt_ids=ids, max_new_tokens=256, compile=compile)
-    draft = drafts["ngram" if name == "ngram" else HYBRID]
+    draft = drafts["ngram" if name.startswith("ngram") else HYBRID]
     with PATCHES[name]() if name in PATCHES else nullcontext():
         return generate(method="dynatree", target=target, draft=draft, prompt_ids=ids, max_new_tokens=256,
                         cost_aware=True, compile=compile)
 
 
-def main(n, weights, compile):
+SETS = {"lookups": ["ar", "ngram", "hybrid", "hybrid-shared", "hybrid-no-lookups"],
+        "orders": ["ar", "ngram", "ngram-again", "hybrid", "hybrid-no-lookups"]}
+
+
+def main(variants, n, weights, compile):
     target = load_model("smollm2-135m", weights=weights)
     drafts = {"ngram": load_draft("ngram", target), HYBRID: load_draft(HYBRID, target)}
     prompts = [p for p in load_texts("specbench", n + 1) if p.turn == 1]
-    names = ["ar", "ngram", "hybrid", "hybrid-shared", "hybrid-no-lookups"]
+    names = SETS[variants]
     rows = []
     for index, prompt in enumerate(prompts):
         ids = tokenize(target.tokenizer, prompt, 4096, chat=True)
@@ -78,7 +85,8 @@ def main(n, weights, compile):
         "weights": weights, "compile": compile, "prompts_measured": len(measured),
         **{f"{k}_over_ar": med(lambda r, k=k: r[k]["tok_s"] / r["ar"]["tok_s"]) for k in names[1:]},
         **{f"{k}_M": med(lambda r, k=k: r[k]["M"]) for k in names[1:]},
-        **{f"hybrid_over_{k}": med(lambda r, k=k: r["hybrid"]["tok_s"] / r[k]["tok_s"]) for k in names[3:]},
+        **{f"hybrid_over_{k}": med(lambda r, k=k: r["hybrid"]["tok_s"] / r[k]["tok_s"])
+           for k in names if k.startswith("hybrid-")},
         **{f"{k}_over_ngram": med(lambda r, k=k: r[k]["tok_s"] / r["ngram"]["tok_s"]) for k in names[2:]},
         **{f"{k}_slower_than_ngram_by_5pct": sum(r[k]["tok_s"] < 0.95 * r["ngram"]["tok_s"] for r in measured)
            for k in names[2:]},
@@ -88,4 +96,4 @@ def main(n, weights, compile):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], bool(int(sys.argv[3])))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], bool(int(sys.argv[4])))
