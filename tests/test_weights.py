@@ -21,9 +21,12 @@ from dynatree.errors import DynaTreeError
 from dynatree.models import load_model
 from dynatree.runtime import LoadedModel
 from dynatree.kernels import use_packed_linears
-from dynatree.weights import (Int4Linear, Int8Linear, apply_weights, inexact_greedy, quantized_layers, read_q4_rows,
-                              resolve_auto, row_dependent_layers, use_int8, use_q4, weights_dtype)
-from helpers import config, examples, tokenizer
+from dynatree.draftload import load_draft
+from dynatree.drafters import FeatureDrafter
+from dynatree.featurehead import load_head
+from dynatree.weights import (Int4Linear, Int8Linear, apply_weights, inexact_greedy, int4_linear, quantized_layers,
+                              read_q4_rows, resolve_auto, row_dependent_layers, use_int8, use_q4, weights_dtype)
+from helpers import config, examples, random_head, tokenizer
 from transformers import AutoModelForCausalLM
 
 Q4_0, Q4_1, F32 = GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.F32
@@ -401,3 +404,78 @@ def test_the_files_4_bit_rows_are_cached_and_a_damaged_entry_is_rebuilt(tmp_path
         rebuilt = read_q4_rows(tmp_path / "tiny.gguf", tmp_path / "cache")
         assert rebuilt.index == fresh.index and np.array_equal(rebuilt.codes[0], fresh.codes[0])
         assert entry.stat().st_size == len(whole)  # rewritten
+
+
+def test_int4_linear_rounds_each_group_of_32_to_16_levels_between_its_extremes():
+    torch.manual_seed(0)
+    weight = torch.randn(48, 64)
+    layer = int4_linear(weight)
+    groups = weight.reshape(48, 2, 32)
+    step = ((groups.amax(-1) - groups.amin(-1)) / 15)[..., None]
+    error = (layer.dequantized().reshape(48, 2, 32) - groups).abs()
+    assert (error <= 0.51 * step + 0.01 * step).all()  # nearest level (scales rounded to bfloat16)
+    assert (error > 0).any()  # it did quantize
+    levels = torch.arange(32.0).remainder(16) * 0.25 - 1.0  # values already on a 16-level grid come back as they are
+    exact = int4_linear(levels.repeat(16, 1))
+    assert torch.equal(exact.dequantized(), levels.repeat(16, 1))
+    with pytest.raises(ValueError, match=r"multiples of \(16, 32\), got \(8, 32\)"):
+        int4_linear(torch.zeros(8, 32))
+
+
+def _saved_head(tmp_path, draft_vocab: int = 80):
+    head = random_head("tiny-q4", "tiny-head", seed=3, draft_vocab=draft_vocab)
+    head.save(tmp_path / "head")
+    return str(tmp_path / "head")
+
+
+@pytest.mark.parametrize("method", ["linear", "fixed-tree", "dynatree", "specinfer", "wetap"])
+def test_a_feature_head_drafts_in_4_bits_for_a_q4_target_and_greedy_output_stays_ar(tmp_path, method):
+    """On a q4 target a head's decoder layer and its sub-vocabulary's output rows run on the int4
+    kernel (featurehead.to_q4); its proposals change, the committed tokens do not."""
+    target = _low_bit_target("q4", 0)
+    spec = _saved_head(tmp_path)
+    draft = load_draft(spec, target)
+    head = draft.model
+    assert head.weights == "q4"
+    assert [type(m) for m in head.body.modules() if isinstance(m, (Int4Linear, torch.nn.Linear))] == [Int4Linear] * 7
+    assert isinstance(FeatureDrafter(head, target).out, Int4Linear)
+    for prompt in ([5, 6, 7, 5, 6, 7, 30], [9, 40, 41, 12, 3], [3, 4, 5, 6, 3, 4]):
+        ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=20, ignore_eos=True)
+        for d in (draft, load_draft(f"ngram+{spec}", target)) if method == "dynatree" else (draft,):
+            out = generate(method=method, target=target, draft=d, prompt_ids=prompt, max_new_tokens=20,
+                           ignore_eos=True, **({"cost_aware": True} if method == "dynatree" else {}))
+            assert out.new_token_ids == ar.new_token_ids, (prompt, d.name)
+            assert out.run.draft_weights == "q4" and out.stats.drafted_tokens > 0
+
+
+def test_a_head_stays_dense_where_the_target_is_or_its_shapes_do_not_fit_the_int4_kernel(tmp_path):
+    target = _low_bit_target("q4", 0)
+    misfit = _saved_head(tmp_path, draft_vocab=72)  # 72 output rows: not a multiple of 16
+    head = load_draft(misfit, target).model
+    assert head.weights == "dense" and not [m for m in head.modules() if isinstance(m, Int4Linear)]
+    out = generate(method="dynatree", target=target, draft=head, prompt_ids=[5, 6, 7, 5], max_new_tokens=4)
+    assert out.run.draft_weights == "dense"
+    with pytest.raises(DynaTreeError, match=r"^feature head 'x' cannot run in 4 bits: .* sub-vocabulary 72$"):
+        load_head(misfit, name="x", dtype=torch.bfloat16, weights="q4")
+    with pytest.raises(DynaTreeError, match=r"^a q4 feature head runs in bfloat16 on the CPU"):
+        load_head(misfit, dtype=torch.float32, weights="q4")
+    with pytest.raises(DynaTreeError, match=r"^a feature head's weights are dense or q4, got 'int8'$"):
+        load_head(misfit, dtype=torch.bfloat16, weights="int8")
+    quantized = load_head(_saved_head(tmp_path / "fit"), dtype=torch.bfloat16, weights="q4")
+    with pytest.raises(ValueError, match=r"holds quantized codes"):
+        quantized.save(tmp_path / "again")
+    dense_target = _low_bit_target("int8", 0)  # not q4: the head keeps its dense layers
+    assert load_draft(_saved_head(tmp_path / "int8"), dense_target).model.weights == "dense"
+
+
+@pytest.mark.slow
+def test_a_compiled_q4_head_builds_its_graphs_before_the_clock_and_keeps_compiled_ars_tokens(tmp_path):
+    target = _low_bit_target("q4", 1)
+    spec = f"ngram+{_saved_head(tmp_path)}"
+    prompt = [5, 9, 14, 9, 5, 9, 14, 30, 7, 5, 9]
+    ar = generate(method="ar", target=target, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True, compile=True)
+    out = generate(method="dynatree", target=target, draft=spec, prompt_ids=prompt, max_new_tokens=24,
+                   ignore_eos=True, compile=True)
+    assert out.run.draft_weights == "q4" and out.stats.drafted_tokens > 0
+    assert out.stats.graphs_compiled_while_timed == 0
+    assert out.new_token_ids == ar.new_token_ids

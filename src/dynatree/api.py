@@ -181,6 +181,7 @@ class Prepared:
             draft_linear=(draft.linear if isinstance(draft, LoadedModel) else linear_kernel(draft))
             if draft is not None and ours else None,
             draft_linear_note=draft.linear_note if isinstance(draft, LoadedModel) else None,
+            draft_weights=draft.weights if draft is not None and ours else None,
             seed=self.seed,
             hf_universal_assisted=self.method == "hf-assisted" and universal_assisted(tgt, draft),
             ngram_max=self.ngram_max if self.uses_ngram else None,

@@ -5,7 +5,7 @@ turns a `Draft` into the drafter of one run).
 A draft model is a draft LM (alias, directory, .gguf file or hub id; it must share the target's
 tokenizer) or a feature head (a directory with feature_head.json, or a shipped alias; it must be
 built for the target). It is loaded once, in the target's dtype on the target's device, and
-checked against the target; a `Draft` can then be handed to any number of requests. A datastore
+checked against the target (a feature head on a q4 target in 4 bits too: featurehead.py); a `Draft` can then be handed to any number of requests. A datastore
 (`ngram+STORE...`) is loaded and checked against the target's tokenizer the same way.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .datastore import Datastore, check_store, load_datastore
 from .draftspec import AUTO, NGRAM, Hybrid, head_dir, parse
 from .errors import DynaTreeError
-from .featurehead import FeatureHead, check_head, load_head
+from .featurehead import FeatureHead, check_head, load_head, q4_fits, read_config
 from .models import check_compatible, load_model
 from .runtime import LoadedModel
 
@@ -95,5 +95,7 @@ def load_draft_model(spec: str, target: LoadedModel, linear: str = "auto") -> Lo
         raise DynaTreeError(f"a draft model spec is a model name or path, got {spec!r}")
     directory = head_dir(spec)
     if directory is not None:
-        return load_head(directory, name=spec, device=target.device, dtype=target.dtype, linear=linear)
+        # a head drafts in 4 bits for a q4 target, where its shapes fit the int4 kernel (featurehead.to_q4)
+        weights = "q4" if target.weights == "q4" and q4_fits(read_config(directory)) else "dense"
+        return load_head(directory, name=spec, device=target.device, dtype=target.dtype, linear=linear, weights=weights)
     return load_model(spec, device=str(target.device), dtype=target.dtype, linear=linear)

@@ -11,6 +11,13 @@ of [embedding, feature] to the hidden size, and the ids of a frequent-token sub-
 (proposals are drawn from those rows of the output layer only: cheaper, and exactness never
 depends on a draft).
 
+On a q4 target a head drafts in 4 bits too (`load_head(weights="q4")`, chosen by `draftload`):
+its decoder layer's linears and its sub-vocabulary's output rows are quantized once at load
+(`weights.int4_linear`) and run on the target's int4 kernel, which reads a quarter of bfloat16's
+bytes: a root expansion of the shipped head takes about 1.4 ms instead of 2.6 ms next to a
+compiled q4 target step of about 11 ms (docs/results/head-lowbit). Its proposals change a little;
+what is committed does not (the target verifies every token).
+
 A head directory holds `feature_head.json` (HeadConfig) and `head.safetensors`.
 """
 
@@ -29,6 +36,7 @@ from .draftspec import HEAD_CONFIG_FILE
 from .errors import DynaTreeError
 from .kernels import use_packed_linears
 from .runtime import cache_kwarg, compile_steps
+from .weights import int4_fits, int4_linear
 
 CONFIG_FILE = HEAD_CONFIG_FILE
 WEIGHTS_FILE = "head.safetensors"
@@ -107,6 +115,7 @@ class FeatureHead(torch.nn.Module):
         self.body = LlamaModel(body)  # its 1-row token embedding is never used: inputs come as embeddings
         self.cache_kwarg = cache_kwarg(self.body)  # the name the body takes its KV cache by (read once, not traced)
         self.register_buffer("vocab_ids", vocab_ids.long().clone())  # target ids of the sub-vocabulary rows
+        self.weights = "dense"  # "q4": the decoder layer's linears (and the drafter's output rows) in int4 (`to_q4`)
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
@@ -144,13 +153,43 @@ class FeatureHead(torch.nn.Module):
     def context_length(self) -> int:
         return self.config.context
 
+    def to_q4(self) -> None:
+        """Quantize the decoder layer's linear layers to int4 in place (`weights.int4_linear`), for
+        drafting on a q4 target; the fc projection stays dense (its input is two features wide, and
+        it is a seventh of the layer's bytes). A one-line error when a shape does not fit the kernel."""
+        if not q4_fits(self.config):
+            raise DynaTreeError(f"feature head {self.name!r} cannot run in 4 bits: the int4 kernel needs widths that are "
+                                f"multiples of 16 and 32, got hidden {self.config.hidden_size}, FFN {self.config.ffn}, "
+                                f"key/value width {_kv_width(self.config)}, sub-vocabulary {self.config.draft_vocab}")
+        for parent in list(self.body.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    if child.bias is not None:
+                        raise DynaTreeError(f"feature head {self.name!r}: {name} has a bias; 4-bit heads have none")
+                    setattr(parent, name, int4_linear(child.weight))
+        self.__dict__.pop("_compiled", None)
+        self.weights = "q4"
+
     def save(self, directory: Path, extra: dict | None = None) -> None:
+        if self.weights != "dense":
+            raise ValueError(f"a {self.weights} head holds quantized codes; save the dense head it was loaded from")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items() if k != "vocab_ids"}
         state["vocab_ids"] = self.vocab_ids.int().cpu().contiguous()
         save_file(state, str(directory / WEIGHTS_FILE))
         (directory / CONFIG_FILE).write_text(json.dumps({**dataclasses.asdict(self.config), **(extra or {})}, indent=1))
+
+
+def _kv_width(config: HeadConfig) -> int:
+    return config.kv_heads * (config.hidden_size // config.heads)
+
+
+def q4_fits(config: HeadConfig) -> bool:
+    """Whether every layer `FeatureHead.to_q4` quantizes, and the sub-vocabulary's output rows, fit the int4 kernel."""
+    h = config.hidden_size
+    return all(int4_fits(out, inp) for out, inp in ((h, h), (_kv_width(config), h), (h, config.ffn), (config.ffn, h),
+                                                     (config.draft_vocab, h)))
 
 
 def head_step(head: FeatureHead, feature_head_step: dict) -> torch.Tensor:
@@ -160,16 +199,30 @@ def head_step(head: FeatureHead, feature_head_step: dict) -> torch.Tensor:
     return head(**feature_head_step)
 
 
-def load_head(directory, name: str | None = None, device="cpu", dtype=torch.float32, linear: str = "stock") -> FeatureHead:
+def read_config(directory) -> HeadConfig:
+    """The HeadConfig of a head saved by `FeatureHead.save`, or a one-line error."""
+    try:
+        raw = json.loads((Path(directory) / CONFIG_FILE).read_text())
+        fields = {f.name for f in dataclasses.fields(HeadConfig)}
+        return HeadConfig(**{k: v for k, v in raw.items() if k in fields})
+    except (OSError, ValueError, TypeError) as exc:
+        raise DynaTreeError(f"feature head {str(directory)!r} cannot be read: {str(exc).splitlines()[0]}") from None
+
+
+def load_head(directory, name: str | None = None, device="cpu", dtype=torch.float32, linear: str = "stock",
+              weights: str = "dense") -> FeatureHead:
     """A head saved by `FeatureHead.save`, in `dtype` on `device`, its linear layers on the `linear`
     kernels (kernels.py: "auto" packs them for oneDNN where the CPU can, as for targets; a head
     drafts with 1-8 rows, where MKL's per-call repacking costs most). Training needs "stock" (packed layers compute F.linear under
-    autograd anyway, but the packed copies would go stale as the weights change)."""
+    autograd anyway, but the packed copies would go stale as the weights change). `weights` "q4": in 4
+    bits (`FeatureHead.to_q4`; bfloat16 on the CPU only, as q4 targets are)."""
+    if weights not in ("dense", "q4"):
+        raise DynaTreeError(f"a feature head's weights are dense or q4, got {weights!r}")
+    if weights == "q4" and (torch.device(device).type != "cpu" or dtype != torch.bfloat16):
+        raise DynaTreeError(f"a q4 feature head runs in bfloat16 on the CPU (the int4 kernel's), not {dtype} on {device}")
     directory = Path(directory)
+    config = read_config(directory)
     try:
-        raw = json.loads((directory / CONFIG_FILE).read_text())
-        fields = {f.name for f in dataclasses.fields(HeadConfig)}
-        config = HeadConfig(**{k: v for k, v in raw.items() if k in fields})
         state = load_file(str(directory / WEIGHTS_FILE))
     except (OSError, ValueError, TypeError) as exc:
         raise DynaTreeError(f"feature head {str(directory)!r} cannot be read: {str(exc).splitlines()[0]}") from None
@@ -179,6 +232,8 @@ def load_head(directory, name: str | None = None, device="cpu", dtype=torch.floa
         raise DynaTreeError(f"feature head {str(directory)!r} does not match its config "
                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     head = head.to(device=device, dtype=dtype).eval()
+    if weights == "q4":
+        head.to_q4()
     use_packed_linears(head, linear)
     return head
 

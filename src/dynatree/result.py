@@ -55,6 +55,7 @@ class RunInfo:
     linear_note: str | None  # why not oneDNN, if so
     draft_linear: str | None  # the draft's linear kernels (None: no draft model)
     draft_linear_note: str | None
+    draft_weights: str | None  # the draft model's weight format ("q4": a feature head in 4 bits); None: no draft model
     seed: int
     hf_universal_assisted: bool  # transformers re-tokenizes text between draft and target
     ngram_max: int | None  # longest n-gram the copy drafter matches (None: no n-gram drafter)

@@ -209,6 +209,29 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
+INT4_OUT_MULTIPLE = 16  # the int4 kernel packs output rows in blocks of 16 (and input columns in GROUPs)
+
+
+def int4_fits(out_features: int, in_features: int) -> bool:
+    """Whether the int4 kernel takes a linear layer of this shape."""
+    return out_features % INT4_OUT_MULTIPLE == 0 and in_features % GROUP == 0
+
+
+def int4_linear(weight: torch.Tensor) -> Int4Linear:
+    """A dense (out, in) weight quantized to 4 bits as Q4_1 stores a tensor: per group of 32 inputs, 16
+    levels from the group's minimum to its maximum (scale = (max - min) / 15, rounded to bfloat16 first,
+    codes rounded to nearest). For drafts only (a feature head on a q4 target, featurehead.py), where
+    rounding changes proposals, never what is committed; targets keep a GGUF's own codes (`use_q4`)."""
+    out, inp = weight.shape
+    if not int4_fits(out, inp):
+        raise ValueError(f"the int4 kernel takes (out, in) multiples of ({INT4_OUT_MULTIPLE}, {GROUP}), got {(out, inp)}")
+    groups = weight.detach().float().reshape(out, inp // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp_min(torch.finfo(LOW_BIT_DTYPE).tiny).to(LOW_BIT_DTYPE).float()
+    codes = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    return Int4Linear(codes.reshape(out, inp).to(torch.int32), scale, low + 8 * scale, None)
+
+
 @dataclass(frozen=True)
 class Q4Rows:
     """A GGUF file's 4-bit tensors: codes, scales and offsets, and their dequantized rows by value."""

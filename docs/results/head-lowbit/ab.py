@@ -1,13 +1,16 @@
 """Does a low-bit feature head pay on a q4 target? (issues 28 and 32; README.md here)
 
-Per Spec-Bench question (first turns, chat, EOS respected, 256 new tokens, greedy; N per task, the first
-question overall a warm-up): `ar`, cost-aware DynaTree with the n-gram drafter, with the shipped head
-(`eagle`: bfloat16 on oneDNN-packed linears, as shipped on a q4 target), with the same head whose decoder
-layer and sub-vocabulary output rows are int4 (`eagle-int4`: groups of 32, min/max per group, the int4
-kernel the q4 target runs; the fc projection stays bfloat16), and their hybrids with the n-gram drafter;
-interleaved per prompt in one process, the order rotated from prompt to prompt.
+Per Spec-Bench question (first turns, chat, EOS respected, 256 new tokens, greedy; N per task plus one, the
+first question overall a warm-up): `ar`, cost-aware DynaTree with the n-gram drafter (twice: `ngram`,
+`ngram-again`, the noise of a per-prompt ratio), with the head in bfloat16 on oneDNN-packed linears (`eagle`:
+what a q4 target drafted with before commit "feature heads draft in int4 on q4 targets"), with the head in
+int4 (`eagle-int4`), and their hybrids with the n-gram drafter; interleaved per prompt in one process, the
+order rotated from prompt to prompt.
 
-  python docs/results/head-lowbit/ab.py COMPILE(0|1) [N_PER_TASK=3] > OUT.json
+  python docs/results/head-lowbit/ab.py COMPILE(0|1) [N_PER_TASK=3] [shipped] > OUT.json
+
+`shipped`: the int4 head as dynatree loads it now (`load_draft`, featurehead.to_q4 / weights.int4_linear);
+without it, this script's own prototype of the same quantization (the first run, before the change shipped).
 """
 import json
 import statistics
@@ -54,12 +57,20 @@ def int4_head(target):
     return head
 
 
-def main(compile, n):
+def quantiles(values):
+    values = sorted(values)
+    return {"min": round(values[0], 3), "median": round(statistics.median(values), 3), "max": round(values[-1], 3),
+            "below_0.95": sum(v < 0.95 for v in values)}
+
+
+def main(compile, n, shipped):
     target = load_model("smollm2-135m", weights="q4")
-    low = int4_head(target)
-    drafts = {"ngram": load_draft("ngram", target), "eagle": load_draft(HEAD, target),
-              "eagle-int4": load_draft(low, target), "hybrid": load_draft(f"ngram+{HEAD}", target),
-              "hybrid-int4": load_draft(Hybrid(low), target)}
+    dense = load_head(head_dir(HEAD), name=HEAD, dtype=target.dtype, linear="auto")  # bfloat16, packed, as before
+    low = load_draft(HEAD, target).model if shipped else int4_head(target)
+    assert dense.weights == "dense" and (low.weights == "q4" or not shipped)
+    drafts = {"ngram": load_draft("ngram", target), "ngram-again": load_draft("ngram", target),
+              "eagle": load_draft(dense, target), "eagle-int4": load_draft(low, target),
+              "hybrid": load_draft(Hybrid(dense), target), "hybrid-int4": load_draft(Hybrid(low), target)}
     prompts = [p for p in load_texts("specbench", n + 1) if p.turn == 1]
     names = ["ar", *drafts]
     rows = []
@@ -95,10 +106,14 @@ def main(compile, n):
                for name in names[1:]}
     summary["int4_over_bf16"] = {pair: med([r[pair + "-int4"]["tok_s"] / r[pair]["tok_s"] for r in measured])
                                  for pair in ("eagle", "hybrid")}
+    summary["noise_ngram_again_over_ngram"] = quantiles([r["ngram-again"]["tok_s"] / r["ngram"]["tok_s"] for r in measured])
+    for pair in ("", "-int4"):
+        summary[f"hybrid{pair}_over_better_part"] = quantiles(
+            [r[f"hybrid{pair}"]["tok_s"] / max(r["ngram"]["tok_s"], r[f"eagle{pair}"]["tok_s"]) for r in measured])
     summary["ar_tok_s_mean"] = round(statistics.mean(r["ar"]["tok_s"] for r in measured), 2)
     print(json.dumps({"compile": compile, "per_task": n, "measured": len(measured), "summary": summary,
                       "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
-    main(bool(int(sys.argv[1])), int(sys.argv[2]) if len(sys.argv) > 2 else 3)
+    main(bool(int(sys.argv[1])), int(sys.argv[2]) if len(sys.argv) > 2 else 3, "shipped" in sys.argv[3:])

@@ -32,6 +32,7 @@ from ..featurehead import FeatureHead, check_head
 from ..kernels import PackedLinear, linear_kernel
 from ..runtime import compiled_graphs, compiles_on
 from ..tree import TreeBuilder, additive_mask, causal_allowed
+from ..weights import int4_linear
 from ..window import KVWindow
 from .base import Proposal
 from .slots import DraftSlots
@@ -187,15 +188,19 @@ _OUTPUTS: "weakref.WeakKeyDictionary[FeatureHead, tuple]" = weakref.WeakKeyDicti
 def _output_layer(head: FeatureHead, target) -> tuple[torch.Tensor, torch.nn.Module]:
     """The head's output layer: the target's output rows of its sub-vocabulary as a linear layer, on
     the head's kernels (packed for oneDNN when its own layers are, which makes a few-row product
-    several times faster than MKL's), and those rows."""
+    several times faster than MKL's; in int4 for a q4 head, `FeatureHead.to_q4`), and those rows."""
     weight = target.model.get_output_embeddings().weight
     packed = linear_kernel(head) == "onednn"
-    key = (weight.data_ptr(), weight.dtype, packed, head.fc.weight.dtype)
+    key = (weight.data_ptr(), weight.dtype, packed, head.fc.weight.dtype, head.weights)
     cached = _OUTPUTS.get(head)
     if cached is None or cached[0] != key or cached[3]() is not weight:  # another target, or a new weight
         rows = weight.detach()[head.vocab_ids].to(head.fc.weight.dtype)
         layer = torch.nn.utils.skip_init(torch.nn.Linear, rows.shape[1], rows.shape[0], bias=False,
                                          device=rows.device, dtype=rows.dtype)
         layer.weight = torch.nn.Parameter(rows, requires_grad=False)
-        cached = _OUTPUTS[head] = (key, rows, PackedLinear(layer) if packed else layer, weakref.ref(weight))
+        if head.weights == "q4":
+            layer = int4_linear(rows)
+        elif packed:
+            layer = PackedLinear(layer)
+        cached = _OUTPUTS[head] = (key, rows, layer, weakref.ref(weight))
     return cached[1], cached[2]
