@@ -670,6 +670,9 @@ def test_draft_preset_measures_each_draft_and_compares_with_ngram_and_assisted(t
     assert all(q["agreement"] == 1.0 and q["cost_ratio"] > 0 for q in quality)  # the target drafting for itself
     assert len(given) == 3 and all(len(picks) == 8 for picks in given)
     assert all(r["matches_ar"] for r in res["records"])
+    assert {(r["method"], r["draft_weights"]) for r in res["records"] if r["draft"] == target.name} == {
+        ("dynatree", "dense"), ("linear", "dense"), ("hf-assisted", None)}  # the draft model's format (ours only)
+    assert {r["draft_weights"] for r in res["records"] if r["draft"] in (None, "ngram")} == {None}
     section = report.draft_section(res, 8, 800)
     assert "Draft `tiny-draft` (2 prompts): top-1 agreement with the target 100.0%" in section
     assert "| dynatree[tiny-draft] |" in section and "| linear[tiny-draft] |" in section

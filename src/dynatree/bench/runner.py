@@ -224,6 +224,7 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, 
         "kv_window": rec.run.kv_window,
         "compile": rec.run.compile,
         "weights": rec.run.weights,  # the weight format read (llama.cpp: the GGUF file's storage types)
+        "draft_weights": rec.run.draft_weights,  # the draft model's format ("q4": a feature head in 4 bits; None: none)
         "stats": dataclasses.asdict(rec.stats),
         "policy_state": rec.policy_state,
         "seed": rec.run.seed,
