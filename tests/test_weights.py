@@ -20,7 +20,7 @@ from dynatree import generate
 from dynatree.errors import DynaTreeError
 from dynatree.models import load_model
 from dynatree.runtime import LoadedModel
-from dynatree.kernels import use_packed_linears
+from dynatree.kernels import linear_kernel, use_packed_linears
 from dynatree.draftload import load_draft
 from dynatree.drafters import FeatureDrafter
 from dynatree.featurehead import load_head
@@ -461,6 +461,12 @@ def test_a_head_stays_dense_where_the_target_is_or_its_shapes_do_not_fit_the_int
         load_head(misfit, dtype=torch.float32, weights="q4")
     with pytest.raises(DynaTreeError, match=r"^a feature head's weights are dense or q4, got 'int8'$"):
         load_head(misfit, dtype=torch.bfloat16, weights="int8")
+    for dtype, linear in ((torch.float32, "stock"), (torch.bfloat16, "auto")):  # to_q4 on a head loaded otherwise
+        loaded = load_head(_saved_head(tmp_path / f"other-{linear}"), dtype=dtype, linear=linear)
+        if linear == "stock" or linear_kernel(loaded) == "onednn":
+            with pytest.raises(DynaTreeError, match=r"^a q4 feature head runs in bfloat16|quantize it before packing"):
+                loaded.to_q4()
+            assert loaded.weights == "dense"
     quantized = load_head(_saved_head(tmp_path / "fit"), dtype=torch.bfloat16, weights="q4")
     with pytest.raises(ValueError, match=r"holds quantized codes"):
         quantized.save(tmp_path / "again")

@@ -524,7 +524,7 @@ def generate(
     `ngram_max` (None: 4) is the longest n-gram the n-gram drafter matches; given where no n-gram
     drafter runs, an error.
     `weights` ("dense", "q4", "int8", "auto"; None: dense) is the format of a target loaded here
-    (weights.py); drafts load dense, in the target's dtype. With a loaded target, `device`,
+    (weights.py); draft LMs load dense, in the target's dtype (feature heads in int4 on a q4 target). With a loaded target, `device`,
     `dtype`, `weights` and `linear` other than their defaults must be what it was loaded with
     (an error says so; nothing is converted behind the caller's back).
     """

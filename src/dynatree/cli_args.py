@@ -104,8 +104,8 @@ def add_model_args(parser: argparse.ArgumentParser, draft_help: str, baselines: 
                         help="the target's weight format: dense (--dtype), q4 (a GGUF file's own 4-bit weights, "
                              "e.g. the embedded model's), int8 (quantized per channel at load), auto (q4 for a "
                              "GGUF target with 4-bit layers on the CPU unless another --dtype is given, else "
-                             "dense); low-bit formats are CPU only and compute in bfloat16; drafts load dense in the "
-                             "target's dtype [auto]")
+                             "dense); low-bit formats are CPU only and compute in bfloat16; draft LMs load dense in the "
+                             "target's dtype, feature heads in int4 on a q4 target [auto]")
     parser.add_argument("--linear", default="auto", choices=LINEAR_KERNELS,
                         help="linear layers of our methods' models: oneDNN on weights packed once, or PyTorch's "
                              "stock kernels; auto = onednn on the CPU unless the second copy of the weights takes "

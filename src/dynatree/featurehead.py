@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from .draftspec import HEAD_CONFIG_FILE
 from .errors import DynaTreeError
-from .kernels import use_packed_linears
+from .kernels import PackedLinear, use_packed_linears
 from .runtime import cache_kwarg, compile_steps
 from .weights import int4_fits, int4_linear
 
@@ -157,6 +157,12 @@ class FeatureHead(torch.nn.Module):
         """Quantize the decoder layer's linear layers to int4 in place (`weights.int4_linear`), for
         drafting on a q4 target; the fc projection stays dense (its input is two features wide, and
         it is a seventh of the layer's bytes). A one-line error when a shape does not fit the kernel."""
+        param = self.fc.weight
+        if param.device.type != "cpu" or param.dtype != torch.bfloat16:
+            raise DynaTreeError(f"a q4 feature head runs in bfloat16 on the CPU (the int4 kernel's), not {param.dtype} "
+                                f"on {param.device}")
+        if any(isinstance(m, PackedLinear) for m in self.body.modules()):
+            raise DynaTreeError(f"feature head {self.name!r}: quantize it before packing its linears (load_head(weights='q4'))")
         if not q4_fits(self.config):
             raise DynaTreeError(f"feature head {self.name!r} cannot run in 4 bits: the int4 kernel needs widths that are "
                                 f"multiples of 16 and 32, got hidden {self.config.hidden_size}, FFN {self.config.ffn}, "

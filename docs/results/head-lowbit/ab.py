@@ -54,6 +54,8 @@ def int4_head(target):
     rows = weight.detach()[head.vocab_ids].to(head.fc.weight.dtype)
     key = (weight.data_ptr(), weight.dtype, linear_kernel(head) == "onednn", head.fc.weight.dtype)
     feature._OUTPUTS[head] = (key, rows, int4_of(rows), weakref.ref(weight))
+    # (at 84680c3, where this ran; since d54b004 `_output_layer` keys on head.weights too and would rebuild this
+    # entry as dense rows: rerun with `shipped`, which builds the same int4 rows through dynatree itself)
     return head
 
 
