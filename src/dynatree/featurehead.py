@@ -157,10 +157,7 @@ class FeatureHead(torch.nn.Module):
         """Quantize the decoder layer's linear layers to int4 in place (`weights.int4_linear`), for
         drafting on a q4 target; the fc projection stays dense (its input is two features wide, and
         it is a seventh of the layer's bytes). A one-line error when a shape does not fit the kernel."""
-        param = self.fc.weight
-        if param.device.type != "cpu" or param.dtype != torch.bfloat16:
-            raise DynaTreeError(f"a q4 feature head runs in bfloat16 on the CPU (the int4 kernel's), not {param.dtype} "
-                                f"on {param.device}")
+        _check_q4_place(self.fc.weight.device, self.fc.weight.dtype)
         if any(isinstance(m, PackedLinear) for m in self.body.modules()):
             raise DynaTreeError(f"feature head {self.name!r}: quantize it before packing its linears (load_head(weights='q4'))")
         if not q4_fits(self.config):
@@ -185,6 +182,12 @@ class FeatureHead(torch.nn.Module):
         state["vocab_ids"] = self.vocab_ids.int().cpu().contiguous()
         save_file(state, str(directory / WEIGHTS_FILE))
         (directory / CONFIG_FILE).write_text(json.dumps({**dataclasses.asdict(self.config), **(extra or {})}, indent=1))
+
+
+def _check_q4_place(device: torch.device, dtype: torch.dtype) -> None:
+    """A q4 head computes where the int4 kernel does: bfloat16 on the CPU; else a one-line error."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        raise DynaTreeError(f"a q4 feature head runs in bfloat16 on the CPU (the int4 kernel's), not {dtype} on {device}")
 
 
 def _kv_width(config: HeadConfig) -> int:
@@ -224,8 +227,8 @@ def load_head(directory, name: str | None = None, device="cpu", dtype=torch.floa
     bits (`FeatureHead.to_q4`; bfloat16 on the CPU only, as q4 targets are)."""
     if weights not in ("dense", "q4"):
         raise DynaTreeError(f"a feature head's weights are dense or q4, got {weights!r}")
-    if weights == "q4" and (torch.device(device).type != "cpu" or dtype != torch.bfloat16):
-        raise DynaTreeError(f"a q4 feature head runs in bfloat16 on the CPU (the int4 kernel's), not {dtype} on {device}")
+    if weights == "q4":  # before reading the weights
+        _check_q4_place(torch.device(device), dtype)
     directory = Path(directory)
     config = read_config(directory)
     try:

@@ -185,6 +185,14 @@ class FeatureDrafter:
 _OUTPUTS: "weakref.WeakKeyDictionary[FeatureHead, tuple]" = weakref.WeakKeyDictionary()
 
 
+def _dense_rows(rows: torch.Tensor, packed: bool) -> torch.nn.Module:
+    """`rows` as a linear layer (bias-free), packed for oneDNN when `packed`."""
+    layer = torch.nn.utils.skip_init(torch.nn.Linear, rows.shape[1], rows.shape[0], bias=False,
+                                     device=rows.device, dtype=rows.dtype)
+    layer.weight = torch.nn.Parameter(rows, requires_grad=False)
+    return PackedLinear(layer) if packed else layer
+
+
 def _output_layer(head: FeatureHead, target) -> tuple[torch.Tensor, torch.nn.Module]:
     """The head's output layer: the target's output rows of its sub-vocabulary as a linear layer, on
     the head's kernels (packed for oneDNN when its own layers are, which makes a few-row product
@@ -195,12 +203,6 @@ def _output_layer(head: FeatureHead, target) -> tuple[torch.Tensor, torch.nn.Mod
     cached = _OUTPUTS.get(head)
     if cached is None or cached[0] != key or cached[3]() is not weight:  # another target, or a new weight
         rows = weight.detach()[head.vocab_ids].to(head.fc.weight.dtype)
-        layer = torch.nn.utils.skip_init(torch.nn.Linear, rows.shape[1], rows.shape[0], bias=False,
-                                         device=rows.device, dtype=rows.dtype)
-        layer.weight = torch.nn.Parameter(rows, requires_grad=False)
-        if head.weights == "q4":
-            layer = int4_linear(rows)
-        elif packed:
-            layer = PackedLinear(layer)
+        layer = int4_linear(rows) if head.weights == "q4" else _dense_rows(rows, packed)
         cached = _OUTPUTS[head] = (key, rows, layer, weakref.ref(weight))
     return cached[1], cached[2]
