@@ -5,6 +5,7 @@ target pass after every iteration), and refused with one-line errors for another
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -239,6 +240,16 @@ def test_an_unreadable_head_directory_is_a_one_line_error(tmp_path):
     (tmp_path / "h").mkdir()
     (tmp_path / "h" / "feature_head.json").write_text("{not json")
     with pytest.raises(DynaTreeError, match="cannot be read"):
+        load_head(tmp_path / "h")
+
+
+def test_a_head_whose_sub_vocabulary_disagrees_with_its_config_is_a_one_line_error(tmp_path):
+    head = tiny_head("llama")
+    head.save(tmp_path / "h")
+    raw = json.loads((tmp_path / "h" / "feature_head.json").read_text())
+    (tmp_path / "h" / "feature_head.json").write_text(json.dumps({**raw, "draft_vocab": raw["draft_vocab"] + 16}))
+    with pytest.raises(DynaTreeError, match=rf"^feature head .*: its config says {raw['draft_vocab'] + 16} sub-vocabulary "
+                                            rf"rows, its vocab_ids hold \({raw['draft_vocab']},\)$"):
         load_head(tmp_path / "h")
 
 

@@ -406,18 +406,26 @@ def test_the_files_4_bit_rows_are_cached_and_a_damaged_entry_is_rebuilt(tmp_path
         assert entry.stat().st_size == len(whole)  # rewritten
 
 
-def test_int4_linear_rounds_each_group_of_32_to_16_levels_between_its_extremes():
+def test_int4_linear_fits_each_group_of_32_no_worse_than_its_min_max_levels():
+    """Q4_1's levels (minimum to maximum, codes to nearest) are the start; the least-squares fit a group
+    keeps only where its squared error drops, so no group is worse, and on random weights most are better."""
     torch.manual_seed(0)
-    weight = torch.randn(48, 64)
+    weight = torch.cat([torch.randn(48, 64), torch.distributions.StudentT(3.0).sample((48, 64))])
     layer = int4_linear(weight)
-    groups = weight.reshape(48, 2, 32)
-    step = ((groups.amax(-1) - groups.amin(-1)) / 15)[..., None]
-    error = (layer.dequantized().reshape(48, 2, 32) - groups).abs()
-    assert (error <= 0.51 * step + 0.01 * step).all()  # nearest level (scales rounded to bfloat16)
-    assert (error > 0).any()  # it did quantize
+    groups = weight.reshape(96, 2, 32)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    step = ((high - low) / 15).to(torch.bfloat16).float()  # Q4_1 by hand, scale and zero rounded as the kernel's
+    zero = (low + 8 * step).to(torch.bfloat16).float()
+    min_max = (torch.round((groups - zero) / step + 8).clamp(0, 15) - 8) * step + zero
+    mine = layer.dequantized().reshape(96, 2, 32)
+    worse = ((mine - groups) ** 2).sum(-1) - ((min_max - groups) ** 2).sum(-1)
+    assert (worse <= 1e-6).all()
+    assert (worse < -1e-6).float().mean() > 0.5 and ((mine - groups) ** 2).sum() < 0.95 * ((min_max - groups) ** 2).sum()
     levels = torch.arange(32.0).remainder(16) * 0.25 - 1.0  # values already on a 16-level grid come back as they are
     exact = int4_linear(levels.repeat(16, 1))
     assert torch.equal(exact.dequantized(), levels.repeat(16, 1))
+    constant = int4_linear(torch.full((16, 32), 0.375))  # one code per group: no fit, the value itself
+    assert torch.equal(constant.dequantized(), torch.full((16, 32), 0.375))
     with pytest.raises(ValueError, match=r"multiples of \(16, 32\), got \(8, 32\)"):
         int4_linear(torch.zeros(8, 32))
 
@@ -461,15 +469,24 @@ def test_a_head_stays_dense_where_the_target_is_or_its_shapes_do_not_fit_the_int
         load_head(misfit, dtype=torch.float32, weights="q4")
     with pytest.raises(DynaTreeError, match=r"^a feature head's weights are dense or q4, got 'int8'$"):
         load_head(misfit, dtype=torch.bfloat16, weights="int8")
-    for dtype, linear in ((torch.float32, "stock"), (torch.bfloat16, "auto")):  # to_q4 on a head loaded otherwise
-        loaded = load_head(_saved_head(tmp_path / f"other-{linear}"), dtype=dtype, linear=linear)
-        if linear == "stock" or linear_kernel(loaded) == "onednn":
-            with pytest.raises(DynaTreeError, match=r"^a q4 feature head runs in bfloat16|quantize it before packing"):
-                loaded.to_q4()
-            assert loaded.weights == "dense"
+    packed = load_head(_saved_head(tmp_path / "packed"), dtype=torch.bfloat16, linear="auto")
+    if linear_kernel(packed) == "onednn":  # to_q4 on a head whose linears are packed already
+        with pytest.raises(DynaTreeError, match=r"quantize it before packing"):
+            packed.to_q4()
+        assert packed.weights == "dense"
+    with pytest.raises(DynaTreeError, match=r"^a q4 feature head runs in bfloat16 on the CPU .*float16"):
+        load_head(_saved_head(tmp_path / "half"), dtype=torch.float16).to_q4()
     quantized = load_head(_saved_head(tmp_path / "fit"), dtype=torch.bfloat16, weights="q4")
+    by_hand = load_head(_saved_head(tmp_path / "fit"), dtype=torch.float32)  # to_q4 quantizes the float32 weights
+    by_hand.to_q4()
+    assert by_hand.weights == "q4" and by_hand.fc.weight.dtype == torch.bfloat16
+    assert all(torch.equal(a, b) for a, b in zip(quantized.state_dict().values(), by_hand.state_dict().values()))
     with pytest.raises(ValueError, match=r"holds quantized codes"):
         quantized.save(tmp_path / "again")
+    for move in (lambda h: h.float(), lambda h: h.to(torch.float16), lambda h: h.to("meta")):
+        with pytest.raises(DynaTreeError, match=r"^a q4 feature head runs in bfloat16 on the CPU"):
+            move(quantized)
+    assert quantized.to("cpu").fc.weight.dtype == torch.bfloat16  # where it is already: fine
     dense_target = _low_bit_target("int8", 0)  # not q4: the head keeps its dense layers
     assert load_draft(_saved_head(tmp_path / "int8"), dense_target).model.weights == "dense"
 

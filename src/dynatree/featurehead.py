@@ -12,11 +12,12 @@ of [embedding, feature] to the hidden size, and the ids of a frequent-token sub-
 depends on a draft).
 
 On a q4 target a head drafts in 4 bits too (`load_head(weights="q4")`, chosen by `draftload`):
-its decoder layer's linears and its sub-vocabulary's output rows are quantized once at load
-(`weights.int4_linear`) and run on the target's int4 kernel, which reads a quarter of bfloat16's
-bytes: a root expansion of the shipped head takes about 1.4 ms instead of 2.6 ms next to a
-compiled q4 target step of about 11 ms (docs/results/head-lowbit). Its proposals change a little;
-what is committed does not (the target verifies every token).
+its decoder layer's linears (from the saved float32 weights) and its sub-vocabulary's output rows are
+quantized once at load (`weights.int4_linear`) and run on the target's int4 kernel, which reads a
+quarter of bfloat16's bytes: a root expansion of the shipped head takes about 1.4 ms instead of 2.5 ms
+next to a compiled q4 target step of about 11 ms (docs/results/head-lowbit). Its proposals change a
+little; what is committed does not (the target verifies every token). A q4 head stays bfloat16 on the
+CPU: moving or casting it is an error, as is saving it (it holds codes, not the trained weights).
 
 A head directory holds `feature_head.json` (HeadConfig) and `head.safetensors`.
 """
@@ -99,6 +100,9 @@ class FeatureHead(torch.nn.Module):
     def __init__(self, config: HeadConfig, vocab_ids: torch.Tensor, name: str = "feature-head"):
         super().__init__()
         h = config.hidden_size
+        if vocab_ids.dim() != 1 or len(vocab_ids) != config.draft_vocab:
+            raise DynaTreeError(f"feature head {name!r}: its config says {config.draft_vocab} sub-vocabulary rows, "
+                                f"its vocab_ids hold {tuple(vocab_ids.shape)}")
         if h % config.heads or config.heads % config.kv_heads:
             raise DynaTreeError(f"feature head: {config.heads} heads must divide the hidden size {h} "
                                 f"and be a multiple of {config.kv_heads} key/value heads")
@@ -141,6 +145,9 @@ class FeatureHead(torch.nn.Module):
         return wrapper
 
     def _apply(self, fn, recurse=True):  # .to(), .float(), ...: a wrapper built for the old dtype or device goes
+        if self.weights == "q4":  # its int4 layers compute in bfloat16 on the CPU only
+            probe = fn(torch.zeros((), dtype=torch.bfloat16))
+            _check_q4_place(probe.device, probe.dtype)
         self.__dict__.pop("_compiled", None)
         return super()._apply(fn, recurse)
 
@@ -155,9 +162,15 @@ class FeatureHead(torch.nn.Module):
 
     def to_q4(self) -> None:
         """Quantize the decoder layer's linear layers to int4 in place (`weights.int4_linear`), for
-        drafting on a q4 target; the fc projection stays dense (its input is two features wide, and
-        it is a seventh of the layer's bytes). A one-line error when a shape does not fit the kernel."""
-        _check_q4_place(self.fc.weight.device, self.fc.weight.dtype)
+        drafting on a q4 target, from the weights as the head holds them (float32 where it can: rounding to
+        bfloat16 first loses a little more), then cast the rest to bfloat16, the kernel's activation
+        dtype; the fc projection stays dense (its input is two features wide, and it is a seventh of the
+        layer's bytes). A one-line error when a shape does not fit the kernel."""
+        weight = self.fc.weight
+        if weight.dtype == torch.float32:  # quantized from float32, computed in bfloat16
+            _check_q4_place(weight.device, torch.bfloat16)
+        else:
+            _check_q4_place(weight.device, weight.dtype)
         if any(isinstance(m, PackedLinear) for m in self.body.modules()):
             raise DynaTreeError(f"feature head {self.name!r}: quantize it before packing its linears (load_head(weights='q4'))")
         if not q4_fits(self.config):
@@ -170,6 +183,7 @@ class FeatureHead(torch.nn.Module):
                     if child.bias is not None:
                         raise DynaTreeError(f"feature head {self.name!r}: {name} has a bias; 4-bit heads have none")
                     setattr(parent, name, int4_linear(child.weight))
+        self.to(torch.bfloat16)  # (the int4 layers' buffers are bfloat16 and integers already)
         self.__dict__.pop("_compiled", None)
         self.weights = "q4"
 
@@ -240,9 +254,11 @@ def load_head(directory, name: str | None = None, device="cpu", dtype=torch.floa
     if [m for m in missing if m != "vocab_ids"] or unexpected:
         raise DynaTreeError(f"feature head {str(directory)!r} does not match its config "
                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    head = head.to(device=device, dtype=dtype).eval()
     if weights == "q4":
-        head.to_q4()
+        head = head.to(device=device).eval()
+        head.to_q4()  # from the saved float32 weights, then in `dtype` (bfloat16)
+    else:
+        head = head.to(device=device, dtype=dtype).eval()
     use_packed_linears(head, linear)
     return head
 

@@ -174,9 +174,10 @@ class Int4Linear(torch.nn.Module):
         return y if self.bias is None else y + self.bias
 
     def dequantized(self) -> torch.Tensor:
-        """The (out, in) float32 weight this layer computes with (for tests and quality reports)."""
-        eye = torch.eye(self.in_features, dtype=LOW_BIT_DTYPE)
-        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scales_and_zeros).t().float()
+        """The (out, in) float32 weight this layer computes with (for tests and quality reports): the
+        kernel's own dequantization, read through its float32 path (a bfloat16 product would round it)."""
+        eye = torch.eye(self.in_features)
+        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scales_and_zeros.float()).t()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group={GROUP}"
@@ -217,19 +218,45 @@ def int4_fits(out_features: int, in_features: int) -> bool:
     return out_features % INT4_OUT_MULTIPLE == 0 and in_features % GROUP == 0
 
 
+REFINE_PASSES = 4  # least-squares passes of `int4_linear`'s per-group fit after the min-max start
+
+
 def int4_linear(weight: torch.Tensor) -> Int4Linear:
-    """A dense (out, in) weight quantized to 4 bits as Q4_1 stores a tensor: per group of 32 inputs, 16
-    levels from the group's minimum to its maximum (scale = (max - min) / 15, rounded to bfloat16 first,
-    codes rounded to nearest). For drafts only (a feature head on a q4 target, featurehead.py), where
-    rounding changes proposals, never what is committed; targets keep a GGUF's own codes (`use_q4`)."""
+    """A dense (out, in) weight quantized to 4 bits in Q4_1's layout: per group of 32 inputs, 16 levels
+    `low + scale * q`. For drafts only (a feature head on a q4 target, featurehead.py), where rounding
+    changes proposals, never what is committed; targets keep a GGUF's own codes (`use_q4`).
+
+    The levels start as Q4_1 quantizers set them, from the group's minimum to its maximum, and are then
+    fitted by least squares to the codes they give (`REFINE_PASSES` times: the slope and intercept
+    of the group's values over its codes), a group keeping the fit only where it lowers the group's
+    squared error; the scale and offset are rounded to bfloat16 (the kernel's) before the codes are
+    chosen against them. Quantize from float32 where there is a float32 copy (rounding twice loses more)."""
     out, inp = weight.shape
     if not int4_fits(out, inp):
         raise ValueError(f"the int4 kernel takes (out, in) multiples of ({INT4_OUT_MULTIPLE}, {GROUP}), got {(out, inp)}")
     groups = weight.detach().float().reshape(out, inp // GROUP, GROUP)
-    low, high = groups.amin(-1), groups.amax(-1)
-    scale = ((high - low) / 15).clamp_min(torch.finfo(LOW_BIT_DTYPE).tiny).to(LOW_BIT_DTYPE).float()
-    codes = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
-    return Int4Linear(codes.reshape(out, inp).to(torch.int32), scale, low + 8 * scale, None)
+    low = groups.amin(-1)
+    codes, scale, zero, error = _stored_q4(groups, (groups.amax(-1) - low) / 15, low)
+    for _ in range(REFINE_PASSES):
+        q = codes - codes.mean(-1, keepdim=True)
+        slope = (q * groups).sum(-1) / (q * q).sum(-1)  # NaN for a group of one code: its error is NaN, never kept
+        intercept = groups.mean(-1) - slope * codes.mean(-1)
+        fit = _stored_q4(groups, slope, intercept)
+        better = fit[3] < error
+        codes = torch.where(better[..., None], fit[0], codes)
+        scale, zero, error = (torch.where(better, new, old) for new, old in zip(fit[1:], (scale, zero, error)))
+    return Int4Linear(codes.reshape(out, inp).to(torch.int32), scale, zero, None)
+
+
+def _stored_q4(groups: torch.Tensor, step: torch.Tensor, low: torch.Tensor):
+    """(codes, scale, zero, squared error per group) of `groups` [..., GROUP] coded on the levels
+    `low + step * q`, q = 0..15, as the kernel stores them: scale and zero (the value at q = 8) rounded to
+    bfloat16 first, each value's code the nearest level of the rounded ones."""
+    scale = step.clamp_min(torch.finfo(LOW_BIT_DTYPE).tiny).to(LOW_BIT_DTYPE).float()
+    zero = (low + 8 * scale).to(LOW_BIT_DTYPE).float()
+    codes = torch.round((groups - zero[..., None]) / scale[..., None] + 8).clamp(0, 15)
+    error = (((codes - 8) * scale[..., None] + zero[..., None] - groups) ** 2).sum(-1)
+    return codes, scale, zero, error
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Head step cost on a q4 target: as shipped (bfloat16, oneDNN-packed) vs its linears as int4 (groups of 32,
 min/max per group, the int4 kernel the q4 target uses) and vs int8 per channel; eager and compiled; plus
-teacher-forced agreement of each on Spec-Bench answers. Usage: python cost.py [questions] [compile 0/1]"""
+teacher-forced agreement of each on Spec-Bench answers. Usage: python cost.py [questions] [compile 0/1]
+(Runs at commit f85893e or before: it reads `FeatureDrafter.out_rows`, which later commits removed.)"""
 import statistics, sys, time, json
 import torch
 from dynatree import generate

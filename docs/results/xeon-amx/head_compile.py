@@ -1,6 +1,7 @@
 """One feature-head call (the head's layer and its 8192-row output layer, bfloat16 as on a q4 target)
 over a 500-entry cache at 1 and 3 rows, eager against torch.compile(dynamic=True) of the same call;
 medians of 60 calls. A measurement for issue 32 (would a compiled head pay?), nothing shipped.
+(Runs at commit f85893e or before: it reads `FeatureDrafter.out_rows`, which later commits removed.)
 
     python docs/results/xeon-amx/head_compile.py [CACHE_ENTRIES [eager]]   (default 500; README: 500, and 2000 eager)
 """

@@ -33,7 +33,7 @@ def head_agreement(target: LoadedModel, head: FeatureHead, prompt_ids: list[int]
     picks = out.logits[0, -n:].argmax(-1).cpu()
     drafter = FeatureDrafter(head, target)
     ids = torch.tensor([seq[1:]], device=target.device)  # position p reads token p and the feature of p - 1
-    feats = out.hidden_states[-1][:, :-1].to(drafter.out_rows.dtype)
+    feats = out.hidden_states[-1][:, :-1].to(drafter.dtype)
     pred = head(drafter.embed(ids).to(feats.dtype), feats, torch.arange(1, len(seq), device=target.device)[None])
     mine = head.vocab_ids[drafter.out(pred[0, -n:]).argmax(-1)].cpu()  # the rows' layer drafting runs (int4 for a q4 head)
     return float((mine == picks).float().mean())

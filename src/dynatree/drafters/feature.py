@@ -47,8 +47,9 @@ class FeatureDrafter:
         self.compile = compile  # head steps after the first of a sequence through torch.compile
         self.name = head.name
         self.embed = target.model.get_input_embeddings()
+        self.dtype, self.device = head.fc.weight.dtype, head.fc.weight.device  # the head's: its inputs are cast there
         # the sub-vocabulary's rows of the target's output layer [draft_vocab, hidden], as a linear layer
-        self.out_rows, self.out = _output_layer(head, target)
+        self.out = _output_layer(head, target)
         self.vocab_size = target.vocab_size
         self.window = window
         self.calls = 0  # head forwards (for stats and tests)
@@ -101,8 +102,8 @@ class FeatureDrafter:
         if compiled_graphs() != graphs:  # a second round at another cache length and count
             self._scratch_forward(cache, 1, compiled=False)
             self._warm_steps(cache, 5, sizes=(1, 3))
-        if self.out_rows.device.type == "cuda":
-            torch.cuda.synchronize(self.out_rows.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return time.perf_counter() - start if compiled_graphs() != graphs else 0.0
 
     def _warm_steps(self, cache, context: int, sizes) -> None:
@@ -115,7 +116,7 @@ class FeatureDrafter:
     def _scratch_forward(self, cache, n: int, compiled: bool) -> None:
         """`n` zero tokens fed causally on top of `cache` (for `warm_up`)."""
         held, hidden = kv.length(cache), self.head.config.hidden_size
-        dtype, device = self.out_rows.dtype, self.out_rows.device
+        dtype, device = self.dtype, self.device
         allowed = causal_allowed(held, n)
         self._head_forward(cache, torch.zeros(1, n, hidden, dtype=dtype, device=device),
                            torch.zeros(n, hidden, dtype=dtype, device=device), list(range(held, held + n)),
@@ -162,9 +163,9 @@ class FeatureDrafter:
         return out
 
     def _run(self, ids: list[int], features: torch.Tensor, positions: list[int], allowed: torch.Tensor) -> torch.Tensor:
-        device = self.out_rows.device
-        embeds = self.embed(torch.tensor([ids], device=device)).to(self.out_rows.dtype)
-        mask = additive_mask(allowed, self.out_rows.dtype, device)
+        device = self.device
+        embeds = self.embed(torch.tensor([ids], device=device)).to(self.dtype)
+        mask = additive_mask(allowed, self.dtype, device)
         self.calls += 1
         compiled = self.compile and compiles_on(self.cache)  # (never the sequence's first forward: an empty cache)
         return self._head_forward(self.cache, embeds, features, positions, mask, compiled=compiled)[0]
@@ -176,7 +177,7 @@ class FeatureDrafter:
         warm-up's must be made as the run's are."""
         head = self.head.compiled() if compiled else self.head
         with kv.advancing(cache, len(positions), self.head.name):
-            return head(embeds=embeds, features=features.to(self.out_rows.dtype)[None],
+            return head(embeds=embeds, features=features.to(self.dtype)[None],
                         positions=torch.tensor([positions], device=embeds.device), mask=mask, cache=cache)
 
 
@@ -193,16 +194,17 @@ def _dense_rows(rows: torch.Tensor, packed: bool) -> torch.nn.Module:
     return PackedLinear(layer) if packed else layer
 
 
-def _output_layer(head: FeatureHead, target) -> tuple[torch.Tensor, torch.nn.Module]:
+def _output_layer(head: FeatureHead, target) -> torch.nn.Module:
     """The head's output layer: the target's output rows of its sub-vocabulary as a linear layer, on
     the head's kernels (packed for oneDNN when its own layers are, which makes a few-row product
-    several times faster than MKL's; in int4 for a q4 head, `FeatureHead.to_q4`), and those rows."""
+    several times faster than MKL's; in int4 for a q4 head, `FeatureHead.to_q4`, quantized from the
+    target's rows as they are, not after a cast, and keeping no dense copy)."""
     weight = target.model.get_output_embeddings().weight
     packed = linear_kernel(head) == "onednn"
     key = (weight.data_ptr(), weight.dtype, packed, head.fc.weight.dtype, head.weights)
     cached = _OUTPUTS.get(head)
-    if cached is None or cached[0] != key or cached[3]() is not weight:  # another target, or a new weight
-        rows = weight.detach()[head.vocab_ids].to(head.fc.weight.dtype)
-        layer = int4_linear(rows) if head.weights == "q4" else _dense_rows(rows, packed)
-        cached = _OUTPUTS[head] = (key, rows, layer, weakref.ref(weight))
-    return cached[1], cached[2]
+    if cached is None or cached[0] != key or cached[2]() is not weight:  # another target, or a new weight
+        rows = weight.detach()[head.vocab_ids]
+        layer = int4_linear(rows) if head.weights == "q4" else _dense_rows(rows.to(head.fc.weight.dtype), packed)
+        cached = _OUTPUTS[head] = (key, layer, weakref.ref(weight))
+    return cached[1]
