@@ -109,3 +109,48 @@ def test_the_output_layer_must_be_frozen():
     x, weight, target = _case()
     with pytest.raises(ValueError, match="frozen"):
         output_loss(x, weight.requires_grad_(), target)
+
+
+def _plain_soft(x, weight, teacher, target):
+    """Soft labels the plain route: cross-entropy against softmax(teacher @ W.T) on the learnt rows."""
+    keep = target != IGNORE
+    p = (teacher @ weight.T).softmax(-1)[keep]
+    logq = (x @ weight.T).log_softmax(-1)[keep]
+    return -(p * logq).sum(-1).mean()
+
+
+@pytest.mark.parametrize("block", [1, 3, 512])
+def test_soft_labels_give_the_cross_entropy_against_the_teachers_distribution_and_its_gradient(block):
+    x, weight, target = _case()
+    teacher = torch.randn(x.shape, generator=torch.Generator().manual_seed(7))
+    target[[2, 6]] = IGNORE
+    loss, best = output_loss(x, weight, target, block=block, teacher=teacher)
+    (grad,) = torch.autograd.grad(loss, x)
+    x2 = x.detach().clone().requires_grad_()
+    ref = _plain_soft(x2, weight, teacher, target)
+    (ref_grad,) = torch.autograd.grad(ref, x2)
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-7)
+    assert torch.equal(best, (x.detach() @ weight.T).argmax(-1))
+    assert grad[[2, 6]].abs().max() == 0
+    # the hard label's loss is another: soft labels are not silently ignored
+    hard, _ = output_loss(x, weight, target, block=block)
+    assert abs(float(hard) - float(loss)) > 1e-3
+
+
+def test_soft_labels_from_a_teacher_equal_to_the_student_leave_only_its_entropy_and_no_gradient():
+    """p = q: the loss is the entropy of q, the gradient q - p is zero."""
+    x, weight, target = _case()
+    loss, _ = output_loss(x, weight, target, teacher=x.detach().clone())
+    (grad,) = torch.autograd.grad(loss, x)
+    q = (x.detach() @ weight.T).softmax(-1)
+    torch.testing.assert_close(loss, -(q * q.log()).sum(-1).mean(), rtol=1e-6, atol=1e-6)
+    assert grad.abs().max() < 1e-6
+
+
+def test_a_teacher_of_another_shape_or_needing_a_gradient_is_refused():
+    x, weight, target = _case()
+    with pytest.raises(ValueError, match="teacher's features must be frozen and shaped as x"):
+        output_loss(x, weight, target, teacher=torch.randn(x.shape[0], x.shape[1] + 1))
+    with pytest.raises(ValueError, match="needing a gradient"):
+        output_loss(x, weight, target, teacher=torch.randn(x.shape, requires_grad=True))

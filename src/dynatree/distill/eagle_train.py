@@ -2,7 +2,8 @@
 target's true feature of the position before; pass j feeds each position with pass j-1's
 *predicted* feature of the position before and attends to pass-1 keys up to j-1 positions back
 plus its own deeper chain, exactly what a tree node at depth j-1 sees when drafting. Loss:
-cross-entropy against the target's next token (pass j weighted `decay`^(j-1)) plus
+cross-entropy against the target's next token, or with `label_loss` 'soft' against the target's
+distribution over the sub-vocabulary (pass j weighted `decay`^(j-1)) plus
 `feature_loss` x smooth-L1 of pass 1's predicted feature against the target's. The
 decoder layer starts from the target's last layer when the shapes agree.
 
@@ -126,8 +127,9 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
         learn = batch["covered"][rows]  # rows whose label the sub-vocabulary holds
         if cfg.loss_rows == "answers":
             learn = learn & answer
+        teacher = batch["next_features"][rows] if cfg.label_loss == "soft" else None  # (the target's own f_{r+1})
         ce, best = output_loss(mine, out_rows.detach(),  # (the target's output layer stays frozen)
-                               torch.where(learn, batch["sub_labels"][rows], IGNORE))
+                               torch.where(learn, batch["sub_labels"][rows], IGNORE), teacher=teacher)
         if bool(learn.any()):
             total = total + (cfg.decay ** (depth - 1)) * ce
             if depth == 1 and cfg.feature_loss:

@@ -13,6 +13,11 @@ CPU). The output layer's weight is frozen: no gradient is computed for it.
 Under autocast the products run in autocast's dtype (as `x @ weight.T` and its backward would; the
 weight is cast once per call) and the softmax in float32 (as `F.cross_entropy` would); the loss is
 float32, the mean over the rows whose target is not `IGNORE`. First-order gradients only.
+
+With `teacher` (soft labels, `--label-loss soft`), a row's target is not its hard label but the teacher's
+distribution over the same rows of the output layer, `softmax(teacher_row @ weight.T)`, computed in the
+same block (never stored whole): the loss is the cross-entropy `-sum p log q`, its gradient `q - p`, as
+EAGLE's classification loss takes the target's distribution. `target` then only says which rows learn.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ IGNORE = -100  # a row's target that takes no loss (still counted in the argmax)
 BLOCK = 512  # rows per block: 512 x 8192 float32 logits are 16 MB
 
 
-def _blocks(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, block: int, grad: torch.Tensor | None):
-    """(summed loss over the learnt rows, argmax per row), writing d(mean loss)/dx into `grad` unless None."""
+def _blocks(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, block: int, grad: torch.Tensor | None,
+            teacher: torch.Tensor | None = None):
+    """(mean loss over the learnt rows, argmax per row), writing d(mean loss)/dx into `grad` unless None;
+    against the teacher's distributions when `teacher` (rows' features) is given, else the hard targets."""
     learnt = target != IGNORE
     n = max(int(learnt.sum()), 1)
     if torch.is_autocast_enabled(x.device.type):  # cast the frozen weight once, not per block and product
@@ -40,11 +47,19 @@ def _blocks(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, block: 
         ok = learnt[s:e]
         t = torch.where(ok, target[s:e], 0)
         lse = logits.logsumexp(-1)
+        if teacher is None:
+            picked = logits.gather(1, t[:, None])[:, 0]
+        else:  # the teacher's distribution p over the same rows; sum p * logits per row
+            p = (teacher[s:e] @ weight.T).float().softmax(-1)
+            picked = (p * logits).sum(-1)
         # (where, not a product with the mask: a non-finite ignored row must not reach the sum)
-        total += torch.where(ok, lse - logits.gather(1, t[:, None])[:, 0], 0.0).sum()
-        if grad is not None:  # d loss / d logits = (softmax - one-hot) / n on learnt rows, 0 elsewhere
+        total += torch.where(ok, lse - picked, 0.0).sum()
+        if grad is not None:  # d loss / d logits = (softmax - target distribution) / n on learnt rows, 0 elsewhere
             probs = logits.sub_(lse[:, None]).exp_()
-            probs[torch.arange(e - s, device=x.device), t] -= 1.0
+            if teacher is None:
+                probs[torch.arange(e - s, device=x.device), t] -= 1.0
+            else:
+                probs.sub_(p)
             probs.masked_fill_(~ok[:, None], 0.0)
             # (the product is linear in each row: the rows are scaled after it, at 1/14 of the width)
             grad[s:e] = (probs.to(weight.dtype) @ weight) / n
@@ -53,9 +68,10 @@ def _blocks(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, block: 
 
 class _OutputLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, block: int):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, block: int,
+                teacher: torch.Tensor | None):
         grad = torch.empty_like(x)
-        loss, best = _blocks(x, weight, target, block, grad)
+        loss, best = _blocks(x, weight, target, block, grad, teacher)
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(best)
         return loss, best
@@ -64,20 +80,25 @@ class _OutputLoss(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_loss, grad_best):
         (grad,) = ctx.saved_tensors
-        return grad * grad_loss, None, None, None
+        return grad * grad_loss, None, None, None, None
 
 
 def output_loss(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+                block: int = BLOCK, teacher: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean cross-entropy of `x @ weight.T` [rows, vocabulary] against `target` [rows] over the rows whose
     target is not IGNORE (0 when there is none), argmax of each row's logits), computed `block` rows at a
     time; differentiable in `x` only (`weight`, the frozen output layer, must not need a gradient). The
-    gradient is computed with the loss, so only when autograd will ask for it."""
+    gradient is computed with the loss, so only when autograd will ask for it. With `teacher` [rows, width]
+    (frozen), each learnt row's target is the distribution `softmax(teacher @ weight.T)` instead of its
+    hard label (soft labels; `target` still names the rows that learn)."""
     if weight.requires_grad:
         raise ValueError("output_loss keeps the output layer frozen: pass weight.detach()")
+    if teacher is not None and (teacher.requires_grad or teacher.shape != x.shape):
+        raise ValueError(f"output_loss: the teacher's features must be frozen and shaped as x {tuple(x.shape)}, "
+                         f"got {tuple(teacher.shape)}{' needing a gradient' if teacher.requires_grad else ''}")
     if bool(((target != IGNORE) & ((target < 0) | (target >= weight.shape[0]))).any()):
         raise ValueError(f"output_loss: a target outside 0..{weight.shape[0] - 1} that is not IGNORE ({IGNORE})")
     if torch.is_grad_enabled() and x.requires_grad and bool((target != IGNORE).any()):
-        return _OutputLoss.apply(x, weight, target, block)
+        return _OutputLoss.apply(x, weight, target, block, teacher)
     with torch.no_grad():
-        return _blocks(x, weight, target, block, None)
+        return _blocks(x, weight, target, block, None, teacher)
