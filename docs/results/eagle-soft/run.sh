@@ -3,7 +3,7 @@
 # Resumable: each arm's --out keeps its checkpoint (rerun the same command). Run from the repository root.
 set -euo pipefail
 OUT=${OUT:-/work/runs/eagle-soft}
-PY=${PY:-.venv/bin/python}
+PY=${PY:-.venv/bin/python}  # (the CLI: .venv/bin/dynatree)
 mkdir -p "$OUT"
 common=(--kind eagle --target smollm2-135m --prompts specbench,specbench-asks --self-prompts 4096
         --self-documents 1024 --data-dir data/distill/smollm2-135m --label-dtype bfloat16
@@ -12,7 +12,7 @@ common=(--kind eagle --target smollm2-135m --prompts specbench,specbench-asks --
 for arm in hard soft; do
   resume=(); [ -e "$OUT/$arm/checkpoint.pt" ] && resume=(--resume)
   [ -e "$OUT/$arm/feature_head.json" ] && continue
-  "$PY" -m dynatree distill "${common[@]}" --label-loss "$arm" --out "$OUT/$arm" "${resume[@]}"
+  .venv/bin/dynatree distill "${common[@]}" --label-loss "$arm" --out "$OUT/$arm" "${resume[@]}"
 done
 "$PY" docs/results/eagle-heldout/measure.py smollm2-135m-eagle "$OUT/hard" "$OUT/soft" > "$OUT/heldout.json"
 cp "$OUT/heldout.json" docs/results/eagle-soft/heldout.json
