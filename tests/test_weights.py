@@ -502,3 +502,13 @@ def test_a_compiled_q4_head_builds_its_graphs_before_the_clock_and_keeps_compile
     assert out.run.draft_weights == "q4" and out.stats.drafted_tokens > 0
     assert out.stats.graphs_compiled_while_timed == 0
     assert out.new_token_ids == ar.new_token_ids
+
+
+def test_int4_linear_refuses_a_weight_with_non_finite_values():
+    from dynatree.weights import int4_linear
+
+    weight = torch.randn(16, 64)
+    weight[3, 5] = float("nan")
+    weight[7, 9] = float("inf")
+    with pytest.raises(ValueError, match="holds 2 non-finite values"):
+        int4_linear(weight)

@@ -235,6 +235,8 @@ def int4_linear(weight: torch.Tensor) -> Int4Linear:
     if not int4_fits(out, inp):
         raise ValueError(f"the int4 kernel takes (out, in) multiples of ({INT4_OUT_MULTIPLE}, {GROUP}), got {(out, inp)}")
     groups = weight.detach().float().reshape(out, inp // GROUP, GROUP)
+    if not bool(torch.isfinite(groups).all()):
+        raise ValueError(f"int4_linear: the weight holds {int((~torch.isfinite(groups)).sum())} non-finite values")
     low = groups.amin(-1)
     codes, scale, zero, error = _stored_q4(groups, (groups.amax(-1) - low) / 15, low)
     for _ in range(REFINE_PASSES):
