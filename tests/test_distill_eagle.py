@@ -612,6 +612,26 @@ def test_soft_label_training_fits_the_targets_distribution_and_the_head_drafts_e
         distill_eagle(target, out, EagleConfig(**{**SMALL, "prompts": str(prompts)}), resume=True, progress=False)
 
 
+@pytest.mark.parametrize("arch,why", [("granite", "logits divided by 4.0"), ("gemma2", "a final logit soft-cap of 30.0"),
+                                       ("cohere", "logits scaled by 0.0625")])
+def test_soft_labels_are_refused_for_a_target_whose_logits_are_not_its_feature_times_its_output_layer(
+        tmp_path, prompts, arch, why):
+    """A soft-cap, a logit scale or divisor changes the target's distribution, not its argmax: soft labels
+    (softmax of feature @ output rows) would then not be the target's own, so they are refused by name."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    extra = {"granite": {"logits_scaling": 4.0}, "gemma2": {"head_dim": 8}, "cohere": {}}[arch]
+    config = AutoConfig.for_model(arch, vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=4, **extra)
+    model = AutoModelForCausalLM.from_config(config).float().eval()
+    target = LoadedModel(model=model, tokenizer=chat_target().tokenizer, name=f"tiny-{arch}", eos_ids=[2])
+    cfg = EagleConfig(**{**SMALL, "prompts": str(prompts), "label_loss": "soft"})
+    with pytest.raises(DynaTreeError, match=rf"^--label-loss soft needs logits that are the last feature times the "
+                                            rf"output layer; tiny-{arch} \({arch}\) has {why}: use --label-loss hard$"):
+        distill_eagle(target, tmp_path / "head", cfg, progress=False)
+    assert not (tmp_path / "head").exists()  # refused before any work
+
+
 @pytest.fixture()
 def saved_chat(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-chat")
@@ -767,7 +787,8 @@ def _plain_unrolled_loss(head, embed, out_rows, batch, cfg):
 
 
 @pytest.mark.skipif(not ON_CPU, reason="the reference builds its rows on the CPU")
-@pytest.mark.parametrize("loss_rows,label_loss", [("all", "hard"), ("answers", "hard"), ("all", "soft")])
+@pytest.mark.parametrize("loss_rows,label_loss", [("all", "hard"), ("answers", "hard"), ("all", "soft"),
+                                                ("answers", "soft")])
 def test_the_unrolled_loss_equals_the_plain_route_on_packed_and_padded_batches(loss_rows, label_loss):
     """Packed sequences (make_batch's default) and the output layer's loss on the real rows a block at a
     time (output_loss.py) give the plain route's loss, statistics and parameter gradients (one sequence

@@ -251,6 +251,14 @@ def test_a_head_whose_sub_vocabulary_disagrees_with_its_config_is_a_one_line_err
     with pytest.raises(DynaTreeError, match=rf"^feature head .*: its config says {raw['draft_vocab'] + 16} sub-vocabulary "
                                             rf"rows, its vocab_ids hold \({raw['draft_vocab']},\)$"):
         load_head(tmp_path / "h")
+    from safetensors.torch import load_file, save_file
+
+    (tmp_path / "h" / "feature_head.json").write_text(json.dumps(raw))  # the right count, in a 2-D table
+    state = load_file(str(tmp_path / "h" / "head.safetensors"))
+    save_file({**state, "vocab_ids": state["vocab_ids"][None, :].contiguous()}, str(tmp_path / "h" / "head.safetensors"))
+    with pytest.raises(DynaTreeError, match=rf"^feature head .*: its config says {raw['draft_vocab']} sub-vocabulary "
+                                            rf"rows, its vocab_ids hold \(1, {raw['draft_vocab']}\)$"):
+        load_head(tmp_path / "h")
 
 
 def test_bench_measures_a_feature_head_and_leaves_it_out_of_hf_assisted(tmp_path, prompt_file):

@@ -154,3 +154,33 @@ def test_a_teacher_of_another_shape_or_needing_a_gradient_is_refused():
         output_loss(x, weight, target, teacher=torch.randn(x.shape[0], x.shape[1] + 1))
     with pytest.raises(ValueError, match="needing a gradient"):
         output_loss(x, weight, target, teacher=torch.randn(x.shape, requires_grad=True))
+    with pytest.raises(ValueError, match="shaped as x"):  # a row too few
+        output_loss(x, weight, target, teacher=torch.randn(x.shape[0] - 1, x.shape[1]))
+    with pytest.raises(ValueError, match=r"^output_loss: the teacher's features are torch.bfloat16, the output "
+                                         r"layer torch.float32 \(outside autocast they must match\)$"):
+        output_loss(x, weight, target, teacher=torch.randn(x.shape).bfloat16())
+    with pytest.raises(ValueError, match=r"^output_loss: the teacher's features are on meta, the rows on cpu$"):
+        output_loss(x, weight, target, teacher=torch.randn(x.shape, device="meta"))
+
+
+def test_soft_labels_under_bfloat16_autocast_follow_autocast_like_the_plain_route():
+    """Under autocast both products (the student's and the teacher's) run in bfloat16 and the softmaxes
+    in float32, as the plain route's would; a bfloat16 teacher is accepted there."""
+    x, weight, target = _case(rows=40, width=64, vocab=300, seed=2)
+    teacher = torch.randn(x.shape, generator=torch.Generator().manual_seed(9))
+    target[[0, 7]] = IGNORE
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for t in (teacher, teacher.bfloat16()):
+            loss, _ = output_loss(x, weight, target, block=16, teacher=t)
+            (grad,) = torch.autograd.grad(loss, x)
+            x2 = x.detach().clone().requires_grad_()
+            keep = target != IGNORE
+            p = (t @ weight.T).float().softmax(-1)[keep]
+            ref = -(p * (x2 @ weight.T).float().log_softmax(-1)[keep]).sum(-1).mean()
+            (ref_grad,) = torch.autograd.grad(ref, x2)
+            assert loss.dtype == torch.float32
+            torch.testing.assert_close(loss, ref, rtol=5e-3, atol=5e-3)
+            torch.testing.assert_close(grad, ref_grad.float(), rtol=0.02, atol=2e-3)
+            assert grad[[0, 7]].abs().max() == 0
+    float_ref = _plain_soft(x.detach(), weight, teacher, target)  # bfloat16 products: apart from float32's
+    assert not torch.allclose(loss, float_ref, rtol=1e-6, atol=0)

@@ -425,7 +425,9 @@ def test_int4_linear_fits_each_group_of_32_no_worse_than_its_min_max_levels():
     exact = int4_linear(levels.repeat(16, 1))
     assert torch.equal(exact.dequantized(), levels.repeat(16, 1))
     constant = int4_linear(torch.full((16, 32), 0.375))  # one code per group: no fit, the value itself
-    assert torch.equal(constant.dequantized(), torch.full((16, 32), 0.375))
+    assert torch.equal(constant.dequantized(), torch.full((16, 32), 0.375))  # (0.375 is exact in bfloat16)
+    inexact = int4_linear(torch.full((16, 32), 0.1)).dequantized()  # not exact in bfloat16: its zero is 0.1 rounded
+    assert torch.equal(inexact, torch.full((16, 32), torch.tensor(0.1).to(torch.bfloat16).item()))
     with pytest.raises(ValueError, match=r"multiples of \(16, 32\), got \(8, 32\)"):
         int4_linear(torch.zeros(8, 32))
 
@@ -476,11 +478,18 @@ def test_a_head_stays_dense_where_the_target_is_or_its_shapes_do_not_fit_the_int
         assert packed.weights == "dense"
     with pytest.raises(DynaTreeError, match=r"^a q4 feature head runs in bfloat16 on the CPU .*float16"):
         load_head(_saved_head(tmp_path / "half"), dtype=torch.float16).to_q4()
+    with pytest.raises(DynaTreeError, match=r"^a q4 feature head runs in bfloat16 on the CPU \(.*\), not torch.float32 on meta$"):
+        load_head(_saved_head(tmp_path / "meta"), dtype=torch.float32).to("meta").to_q4()
     quantized = load_head(_saved_head(tmp_path / "fit"), dtype=torch.bfloat16, weights="q4")
     by_hand = load_head(_saved_head(tmp_path / "fit"), dtype=torch.float32)  # to_q4 quantizes the float32 weights
     by_hand.to_q4()
     assert by_hand.weights == "q4" and by_hand.fc.weight.dtype == torch.bfloat16
     assert all(torch.equal(a, b) for a, b in zip(quantized.state_dict().values(), by_hand.state_dict().values()))
+    dense = load_head(_saved_head(tmp_path / "fit"), dtype=torch.float32)  # ... from float32, not bfloat16
+    layer = next(name for name, m in by_hand.named_modules() if isinstance(m, Int4Linear))
+    weight = dense.get_submodule(layer).weight.detach()
+    assert torch.equal(by_hand.get_submodule(layer).dequantized(), int4_linear(weight).dequantized())
+    assert not torch.equal(int4_linear(weight).dequantized(), int4_linear(weight.bfloat16()).dequantized())
     with pytest.raises(ValueError, match=r"holds quantized codes"):
         quantized.save(tmp_path / "again")
     for move in (lambda h: h.float(), lambda h: h.to(torch.float16), lambda h: h.to("meta")):

@@ -166,11 +166,8 @@ class FeatureHead(torch.nn.Module):
         bfloat16 first loses a little more), then cast the rest to bfloat16, the kernel's activation
         dtype; the fc projection stays dense (its input is two features wide, and it is a seventh of the
         layer's bytes). A one-line error when a shape does not fit the kernel."""
-        weight = self.fc.weight
-        if weight.dtype == torch.float32:  # quantized from float32, computed in bfloat16
-            _check_q4_place(weight.device, torch.bfloat16)
-        else:
-            _check_q4_place(weight.device, weight.dtype)
+        weight = self.fc.weight  # float32 is quantized from, then computed in bfloat16
+        _check_q4_place(weight.device, weight.dtype, float32_ok=True)
         if any(isinstance(m, PackedLinear) for m in self.body.modules()):
             raise DynaTreeError(f"feature head {self.name!r}: quantize it before packing its linears (load_head(weights='q4'))")
         if not q4_fits(self.config):
@@ -198,9 +195,11 @@ class FeatureHead(torch.nn.Module):
         (directory / CONFIG_FILE).write_text(json.dumps({**dataclasses.asdict(self.config), **(extra or {})}, indent=1))
 
 
-def _check_q4_place(device: torch.device, dtype: torch.dtype) -> None:
-    """A q4 head computes where the int4 kernel does: bfloat16 on the CPU; else a one-line error."""
-    if device.type != "cpu" or dtype != torch.bfloat16:
+def _check_q4_place(device: torch.device, dtype: torch.dtype, float32_ok: bool = False) -> None:
+    """A q4 head computes where the int4 kernel does: bfloat16 on the CPU (or float32 there, for the
+    head `to_q4` quantizes from, when `float32_ok`); else a one-line error naming what it got."""
+    dtypes = (torch.bfloat16, torch.float32) if float32_ok else (torch.bfloat16,)
+    if device.type != "cpu" or dtype not in dtypes:
         raise DynaTreeError(f"a q4 feature head runs in bfloat16 on the CPU (the int4 kernel's), not {dtype} on {device}")
 
 

@@ -63,6 +63,24 @@ def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> 
     return head.float()
 
 
+def check_plain_logits(target: LoadedModel) -> None:
+    """Soft labels take the target's distribution to be softmax(feature @ output rows); a target whose
+    logits are something else of that product (a soft-cap, a scale, a bias) gets a one-line error naming it
+    rather than training towards a distribution that is not its own. (Hard labels only need the argmax,
+    which a monotone cap or a positive scale keeps.)"""
+    config = target.model.config.get_text_config()
+    cap, scale, logit_scale = (getattr(config, k, None) for k in ("final_logit_softcapping", "logits_scaling",
+                                                                   "logit_scale"))
+    bias = getattr(target.model.get_output_embeddings(), "bias", None)
+    why = (f"a final logit soft-cap of {cap}" if cap else
+           f"logits divided by {scale}" if scale not in (None, 1, 1.0) else
+           f"logits scaled by {logit_scale}" if logit_scale not in (None, 1, 1.0) else
+           "an output-layer bias" if bias is not None else None)
+    if why:
+        raise DynaTreeError(f"--label-loss soft needs logits that are the last feature times the output layer; "
+                            f"{target.name} ({config.model_type}) has {why}: use --label-loss hard")
+
+
 def vocab_tables(target: LoadedModel, head_vocab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """What the loss and `evaluate` read of a head's sub-vocabulary `head_vocab` (target token ids): each
     target token's index in it (-1: outside) and the target's output-layer rows of those tokens (float32)."""
@@ -236,6 +254,8 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
 
     cfg.validate()
     target_features(target.model)  # a target whose last hidden state cannot be read fails here, before any work
+    if cfg.label_loss == "soft":
+        check_plain_logits(target)
     out = Path(out)
     ckpt_path, data_path = out / "checkpoint.pt", out / "data.pt"
     if not resume and ((out / "feature_head.json").exists() or ckpt_path.exists()):

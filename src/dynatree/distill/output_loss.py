@@ -96,6 +96,11 @@ def output_loss(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     if teacher is not None and (teacher.requires_grad or teacher.shape != x.shape):
         raise ValueError(f"output_loss: the teacher's features must be frozen and shaped as x {tuple(x.shape)}, "
                          f"got {tuple(teacher.shape)}{' needing a gradient' if teacher.requires_grad else ''}")
+    if teacher is not None and teacher.device != x.device:
+        raise ValueError(f"output_loss: the teacher's features are on {teacher.device}, the rows on {x.device}")
+    if teacher is not None and teacher.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(f"output_loss: the teacher's features are {teacher.dtype}, the output layer "
+                         f"{weight.dtype} (outside autocast they must match)")
     if bool(((target != IGNORE) & ((target < 0) | (target >= weight.shape[0]))).any()):
         raise ValueError(f"output_loss: a target outside 0..{weight.shape[0] - 1} that is not IGNORE ({IGNORE})")
     if torch.is_grad_enabled() and x.requires_grad and bool((target != IGNORE).any()):
