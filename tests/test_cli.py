@@ -175,6 +175,7 @@ BAD_INPUTS = {
     "blank prompt": (["   ", "--max-new-tokens", "4"], "prompt is empty"),
     "no prompt": ([], "no prompt given"),
     "too long": (["w5 w6", "--max-new-tokens", "63"], "exceeds the context length 64"),
+    "too long, one token": (["w5", "--max-new-tokens", "64"], "prompt (1 token) + max_new_tokens (64) exceeds"),
     "zero tokens": (["w5", "--max-new-tokens", "0"], "must be a positive integer"),
     "negative tokens": (["w5", "--max-new-tokens", "-3"], "must be a positive integer"),
     "not a number": (["w5", "--max-new-tokens", "ten"], "invalid int value"),
@@ -240,6 +241,14 @@ def test_missing_models(capsys, monkeypatch, target, message):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: the hub is unreachable
     code, _, err = run_cli(capsys, "generate", "w5", "--target", target)
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_gguf_named_file_that_is_not_gguf_fails_before_any_conversion(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNATREE_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_text("not a model")
+    code, _, err = run_cli(capsys, "generate", "w5", "--target", str(bad))
+    assert code == 2 and err == f"dynatree: error: cannot read GGUF file {bad}: it does not start with the GGUF magic bytes\n"
 
 
 def test_non_causal_model(capsys, bert_dir):

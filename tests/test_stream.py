@@ -12,7 +12,7 @@ import time
 import pytest
 
 from helpers import tiny
-from dynatree import DynaTreeError, Request, prepare, run, stream
+from dynatree import DynaTreeError, Request, generate, prepare, run, stream
 from dynatree.streaming import TextIterator
 
 PROMPT = [5, 6, 7, 5, 6]
@@ -126,8 +126,16 @@ def test_a_stream_checks_its_arguments_before_decoding_and_raises_the_decodes_er
         stream(prompt_ids=PROMPT, target=target, method="ar", max_new_tokens=0)
     with pytest.raises(DynaTreeError, match=r"stream\(\) takes the method's options as keywords"):
         stream(prompt_ids=PROMPT, target=target, options={"d0": 3})
-    with pytest.raises(DynaTreeError, match=r"^option colour does not apply to method 'dynatree' \(its options: d0, d_max,"):
-        stream(prompt_ids=PROMPT, target=target, colour=3)  # (the API's keywords, not the CLI's --flags)
+    with pytest.raises(DynaTreeError, match=r"^option k does not apply to method 'dynatree' \(its options: d0, d_max,"):
+        stream(prompt_ids=PROMPT, target=target, k=3)  # (the API's keywords, not the CLI's --flags)
+    with pytest.raises(DynaTreeError, match=r"^stream\(\) got an unknown argument 'colour'$"):  # no method's option
+        stream(prompt_ids=PROMPT, target=target, colour=3)
+    with pytest.raises(DynaTreeError, match=r"^stream\(\) got an unknown argument 'max_tokens' \(did you mean "
+                                            r"max_new_tokens\?\)$"):  # OpenAI's name
+        stream(prompt_ids=PROMPT, target=target, max_tokens=3)
+    with pytest.raises(DynaTreeError, match=r"^generate\(\) got an unknown argument 'max_new_token' \(did you mean "
+                                            r"max_new_tokens\?\)$"):  # a typo
+        generate(prompt_ids=PROMPT, target=target, max_new_token=3)
     linear = stream(prompt_ids=PROMPT, method="linear", target=target, draft="ngram", k=3, max_new_tokens=6)
     assert linear.result.config["k"] == 3 and "".join(linear) == linear.result.text  # method options as keywords
     started = threading.Event()

@@ -24,7 +24,7 @@ from .llamacpp import LlamaCppArConfig, LlamaCppLookupConfig, gguf_format, llama
 from .weights import inexact_greedy
 from .llamacpp import check_target as check_llamacpp
 from .config import renamed_options
-from .methods import METHODS, get_method, is_lossy
+from .methods import METHODS, get_method, is_lossy, method_option_names
 from .models import DEFAULT_TARGET, load_model, resolve_device, resolve_dtype, same_device
 from .runtime import LoadedModel
 from .peers import hf_generate, universal_assisted
@@ -243,7 +243,7 @@ def prepare(request: Request | Checked) -> Prepared:
             window.check_context(limit, model.name)
         if limit is not None and len(prompt_ids) + r.max_new_tokens > limit:
             raise DynaTreeError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({r.max_new_tokens}) exceeds the "
+                f"prompt ({len(prompt_ids)} token{'' if len(prompt_ids) == 1 else 's'}) + max_new_tokens ({r.max_new_tokens}) exceeds the "
                 f"context length {limit} of {model.name!r}"
             )
     if spec.engine == "llama.cpp":
@@ -541,4 +541,17 @@ def build_request(caller: str, prompt, method, options: dict, **fields) -> Reque
     if "options" in options:
         raise DynaTreeError(f"{caller}() takes the method's options as keywords (e.g. d0=4), not options={{...}} "
                             "(that is Request's field)")
+    unknown = sorted(set(options) - method_option_names())
+    if unknown:  # not any method's option: a misspelt or foreign keyword, not a question of which method
+        import difflib
+
+        known = sorted({f.name for f in dataclasses.fields(Request)} - {"options"} | method_option_names())
+        near = difflib.get_close_matches(unknown[0], known, n=1) or [_ALIASES.get(unknown[0])]
+        hint = f" (did you mean {near[0]}?)" if near[0] else ""
+        raise DynaTreeError(f"{caller}() got an unknown argument {unknown[0]!r}{hint}")
     return Request(prompt=prompt, method=method, options=options, **fields)
+
+
+# other libraries' names for generate()'s keywords (OpenAI's, transformers')
+_ALIASES = {"max_tokens": "max_new_tokens", "max_length": "max_new_tokens", "do_sample": "sample",
+            "model": "target", "draft_model": "draft", "assistant_model": "draft"}

@@ -215,7 +215,7 @@ def check_target(target, prompt_tokens: int, max_new_tokens: int, sampling, meth
         raise DynaTreeError(f"{method} decodes greedily only (its samplers differ from dynatree's); drop --sample")
     context = context_for(target.context_length)
     if prompt_tokens + max_new_tokens > context:
-        raise DynaTreeError(f"{method}: prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) "
+        raise DynaTreeError(f"{method}: prompt ({prompt_tokens} token{'' if prompt_tokens == 1 else 's'}) + max_new_tokens ({max_new_tokens}) "
                             f"exceeds the {context} tokens of llama.cpp's context here")
 
 

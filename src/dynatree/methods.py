@@ -42,7 +42,7 @@ class Method:
 METHODS = {
     m.name: m
     for m in [
-        Method("ar", ArConfig, ArPolicy, "none", "plain greedy decoding, one target pass per token"),
+        Method("ar", ArConfig, ArPolicy, "none", "plain decoding (greedy, or sampled with --sample), one target pass per token"),
         Method("linear", LinearConfig, LinearPolicy, "any", "draft chain of K tokens, verified in one pass"),
         Method("fixed-tree", FixedTreeConfig, FixedTreePolicy, "any", "static top-B tree to depth D, pruned, budgeted"),
         Method("dynatree", DynaTreeConfig, DynaTreePolicy, "any", "confidence-aware adaptive tree (the DynaTree paper's method)"),
@@ -54,7 +54,7 @@ METHODS = {
         Method("dsbd", DsbdConfig, DsbdPolicy, "any", "beam tree (WIDTH beams x DEPTH), one target beam per layer (DSBD)"),
         Method("mtad", MtadConfig, MtadPolicy, "any",
                "beam tree verified by joint likelihood (MTAD); LOSSY when sampling"),
-        Method("hf-ar", HfArConfig, None, "none", "transformers generate(), greedy", "transformers"),
+        Method("hf-ar", HfArConfig, None, "none", "transformers generate() (greedy, or sampled with --sample)", "transformers"),
         Method("hf-assisted", HfAssistedConfig, None, "lm", "transformers assisted generation with a draft LM",
                "transformers"),
         Method("hf-lookup", HfLookupConfig, None, "none", "transformers prompt-lookup decoding", "transformers",
@@ -87,6 +87,11 @@ def get_method(name: str) -> Method:
     if name not in METHODS:
         raise DynaTreeError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     return METHODS[name]
+
+
+def method_option_names() -> set[str]:
+    """Every option any method takes (its config's fields)."""
+    return {f.name for m in METHODS.values() for f in dataclasses.fields(m.config_cls)}
 
 
 def make_config(method: str, **options):

@@ -248,6 +248,9 @@ def _converted_gguf_dir(gguf: Path, label: str) -> Path:
     out = cache_root() / "models" / f"{gguf.stem}-{file_key(gguf, cache_root() / 'keys')}"
     if (out / "config.json").exists():
         return out
+    with open(gguf, "rb") as f:  # before the "converting" line: a file that is not GGUF fails at once
+        if f.read(4) != b"GGUF":
+            raise DynaTreeError(f"cannot read GGUF file {gguf}: it does not start with the GGUF magic bytes")
     print(f"dynatree: converting {label} to a cached checkpoint in {out} (one time, ~1 min)", file=sys.stderr)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
