@@ -712,6 +712,8 @@ def test_no_cors_headers_by_default(server):
 
 def test_serve_cli_refuses_bad_settings_before_loading(capsys):
     for argv, message in ((["serve", "--method", "hf-lookup"], "dynatree's own methods"),
+                          (["serve", "--method", "nope"], "unknown method 'nope'; the server decodes with ar, linear, "
+                           "fixed-tree, dynatree, wetap, specinfer, specexec, opt-tree, dsbd, mtad\n"),
                           (["serve", "--queue", "0"], "--queue must be at least 1"),
                           (["serve", "--port", "70000"], "--port must be at most 65535"),
                           (["serve", "--draft", "ngram+"], "ngram+MODEL needs a draft model after 'ngram+'"),
