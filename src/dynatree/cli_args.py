@@ -121,4 +121,4 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     g.add_argument("--temperature", type=float, help="softmax temperature, > 0 [1.0]")
     g.add_argument("--top-k", type=int, help="keep the k most probable tokens, k >= 1 [off]")
-    g.add_argument("--top-p", type=float, help="nucleus: keep the most probable tokens up to mass top_p, in (0, 1] [1.0]")
+    g.add_argument("--top-p", type=float, help="nucleus: keep the most probable tokens up to mass top_p, in (0, 1] [off: 1.0]")

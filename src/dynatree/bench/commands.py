@@ -70,7 +70,7 @@ def _protocol_args(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--greedy", action="store_true", help="greedy decoding even for a sampling preset")
     s.add_argument("--temperature", type=float, help="softmax temperature (> 0) [1.0]")
     s.add_argument("--top-k", type=int, help="keep the k most probable tokens (>= 1) [off]")
-    s.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] [off]")
+    s.add_argument("--top-p", type=float, help="nucleus: keep the most probable tokens up to mass top_p, in (0, 1] [off: 1.0]")
     s.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i by every variant [0]")
     g.add_argument("--no-ppl", action="store_true", help="do not score continuations' perplexity under the target")
     g.add_argument("--out", type=Path, help="results directory [runs/<experiment>-<time>]")
