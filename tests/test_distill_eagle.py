@@ -612,15 +612,18 @@ def test_soft_label_training_fits_the_targets_distribution_and_the_head_drafts_e
         distill_eagle(target, out, EagleConfig(**{**SMALL, "prompts": str(prompts)}), resume=True, progress=False)
 
 
-@pytest.mark.parametrize("arch,why", [("granite", "logits divided by 4.0"), ("gemma2", "a final logit soft-cap of 30.0"),
-                                       ("cohere", "logits scaled by 0.0625")])
+@pytest.mark.parametrize("arch,why", [("granite", r"logits changed after the output layer \(logits_scaling = 4.0\)"),
+                                      ("gemma2", r"logits changed after the output layer \(final_logit_softcapping = 30.0\)"),
+                                      ("cohere", r"logits changed after the output layer \(logit_scale = 0.0625\)"),
+                                      ("phi", "an output-layer bias")])
 def test_soft_labels_are_refused_for_a_target_whose_logits_are_not_its_feature_times_its_output_layer(
         tmp_path, prompts, arch, why):
-    """A soft-cap, a logit scale or divisor changes the target's distribution, not its argmax: soft labels
-    (softmax of feature @ output rows) would then not be the target's own, so they are refused by name."""
+    """A soft-cap, a logit scale or divisor, or an output-layer bias makes the target's distribution other
+    than softmax(feature @ output rows): soft labels would then not be the target's own, so they are refused
+    by name. (Hard labels are the argmax of its real logits.)"""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    extra = {"granite": {"logits_scaling": 4.0}, "gemma2": {"head_dim": 8}, "cohere": {}}[arch]
+    extra = {"granite": {"logits_scaling": 4.0}, "gemma2": {"head_dim": 8}, "cohere": {}, "phi": {}}[arch]
     config = AutoConfig.for_model(arch, vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                   num_attention_heads=4, num_key_value_heads=4, **extra)
     model = AutoModelForCausalLM.from_config(config).float().eval()

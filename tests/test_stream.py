@@ -136,6 +136,10 @@ def test_a_stream_checks_its_arguments_before_decoding_and_raises_the_decodes_er
     with pytest.raises(DynaTreeError, match=r"^generate\(\) got an unknown argument 'max_new_token' \(did you mean "
                                             r"max_new_tokens\?\)$"):  # a typo
         generate(prompt_ids=PROMPT, target=target, max_new_token=3)
+    for given, meant in (("model", "target"), ("assistant_model", "draft"), ("on_token", "on_tokens"),
+                         ("cost_awar", "cost_aware")):  # other libraries' names first, then the method's own options
+        with pytest.raises(DynaTreeError, match=rf"^generate\(\) got an unknown argument '{given}' \(did you mean {meant}\?\)$"):
+            generate(prompt_ids=PROMPT, target=target, **{given: 1})
     linear = stream(prompt_ids=PROMPT, method="linear", target=target, draft="ngram", k=3, max_new_tokens=6)
     assert linear.result.config["k"] == 3 and "".join(linear) == linear.result.text  # method options as keywords
     started = threading.Event()

@@ -545,8 +545,9 @@ def build_request(caller: str, prompt, method, options: dict, **fields) -> Reque
     if unknown:  # not any method's option: a misspelt or foreign keyword, not a question of which method
         import difflib
 
-        known = sorted({f.name for f in dataclasses.fields(Request)} - {"options"} | method_option_names())
-        near = difflib.get_close_matches(unknown[0], known, n=1) or [_ALIASES.get(unknown[0])]
+        known = sorted({f.name for f in dataclasses.fields(Request)} - {"options"} | {"on_tokens"})
+        near = [_ALIASES[unknown[0]]] if unknown[0] in _ALIASES else difflib.get_close_matches(unknown[0], known, n=1)
+        near = near or difflib.get_close_matches(unknown[0], sorted(f.name for f in dataclasses.fields(get_method(method).config_cls)), n=1) or [None]
         hint = f" (did you mean {near[0]}?)" if near[0] else ""
         raise DynaTreeError(f"{caller}() got an unknown argument {unknown[0]!r}{hint}")
     return Request(prompt=prompt, method=method, options=options, **fields)
@@ -554,4 +555,4 @@ def build_request(caller: str, prompt, method, options: dict, **fields) -> Reque
 
 # other libraries' names for generate()'s keywords (OpenAI's, transformers')
 _ALIASES = {"max_tokens": "max_new_tokens", "max_length": "max_new_tokens", "do_sample": "sample",
-            "model": "target", "draft_model": "draft", "assistant_model": "draft"}
+            "model": "target", "draft_model": "draft", "assistant_model": "draft", "on_token": "on_tokens"}

@@ -1,6 +1,6 @@
 """transformers' own decoding, wrapped to report the same statistics as dynatree's methods.
 
-  hf-ar        target.generate(do_sample=False)                  (plain greedy)
+  hf-ar        target.generate(do_sample=False)                  (plain greedy; sampled under --sample)
   hf-assisted  target.generate(assistant_model=draft, ...)       (HF speculative decoding)
   hf-lookup    target.generate(prompt_lookup_num_tokens=k, ...)  (HF prompt-lookup decoding)
 
@@ -45,7 +45,7 @@ from .stats import Clock, PeakMemory, Stats
 
 @dataclass
 class HfArConfig(MethodConfig):
-    """transformers' plain greedy generate()."""
+    """transformers' plain generate(): greedy, or sampled under --sample."""
 
     def generate_kwargs(self, draft, target) -> dict:
         return {}

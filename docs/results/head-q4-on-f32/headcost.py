@@ -2,8 +2,6 @@ import sys, time, torch
 # (run from the repository root: python docs/results/head-q4-on-f32/headcost.py [CACHE_ENTRIES])
 from dynatree.models import load_model
 from dynatree.draftload import load_draft
-from dynatree.draftspec import head_dir
-from dynatree.featurehead import load_head
 from dynatree.drafters.feature import FeatureDrafter
 from dynatree.tree import additive_mask
 from dynatree import cache as kv
@@ -11,7 +9,6 @@ torch.set_grad_enabled(False)
 t = load_model("smollm2-135m", dtype="float32")
 print(t.weights, t.dtype)
 dense = load_draft("smollm2-135m-eagle", t).model
-q4 = load_head(head_dir("smollm2-135m-eagle"), name="q4", dtype=torch.bfloat16, weights="q4")
 tq = load_model("smollm2-135m", weights="q4")
 dq = FeatureDrafter(load_draft("smollm2-135m-eagle", tq).model, tq)
 dd = FeatureDrafter(dense, t)

@@ -63,18 +63,24 @@ def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> 
     return head.float()
 
 
+# config attributes by which transformers' causal LMs change their logits after the output layer
+# (a soft-cap: Gemma 2, jev; a scale or divisor: Granite, HyperCLOVAX, Cohere, Falcon-H1, muse_*), each with
+# the values that leave them unchanged. (MPT's config has a logit_scale its model never reads.)
+LOGIT_CHANGES = {"final_logit_softcapping": (None, 0, 0.0), "softcap": (None, 0, 0.0), "logits_scaling": (None, 1, 1.0),
+                 "logit_scale": (None, 1, 1.0), "lm_head_multiplier": (None, 1, 1.0), "output_multiplier": (None, 1, 1.0)}
+
+
 def check_plain_logits(target: LoadedModel) -> None:
     """Soft labels take the target's distribution to be softmax(feature @ output rows); a target whose
-    logits are something else of that product (a soft-cap, a scale, a bias) gets a one-line error naming it
-    rather than training towards a distribution that is not its own. (Hard labels only need the argmax,
-    which a monotone cap or a positive scale keeps.)"""
+    config changes its logits after that product (`LOGIT_CHANGES`) or whose output layer has a bias gets a
+    one-line error naming it rather than training towards a distribution that is not its own. (Hard labels
+    are the target's own argmax of its real logits, whatever these do.)"""
     config = target.model.config.get_text_config()
-    cap, scale, logit_scale = (getattr(config, k, None) for k in ("final_logit_softcapping", "logits_scaling",
-                                                                   "logit_scale"))
+    changed = [(k, getattr(config, k)) for k, plain in LOGIT_CHANGES.items()
+               if hasattr(config, k) and getattr(config, k) not in plain
+               and not (k == "logit_scale" and config.model_type == "mpt")]
     bias = getattr(target.model.get_output_embeddings(), "bias", None)
-    why = (f"a final logit soft-cap of {cap}" if cap else
-           f"logits divided by {scale}" if scale not in (None, 1, 1.0) else
-           f"logits scaled by {logit_scale}" if logit_scale not in (None, 1, 1.0) else
+    why = (f"logits changed after the output layer ({', '.join(f'{k} = {v}' for k, v in changed)})" if changed else
            "an output-layer bias" if bias is not None else None)
     if why:
         raise DynaTreeError(f"--label-loss soft needs logits that are the last feature times the output layer; "
