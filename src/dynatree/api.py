@@ -32,6 +32,7 @@ from .prompts import encode_conversation, encode_prompt
 from .sampling import Sampler, SamplingConfig
 from .stats import PeakMemory, Stats
 from .textstream import TextStream
+from .wording import counted
 from .request import Checked, Request, is_int
 from .result import Result, RunInfo, TokenLogprob
 from .window import KVWindow
@@ -243,7 +244,7 @@ def prepare(request: Request | Checked) -> Prepared:
             window.check_context(limit, model.name)
         if limit is not None and len(prompt_ids) + r.max_new_tokens > limit:
             raise DynaTreeError(
-                f"prompt ({len(prompt_ids)} token{'' if len(prompt_ids) == 1 else 's'}) + max_new_tokens ({r.max_new_tokens}) exceeds the "
+                f"prompt ({counted(len(prompt_ids), 'token')}) + max_new_tokens ({r.max_new_tokens}) exceeds the "
                 f"context length {limit} of {model.name!r}"
             )
     if spec.engine == "llama.cpp":

@@ -38,6 +38,7 @@ from .config import MethodConfig, option, positive
 from .cpu import cpu_flags
 from .errors import DynaTreeError
 from .stats import Clock, PeakMemory, Stats
+from .wording import counted
 
 # llama.cpp's KV cache is allocated for the whole context when the model is created: a run needs
 # prompt + new tokens within it; larger contexts take more memory (see `_llama`)
@@ -215,7 +216,7 @@ def check_target(target, prompt_tokens: int, max_new_tokens: int, sampling, meth
         raise DynaTreeError(f"{method} decodes greedily only (its samplers differ from dynatree's); drop --sample")
     context = context_for(target.context_length)
     if prompt_tokens + max_new_tokens > context:
-        raise DynaTreeError(f"{method}: prompt ({prompt_tokens} token{'' if prompt_tokens == 1 else 's'}) + max_new_tokens ({max_new_tokens}) "
+        raise DynaTreeError(f"{method}: prompt ({counted(prompt_tokens, 'token')}) + max_new_tokens ({max_new_tokens}) "
                             f"exceeds the {context} tokens of llama.cpp's context here")
 
 

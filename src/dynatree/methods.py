@@ -89,6 +89,11 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
+def served_methods() -> list[str]:
+    """The methods dynatree's own engine decodes with (those the server runs), not the peers' baselines."""
+    return [name for name, m in METHODS.items() if m.policy_cls is not None]
+
+
 def method_option_names() -> set[str]:
     """Every option any method takes (its config's fields)."""
     return {f.name for m in METHODS.values() for f in dataclasses.fields(m.config_cls)}

@@ -65,9 +65,9 @@ def new_head(target: LoadedModel, cfg: EagleConfig, vocab_ids: torch.Tensor) -> 
 
 # config attributes by which transformers' causal LMs change their logits after the output layer
 # (a soft-cap: Gemma 2, jev; a scale or divisor: Granite, HyperCLOVAX, Cohere, Falcon-H1, muse_*), each with
-# the values that leave them unchanged. (MPT's config has a logit_scale its model never reads.)
-LOGIT_CHANGES = {"final_logit_softcapping": (None, 0, 0.0), "softcap": (None, 0, 0.0), "logits_scaling": (None, 1, 1.0),
-                 "logit_scale": (None, 1, 1.0), "lm_head_multiplier": (None, 1, 1.0), "output_multiplier": (None, 1, 1.0)}
+# the value that leaves them unchanged (None does too). (MPT's config has a logit_scale its model never reads.)
+LOGIT_CHANGES = {"final_logit_softcapping": 0, "softcap": 0, "logits_scaling": 1, "logit_scale": 1,
+                 "lm_head_multiplier": 1, "output_multiplier": 1}
 
 
 def check_plain_logits(target: LoadedModel) -> None:
@@ -77,7 +77,7 @@ def check_plain_logits(target: LoadedModel) -> None:
     are the target's own argmax of its real logits, whatever these do.)"""
     config = target.model.config.get_text_config()
     changed = [(k, getattr(config, k)) for k, plain in LOGIT_CHANGES.items()
-               if hasattr(config, k) and getattr(config, k) not in plain
+               if hasattr(config, k) and getattr(config, k) not in (None, plain)
                and not (k == "logit_scale" and config.model_type == "mpt")]
     bias = getattr(target.model.get_output_embeddings(), "bias", None)
     why = (f"logits changed after the output layer ({', '.join(f'{k} = {v}' for k, v in changed)})" if changed else

@@ -9,7 +9,7 @@ import threading
 
 from ..cli_args import add_model_args, given_method_options, method_options
 from ..errors import DynaTreeError
-from ..methods import METHODS, get_method, make_config
+from ..methods import METHODS, get_method, make_config, served_methods
 from ..weights import weights_dtype
 
 DRAFT_HELP = ("draft of every request whose method drafts: 'ngram', 'ngram+MODEL', 'ngram+STORE[+MODEL]', a draft LM or "
@@ -54,8 +54,7 @@ def settings_from(args):
     from .engine import ServeSettings
 
     if args.method not in METHODS:  # name the methods a server decodes with, not the peers' baselines too
-        served = [name for name, m in METHODS.items() if m.policy_cls is not None]
-        raise DynaTreeError(f"unknown method {args.method!r}; the server decodes with {', '.join(served)}")
+        raise DynaTreeError(f"unknown method {args.method!r}; the server decodes with {', '.join(served_methods())}")
     spec = get_method(args.method)
     if spec.policy_cls is None:
         raise DynaTreeError(f"--method {args.method}: the server decodes with dynatree's own methods, not "

@@ -24,7 +24,7 @@ from ..draftload import Draft, load_draft
 from ..draftspec import parse
 from ..config import renamed_options
 from ..errors import DynaTreeError
-from ..methods import METHODS, Method, get_method
+from ..methods import METHODS, Method, get_method, served_methods
 from ..models import DEFAULT_TARGET, load_model
 from ..prompts import encode_conversation, encode_prompt
 from ..runtime import LoadedModel
@@ -274,8 +274,7 @@ class Engine:
     def _spec(self, method: str) -> Method:
         """A method the server decodes with (RequestError naming `dynatree.method` otherwise)."""
         if method not in METHODS:
-            served = [name for name, m in METHODS.items() if m.policy_cls is not None]
-            raise RequestError(f"unknown method {method!r}; this server decodes with {', '.join(served)}",
+            raise RequestError(f"unknown method {method!r}; this server decodes with {', '.join(served_methods())}",
                                "dynatree.method")
         spec = get_method(method)
         if spec.policy_cls is None:
