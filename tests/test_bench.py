@@ -615,11 +615,13 @@ def test_method_variants_label_cost_aware_rows_as_presets_do():
 def test_windowed_variants_are_checked_against_windowed_ar(tmp_path, prompt_file):
     target = tiny("gpt_neox", eos_ids=[])
     variants = presets.variants("streaming", "small", ["ngram"])
-    variants = [runner.Variant(v.label, v.method, v.options, v.draft, v.tags, "2,6" if v.kv_window else None)
-                for v in variants]
+    variants = [runner.Variant(v.label, v.method, v.options, v.draft, v.tags,
+                               (" 2, 6" if v.method == "ar" else "2,6") if v.kv_window else None) for v in variants]
     variants.append(runner.Variant("linear + window 1,4", "linear", {}, "ngram", {}, "1,4"))  # no ar under 1,4
     proto = runner.Protocol(dataset=str(prompt_file), n=2, warmup=0, max_new_tokens=[20], l_max=[800])
     res = runner.run("streaming", variants, proto, target, {}, progress=False)
+    # one window written two ways is recorded one way, in the variants' list and in their records
+    assert {v["label"]: v["kv_window"] for v in res["variants"]}["ar + window 4,508"] == "2,6"
     by_variant = {r["variant"]: r for r in res["records"] if r["prompt_index"] == 0}
     assert by_variant["dynatree + window 4,508"]["matches_ar"] is True  # compared with "ar + window"
     assert by_variant["dynatree"]["matches_ar"] is True

@@ -133,6 +133,10 @@ def test_a_conversation_goes_through_the_chat_template():
     assert one.new_token_ids == text.new_token_ids and one.prompt_tokens == text.prompt_tokens
     with pytest.raises(DynaTreeError, match="needs a chat template; 'tiny-llama-0' has none"):
         prepare(Request(talk, method="ar", target=tiny("llama"), max_new_tokens=4))
+    # OpenAI's newer name for the system message reaches the template as `system` (as the server's does)
+    developer = [{"role": "developer", "content": "w9"}, *talk[1:]]
+    as_system = run(prepare(Request(developer, method="dynatree", target=target, draft="ngram", max_new_tokens=12)))
+    assert as_system.prompt_tokens == len(ids) and as_system.new_token_ids == want.new_token_ids
     strict = _chat_target()
     strict.tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception("
                                       "'System role not supported') }}{% endif %}{{ m['content'] }} {% endfor %}")
@@ -147,7 +151,7 @@ def test_a_conversation_goes_through_the_chat_template():
     ([{"role": "user"}], "prompt[0] must be a dict with the keys 'role' and 'content'"),
     ([{"role": "user", "content": "w5", "name": "me"}], "prompt[0] must be a dict with the keys 'role' and 'content'"),
     ([{"role": "user", "content": "w5"}, {"role": "robot", "content": "w6"}],
-     "prompt[1]['role'] must be one of system, user, assistant, got 'robot'"),
+     "prompt[1]['role'] must be one of system, developer, user, assistant, got 'robot'"),
     ([{"role": "user", "content": 5}], "prompt[0]['content'] must be a string, got int"),
     ([{"role": "user", "content": "  "}], "the prompt is empty (every message's content is blank)"),
     ((("user", "w5"),), "prompt must be a string or a list of {'role', 'content'} messages"),

@@ -33,7 +33,7 @@ from .sampling import Sampler, SamplingConfig
 from .stats import PeakMemory, Stats
 from .textstream import TextStream
 from .wording import counted
-from .request import Checked, Request, is_int
+from .request import Checked, Request, is_int, template_messages
 from .result import Result, RunInfo, TokenLogprob
 from .window import KVWindow
 
@@ -227,7 +227,7 @@ def prepare(request: Request | Checked) -> Prepared:
     readable = tgt.prompt_id_bound  # every prompt token must be a row the target reads
     if r.prompt_ids is None:
         if isinstance(r.prompt, list):
-            prompt_ids = encode_conversation(tgt.tokenizer, r.prompt, tgt.name, "a conversation (prompt as a list of "
+            prompt_ids = encode_conversation(tgt.tokenizer, template_messages(r.prompt), tgt.name, "a conversation (prompt as a list of "
                                              f"messages) needs a chat template; {tgt.name!r} has none: give the prompt as text")
         else:
             prompt_ids = encode_prompt(tgt.tokenizer, r.prompt, r.chat)
@@ -507,8 +507,8 @@ def generate(
     `Hybrid(model)` for n-gram copying backed by a draft LM (`HybridDrafter`), or a `Draft` from
     `draftload.load_draft` (loaded once for many calls). `options` are the
     method's config fields (e.g. k=5 for linear, d0=4 for dynatree). Give either `prompt`
-    (text; or a conversation, a list of {"role", "content"} dicts with roles system, user and
-    assistant, through the chat template) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
+    (text; or a conversation, a list of {"role", "content"} dicts with roles system (or OpenAI's
+    name for it, developer), user and assistant, through the chat template) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
     the KV caches with attention sinks plus a window of recent tokens (see `window.py`).
     `sample=True` samples (temperature, then top-k, then top-p; seeded by `seed`) with lossless
     verification instead of greedy decoding (see `sampling.py`). `compile=True` runs the

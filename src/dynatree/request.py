@@ -213,7 +213,14 @@ class Checked:
         return dataclasses.replace(self, request=request)
 
 
-ROLES = ("system", "user", "assistant")  # the roles a conversation's messages take
+ROLES = ("system", "developer", "user", "assistant")  # the roles a conversation's messages take
+# OpenAI's API calls the system message `developer` in newer clients; chat templates know only `system`
+TEMPLATE_ROLES = {"developer": "system"}
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """A checked conversation as the chat template takes it (`developer` read as `system`)."""
+    return [{"role": TEMPLATE_ROLES.get(m["role"], m["role"]), "content": m["content"]} for m in messages]
 
 
 def _check_messages(messages: list) -> None:

@@ -73,11 +73,18 @@ class Protocol:
             raise DynaTreeError(f"need 0 <= --warmup < --n, got n={self.n}, warmup={self.warmup}")
         if any(t < 1 for t in self.max_new_tokens) or any(l < 1 for l in self.l_max):
             raise DynaTreeError("--max-new-tokens and --l-max values must be positive")
-        KVWindow.parse(self.kv_window)
+        self.kv_window = canonical_window(self.kv_window)
         if self.turns not in ("first", "all"):
             raise DynaTreeError(f"--turns must be first or all, got {self.turns!r}")
         if self.turns == "all" and not self.chat:
             raise DynaTreeError("--turns all asks later turns with the earlier ones as chat history: add --chat")
+
+
+def canonical_window(text: str | None) -> str | None:
+    """A KV window as the runs record it ('SINK,RECENT', no spaces; None for none), so the protocol, its
+    variants and their records name one window one way (' 4, 60' and '4,60' are one window): checked here."""
+    window = KVWindow.parse(text)
+    return None if window is None else str(window)
 
 
 def _is_task(name: str) -> bool:
@@ -105,7 +112,7 @@ def check_variants(variants: list[Variant]) -> None:
         raise DynaTreeError("a benchmark needs the 'ar' variant: speedups are measured against it in the same run")
     for v in variants:
         make_config(v.method, **v.options)  # fails early on a bad option
-        KVWindow.parse(v.kv_window)
+        v.kv_window = canonical_window(v.kv_window)
         need = get_method(v.method).draft
         if need == "lm" and not parse(v.draft).model_alone:
             raise DynaTreeError(f"variant {v.label!r}: method {v.method!r} needs a draft language model alone")

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ..request import template_messages
+
 MAX_STOPS = 4  # OpenAI's limit on `stop` strings
 MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's top_logprobs bound; request.MAX_LOGPROBS)
 
@@ -106,7 +108,7 @@ class Message(_Strict):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def as_template_message(self) -> dict:
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        return template_messages([{"role": self.role, "content": self.text()}])[0]
 
 
 class StreamOptions(_Strict):
