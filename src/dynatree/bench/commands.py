@@ -95,7 +95,7 @@ def add_bench_commands(sub) -> None:
 
     sweep = sub.add_parser("sweep", help="run a grid over one method's options",
                            description="Every combination of the comma-separated option values, next to 'ar'. "
-                                       "Example: dynatree sweep --method fixed-tree --depth 4,6,8 --branch 2,3 --tau 0.05,0.1")
+                                       "Example: dynatree sweep --method fixed-tree --depth 4,6,8 --branch 2,3 --tau 0.05,0.1 --dataset specbench")
     sweep.add_argument("--method", default="fixed-tree", help="the method whose options are swept [fixed-tree]")
     add_model_args(sweep, SWEEP_DRAFT_HELP)
     _protocol_args(sweep)

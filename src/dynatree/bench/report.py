@@ -279,9 +279,9 @@ def header(results: dict) -> str:
              f"warm-up (excluded){turns}, T = {', '.join(map(str, p['max_new_tokens']))} new tokens"
              f"{' (EOS ignored)' if p['ignore_eos'] else ''}, prompts cut to L_max = {', '.join(map(str, p['l_max']))} tokens"
              f"{', chat template' if p['chat'] else ''}",
-             "- values: mean ± sample std over the measured prompts (the mean alone with one); speedup = mean throughput / mean throughput "
-             "of the row's plain-decoding reference in this run (the `over` column: `ar` of the same compile "
-             "setting and KV window; per-prompt ratio median and range in brackets)", ""]
+             "- values: mean ± sample std over the measured prompts (the mean alone with one); speedup over the row's plain-decoding "
+             "reference in this run (the `over` column: `ar` of the same compile setting and KV window): the per-prompt "
+             "ratios' median first, then their range, the ratio of mean throughputs and the ratio of totals", ""]
     if p.get("sample"):
         lines.insert(-1, f"- sampling: temperature {p.get('temperature') or 1.0}, top-k {p.get('top_k') or 'off'}, "
                          f"top-p {p.get('top_p') or 'off'}; prompt i sampled with seed {p.get('seed', 0)} + i by every "
