@@ -227,8 +227,9 @@ def prepare(request: Request | Checked) -> Prepared:
     readable = tgt.prompt_id_bound  # every prompt token must be a row the target reads
     if r.prompt_ids is None:
         if isinstance(r.prompt, list):
-            prompt_ids = encode_conversation(tgt.tokenizer, template_messages(r.prompt), tgt.name, "a conversation (prompt as a list of "
-                                             f"messages) needs a chat template; {tgt.name!r} has none: give the prompt as text")
+            prompt_ids = encode_conversation(tgt.tokenizer, template_messages(r.prompt), tgt.name,
+                                             "a conversation (prompt as a list of messages) needs a chat template; "
+                                             f"{tgt.name!r} has none: give the prompt as text")
         else:
             prompt_ids = encode_prompt(tgt.tokenizer, r.prompt, r.chat)
         beyond = [t for t in prompt_ids if t >= readable]
@@ -508,7 +509,8 @@ def generate(
     `draftload.load_draft` (loaded once for many calls). `options` are the
     method's config fields (e.g. k=5 for linear, d0=4 for dynatree). Give either `prompt`
     (text; or a conversation, a list of {"role", "content"} dicts with roles system (or OpenAI's
-    name for it, developer), user and assistant, through the chat template) or `prompt_ids` (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
+    name for it, developer), user and assistant, through the chat template) or `prompt_ids`
+    (token ids, used as they are). `kv_window` ("SINK,RECENT") bounds
     the KV caches with attention sinks plus a window of recent tokens (see `window.py`).
     `sample=True` samples (temperature, then top-k, then top-p; seeded by `seed`) with lossless
     verification instead of greedy decoding (see `sampling.py`). `compile=True` runs the

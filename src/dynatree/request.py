@@ -218,9 +218,14 @@ ROLES = ("system", "developer", "user", "assistant")  # the roles a conversation
 TEMPLATE_ROLES = {"developer": "system"}
 
 
+def template_role(role: str) -> str:
+    """A message's role as chat templates take it (`developer` read as `system`)."""
+    return TEMPLATE_ROLES.get(role, role)
+
+
 def template_messages(messages: list[dict]) -> list[dict]:
-    """A checked conversation as the chat template takes it (`developer` read as `system`)."""
-    return [{"role": TEMPLATE_ROLES.get(m["role"], m["role"]), "content": m["content"]} for m in messages]
+    """A checked conversation as the chat template takes it (`template_role`)."""
+    return [{"role": template_role(m["role"]), "content": m["content"]} for m in messages]
 
 
 def _check_messages(messages: list) -> None:

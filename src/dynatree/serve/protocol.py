@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ..request import template_messages
+from ..request import template_role
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` strings
 MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's top_logprobs bound; request.MAX_LOGPROBS)
@@ -108,7 +108,7 @@ class Message(_Strict):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def as_template_message(self) -> dict:
-        return template_messages([{"role": self.role, "content": self.text()}])[0]
+        return {"role": template_role(self.role), "content": self.text()}
 
 
 class StreamOptions(_Strict):
