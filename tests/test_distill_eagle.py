@@ -20,7 +20,7 @@ from dynatree.prompts import encode_prompt, load_texts
 from dynatree.cli import main
 from dynatree.distill.chat import instruction_prompts
 from dynatree.distill.eagle_data import EagleConfig, build_data, label, labelling_params
-from dynatree.distill.eagle_train import distill_eagle, make_batch, segment_masks
+from dynatree.distill.eagle_train import distill_eagle, make_batch, noisy_features, segment_masks
 from dynatree.featurehead import check_head, load_head, output_signature
 from dynatree.runtime import LoadedModel
 
@@ -721,6 +721,43 @@ def test_a_resumed_run_may_change_its_steps_and_records_where(tmp_path, prompts)
     with pytest.raises(DynaTreeError, match=r"\(train_dtype differ\)"):
         distill_eagle(target, out, dataclasses.replace(cfg, steps=8, train_dtype="bfloat16"), resume=True, progress=False)
     assert distill_eagle(target, out, dataclasses.replace(cfg, steps=8), resume=True, progress=False)["history"][-1]["step"] == 8
+
+
+def test_feature_noise_is_a_seeded_share_of_each_features_rms_and_spares_padding():
+    feats = torch.randn(2, 5, 8) * torch.tensor([0.5, 4.0])[:, None, None]
+    feats[1, 3:] = 0.0  # padding rows
+    assert noisy_features(feats, 0.0, 7) is feats
+    a, b, c = noisy_features(feats, 0.2, 7), noisy_features(feats, 0.2, 7), noisy_features(feats, 0.2, 8)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    rms = feats.pow(2).mean(-1, keepdim=True).sqrt()
+    moved = (a - feats).abs()
+    assert bool((moved <= 0.2 * rms + 1e-6).all()) and bool((moved.amax(-1) > 0.1 * rms[..., 0])[rms[..., 0] > 0].all())
+    assert torch.equal(a[1, 3:], feats[1, 3:])
+
+
+def test_feature_noise_trains_a_head_that_drafts_exactly_and_a_resumed_run_replays_its_noise(tmp_path, prompts):
+    """The noise changes training (another head than without it), is drawn per step (a run resumed
+    half-way ends with the same weights as one run straight through), is recorded, and the head it
+    trains is a drafter like any other (greedy output stays the target's)."""
+    target = chat_target()
+    cfg = EagleConfig(**{**SMALL, "prompts": str(prompts), "steps": 6, "checkpoint_every": 3, "feature_noise": 0.3})
+    straight = distill_eagle(target, tmp_path / "straight", cfg, progress=False)
+    assert straight["config"]["feature_noise"] == 0.3
+    distill_eagle(target, tmp_path / "halves", dataclasses.replace(cfg, steps=3), progress=False)
+    distill_eagle(target, tmp_path / "halves", cfg, resume=True, progress=False)
+    distill_eagle(target, tmp_path / "plain", dataclasses.replace(cfg, feature_noise=0.0), progress=False)
+    weights = {name: torch.load(tmp_path / name / "checkpoint.pt", weights_only=False)["model"]
+               for name in ("straight", "halves", "plain")}
+    assert all(torch.equal(v, weights["halves"][k]) for k, v in weights["straight"].items())
+    assert not all(torch.equal(v, weights["plain"][k]) for k, v in weights["straight"].items())
+    with pytest.raises(DynaTreeError, match=r"\(feature_noise differ\)"):
+        distill_eagle(target, tmp_path / "plain", dataclasses.replace(cfg, steps=8), resume=True, progress=False)
+    prompt = target.tokenizer("w9 w10 w11 w4", add_special_tokens=False).input_ids
+    record = generate(prompt_ids=prompt, method="dynatree", target=target, draft=load_head(tmp_path / "straight"),
+                      max_new_tokens=20, ignore_eos=True)
+    assert record.new_token_ids == hf_greedy(target, prompt, 20)
+    with pytest.raises(DynaTreeError, match="--feature-loss and --feature-noise at least 0"):
+        EagleConfig(feature_noise=-0.1).validate()
 
 
 def test_saved_pieces_of_a_low_bit_target_are_kept_apart_from_the_dense_ones(tmp_path):

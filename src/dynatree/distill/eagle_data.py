@@ -92,6 +92,9 @@ class EagleConfig(ChatDataConfig):
     unroll: int = option(3, "training passes: pass j feeds the head its own features j-1 levels deep")
     decay: float = option(0.8, "loss weight factor per deeper pass")
     feature_loss: float = option(0.1, "weight of the smooth-L1 loss on pass 1's predicted features")
+    feature_noise: float = option(0.0, "training only: uniform noise on the target's features that pass 1 reads, as a "
+                                  "share of each feature's RMS (f + a * rms(f) * U(-1, 1); EAGLE trains with "
+                                  "U(-0.1, 0.1) noise): a regulariser for a head that memorizes its data; 0: none")
     label_loss: str = option("hard", "what each row's token loss is taken against: 'hard', the target's argmax "
                              "next token; 'soft', the target's distribution over the head's sub-vocabulary "
                              "(softmax of its output rows at the target's next feature, as EAGLE trains; "
@@ -128,8 +131,8 @@ class EagleConfig(ChatDataConfig):
         require(0.0 < self.eval_fraction < 1.0, f"--eval-fraction must be in (0, 1), got {self.eval_fraction}")
         require(self.loss_rows in ("all", "answers"), f"--loss-rows must be all or answers, got {self.loss_rows!r}")
         require(self.label_loss in ("hard", "soft"), f"--label-loss must be hard or soft, got {self.label_loss!r}")
-        require(self.lr > 0 and 0 < self.decay <= 1 and self.feature_loss >= 0,
-                "--lr must be positive, --decay in (0, 1], --feature-loss at least 0")
+        require(self.lr > 0 and 0 < self.decay <= 1 and self.feature_loss >= 0 and self.feature_noise >= 0,
+                "--lr must be positive, --decay in (0, 1], --feature-loss and --feature-noise at least 0")
         require(self.warmup >= 0 and self.weight_decay >= 0, "--warmup and --weight-decay must be at least 0")
         require(not self.init_head or is_head_dir(Path(self.init_head).expanduser()),
                 f"--init-head {self.init_head!r} is not a feature-head directory (no feature_head.json)")

@@ -164,6 +164,18 @@ def unrolled_loss(head: FeatureHead, embed, out_rows, batch: dict, cfg: EagleCon
     return total, stats
 
 
+def noisy_features(feats: torch.Tensor, share: float, seed: int) -> torch.Tensor:
+    """`feats` ([..., hidden]) with uniform noise of `share` times each feature's RMS added
+    (`--feature-noise`): f + share * rms(f) * U(-1, 1), drawn from a generator seeded by `seed` (the
+    training loop gives each step its own, so a resumed run replays the same noise). Padding rows (all
+    zeros) stay zeros. A copy; `share` 0 gives `feats` back."""
+    if not share:
+        return feats
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(feats.shape, generator=gen, dtype=feats.dtype) * 2 - 1
+    return feats + share * feats.pow(2).mean(-1, keepdim=True).sqrt() * u
+
+
 ROW_MULTIPLE = 64  # batch rows' length is rounded up to this (make_batch): few distinct shapes, bounded kernel caches
 
 
@@ -318,6 +330,8 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
     avg = None
     while step < cfg.steps:
         batch = make_batch(data, next(feed), cfg.seq_len, sub_index, head_vocab)
+        # (the noise, training only, on what pass 1 reads; the feature loss's targets stay the target's own)
+        batch["features"] = noisy_features(batch["features"], cfg.feature_noise, cfg.seed * 1_000_003 + step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg, warmup, floor=0.05)
         with torch.autocast(out_rows.device.type, dtype=torch.bfloat16, enabled=cfg.train_dtype == "bfloat16"):
