@@ -727,7 +727,9 @@ def test_feature_noise_is_a_seeded_share_of_each_features_rms_and_spares_padding
     feats = torch.randn(2, 5, 8) * torch.tensor([0.5, 4.0])[:, None, None]
     feats[1, 3:] = 0.0  # padding rows
     assert noisy_features(feats, 0.0, 7) is feats
+    before = feats.clone()
     a, b, c = noisy_features(feats, 0.2, 7), noisy_features(feats, 0.2, 7), noisy_features(feats, 0.2, 8)
+    assert torch.equal(feats, before)  # a copy: the batch's own features (and the loss's targets) stay clean
     assert torch.equal(a, b) and not torch.equal(a, c)
     rms = feats.pow(2).mean(-1, keepdim=True).sqrt()
     moved = (a - feats).abs()
@@ -735,13 +737,21 @@ def test_feature_noise_is_a_seeded_share_of_each_features_rms_and_spares_padding
     assert torch.equal(a[1, 3:], feats[1, 3:])
 
 
-def test_feature_noise_trains_a_head_that_drafts_exactly_and_a_resumed_run_replays_its_noise(tmp_path, prompts):
-    """The noise changes training (another head than without it), is drawn per step (a run resumed
-    half-way ends with the same weights as one run straight through), is recorded, and the head it
-    trains is a drafter like any other (greedy output stays the target's)."""
+def test_feature_noise_trains_a_head_that_drafts_exactly_and_a_resumed_run_replays_its_noise(tmp_path, prompts,
+                                                                                              monkeypatch):
+    """The noise changes training (another head than without it), is drawn once per training step and
+    never in the held-out evaluation, is drawn per step (a run resumed half-way ends with the same
+    weights as one run straight through), is recorded, and the head it trains is a drafter like any
+    other (greedy output stays the target's)."""
+    import dynatree.distill.eagle_train as eagle_train
+
+    draws = []
+    monkeypatch.setattr(eagle_train, "noisy_features",
+                        lambda feats, share, seed: draws.append(seed) or noisy_features(feats, share, seed))
     target = chat_target()
     cfg = EagleConfig(**{**SMALL, "prompts": str(prompts), "steps": 6, "checkpoint_every": 3, "feature_noise": 0.3})
     straight = distill_eagle(target, tmp_path / "straight", cfg, progress=False)
+    assert len(draws) == len(set(draws)) == 6  # one per step, each its own seed; none in the two evaluations
     assert straight["config"]["feature_noise"] == 0.3
     distill_eagle(target, tmp_path / "halves", dataclasses.replace(cfg, steps=3), progress=False)
     distill_eagle(target, tmp_path / "halves", cfg, resume=True, progress=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 
@@ -213,7 +214,8 @@ class Checked:
         return dataclasses.replace(self, request=request)
 
 
-ROLES = ("system", "developer", "user", "assistant")  # the roles a conversation's messages take
+Role = Literal["system", "developer", "user", "assistant"]  # the roles a conversation's messages take
+ROLES = get_args(Role)
 # OpenAI's API calls the system message `developer` in newer clients; chat templates know only `system`
 TEMPLATE_ROLES = {"developer": "system"}
 

@@ -93,8 +93,8 @@ class EagleConfig(ChatDataConfig):
     decay: float = option(0.8, "loss weight factor per deeper pass")
     feature_loss: float = option(0.1, "weight of the smooth-L1 loss on pass 1's predicted features")
     feature_noise: float = option(0.0, "training only: uniform noise on the target's features that pass 1 reads, as a "
-                                  "share of each feature's RMS (f + a * rms(f) * U(-1, 1); EAGLE trains with "
-                                  "U(-0.1, 0.1) noise): a regulariser for a head that memorizes its data; 0: none")
+                                  "share of each feature's RMS (f + a * rms(f) * U(-1, 1); EAGLE adds noise of a "
+                                  "fixed size instead): a regulariser for a head that memorizes its data; 0: none")
     label_loss: str = option("hard", "what each row's token loss is taken against: 'hard', the target's argmax "
                              "next token; 'soft', the target's distribution over the head's sub-vocabulary "
                              "(softmax of its output rows at the target's next feature, as EAGLE trains; "

@@ -176,6 +176,11 @@ def noisy_features(feats: torch.Tensor, share: float, seed: int) -> torch.Tensor
     return feats + share * feats.pow(2).mean(-1, keepdim=True).sqrt() * u
 
 
+def noise_seed(cfg: EagleConfig, step: int) -> int:
+    """The seed of step `step`'s feature noise (apart from the data's sampling seeds, eagle_data's)."""
+    return cfg.seed * 1_000_003 + 900_007 + step
+
+
 ROW_MULTIPLE = 64  # batch rows' length is rounded up to this (make_batch): few distinct shapes, bounded kernel caches
 
 
@@ -331,7 +336,7 @@ def distill_eagle(target: LoadedModel, out: Path, cfg: EagleConfig, resume: bool
     while step < cfg.steps:
         batch = make_batch(data, next(feed), cfg.seq_len, sub_index, head_vocab)
         # (the noise, training only, on what pass 1 reads; the feature loss's targets stay the target's own)
-        batch["features"] = noisy_features(batch["features"], cfg.feature_noise, cfg.seed * 1_000_003 + step)
+        batch["features"] = noisy_features(batch["features"], cfg.feature_noise, noise_seed(cfg, step))
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg, warmup, floor=0.05)
         with torch.autocast(out_rows.device.type, dtype=torch.bfloat16, enabled=cfg.train_dtype == "bfloat16"):

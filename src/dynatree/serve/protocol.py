@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ..request import ROLES, template_role
+from ..request import Role, template_role
 
 MAX_STOPS = 4  # OpenAI's limit on `stop` strings
 MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's top_logprobs bound; request.MAX_LOGPROBS)
@@ -63,7 +63,7 @@ class TextPart(_Strict):
 class Message(_Strict):
     """One chat message; `developer` is OpenAI's newer name for `system`."""
 
-    role: Literal[ROLES]  # (the Python API's roles: one list, request.ROLES)
+    role: Role  # (the Python API's roles: request.Role)
     content: str | list[TextPart] | None = None  # None only for an assistant message (as OpenAI returns some)
     name: str | None = None  # accepted, not used by chat templates
     # what a client sends back when it appends a response's message to the conversation: accepted when empty
