@@ -590,6 +590,23 @@ def test_bfloat16_autocast_training_fits_and_keeps_float32_weights(tmp_path, pro
     assert record.new_token_ids == hf_greedy(target, prompt, 20)
 
 
+def test_bfloat16_training_warns_where_the_cpu_would_emulate_it(monkeypatch, capsys):
+    """--train-dtype bfloat16 on a CPU without oneDNN bfloat16 (AVX2 only) warns once, naming the reason and
+    the way out; float32, a capable CPU or a GPU device stay silent. (The probe is replaced: the warning must
+    be checked on AVX-512 and AVX2 machines alike.)"""
+    from dynatree.distill import eagle_train
+
+    monkeypatch.setattr(eagle_train, "onednn_linear_problem", lambda dtype: "bf16 path needs avx512bw")
+    line = eagle_train.warn_emulated_bfloat16(EagleConfig(train_dtype="bfloat16"), torch.device("cpu"))
+    assert "emulated on this CPU (bf16 path needs avx512bw)" in line and "--train-dtype float32" in line
+    assert capsys.readouterr().err.strip() == line
+    assert eagle_train.warn_emulated_bfloat16(EagleConfig(train_dtype="float32"), torch.device("cpu")) is None
+    assert eagle_train.warn_emulated_bfloat16(EagleConfig(train_dtype="bfloat16"), torch.device("cuda")) is None
+    monkeypatch.setattr(eagle_train, "onednn_linear_problem", lambda dtype: None)
+    assert eagle_train.warn_emulated_bfloat16(EagleConfig(train_dtype="bfloat16"), torch.device("cpu")) is None
+    assert capsys.readouterr().err == ""
+
+
 def test_soft_label_training_fits_the_targets_distribution_and_the_head_drafts_exactly(tmp_path, prompts):
     """--label-loss soft: each row learns the target's distribution over the sub-vocabulary (recorded in
     distill.json); the head still learns the target's choices and drafts exactly."""

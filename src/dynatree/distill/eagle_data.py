@@ -109,8 +109,8 @@ class EagleConfig(ChatDataConfig):
     checkpoint_every: int = option(50, "steps between resumable checkpoints")
     train_dtype: str = option("float32", "dtype of the head's products while training: 'bfloat16' runs them under "
                               "autocast (weights, optimizer and held-out evaluation stay float32); about twice as "
-                              "fast where the hardware has native bfloat16 (AVX-512 bf16 or AMX CPUs, GPUs), slower "
-                              "on an AVX2-only CPU")
+                              "fast where the hardware has native bfloat16 (AVX-512 bf16 or AMX CPUs, GPUs); emulated, "
+                              "about 80x slower, on an AVX2-only CPU (distill warns)")
     label_dtype: str = option("target", "the teacher-forced pass that computes the features and labels: 'target' "
                               "runs the target as loaded (float32 from the CLI); 'bfloat16' runs it on bfloat16 "
                               "copies of a dense float32 target's weights, about 2.6x faster on a CPU with AMX "
