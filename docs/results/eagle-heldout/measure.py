@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from dynatree.distill.eagle_data import EagleConfig, build_data
-from dynatree.distill.eagle_train import evaluate
+from dynatree.distill.eagle_train import evaluate, vocab_tables
 from dynatree.embedded import EMBEDDED_DRAFTS
 from dynatree.featurehead import check_head, load_head
 from dynatree.models import DEFAULT_TARGET, load_model
@@ -68,9 +68,7 @@ for spec in sys.argv[1:]:
     head = load_head(EMBEDDED_DRAFTS.get(spec, Path(spec)))
     check_head(head, target)
     vocab = head.vocab_ids
-    sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
-    sub_index[vocab] = torch.arange(len(vocab))
-    out_rows = target.model.get_output_embeddings().weight.detach()[vocab].float()
+    sub_index, out_rows = vocab_tables(target, vocab)
     scores = {}
     with torch.no_grad():
         for name, d in [("all", every), *((t, data[t]) for t in SPEC_BENCH_TASKS)]:

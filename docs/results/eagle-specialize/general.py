@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from dynatree.distill.eagle_data import EagleConfig, build_data
-from dynatree.distill.eagle_train import evaluate
+from dynatree.distill.eagle_train import evaluate, vocab_tables
 from dynatree.embedded import EMBEDDED_DRAFTS
 from dynatree.featurehead import check_head, load_head
 from dynatree.models import DEFAULT_TARGET, load_model
@@ -36,9 +36,7 @@ for spec in sys.argv[1:]:
     head = load_head(EMBEDDED_DRAFTS.get(spec, Path(spec)))
     check_head(head, target)
     vocab = head.vocab_ids
-    sub_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
-    sub_index[vocab] = torch.arange(len(vocab))
-    out_rows = target.model.get_output_embeddings().weight.detach()[vocab].float()
+    sub_index, out_rows = vocab_tables(target, vocab)
     with torch.no_grad():
         result["heads"][spec] = evaluate(head, embed, out_rows, data, list(range(len(data["tokens"]))), cfg,
                                          sub_index, vocab)
