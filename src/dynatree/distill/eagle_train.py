@@ -274,7 +274,7 @@ def evaluate(head, embed, out_rows, data, held, cfg, sub_index, head_vocab, wind
 def warn_emulated_bfloat16(cfg: EagleConfig, device: torch.device) -> str | None:
     """Warn (stderr; the line is returned) when `--train-dtype bfloat16` would run emulated: on a CPU where
     oneDNN has no bfloat16 products (an AVX2-only CPU), autocast's bfloat16 is not the "about twice as fast"
-    the option promises but ~80x slower than float32 (440 s against ~5 s a step, docs/results/eagle-specialize).
+    the option promises but ~80x slower than float32 (measured: docs/results/eagle-specialize).
     A warning, not an error: the result is the same, and a user may want the dtype's numerics anyway."""
     if cfg.train_dtype != "bfloat16" or torch.device(device).type != "cpu":
         return None
