@@ -3,11 +3,33 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 
 from helpers import PROFILE, tiny
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may run on (Linux)
+    except AttributeError:  # elsewhere
+        return os.cpu_count() or 1
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist (`make test` runs one worker per core) each worker's torch, and the
+    subprocesses its tests start (OMP_NUM_THREADS), get an equal share of the cores rather than all
+    of them each: workers that each ran a thread per core would contend for every core."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, _cores() // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+_share_the_cores()
 
 
 def pytest_collection_modifyitems(config, items):
