@@ -36,18 +36,17 @@ demo: $(STAMP)
 	$(BIN)/dynatree generate "$(DEMO_PROMPT)" --chat --method dynatree --draft $(DEMO_DRAFT) --cost-aware \
 		--max-new-tokens 160 --compare ar
 
-# Test workers (pytest-xdist): one per core ("auto"); each gives torch an equal share of the cores
-# (tests/conftest.py). The suite's tiny models gain nothing from a second torch thread, so on the
-# 2-core CI machine two workers halve its time (AVX2 AMD EPYC: 85 min serial, under an hour in 2).
-# `TEST_WORKERS=0` runs it in one process. worksteal: an idle worker takes queued tests from the other,
-# so a few long tests left at the end do not run one after another.
+# Test workers (pytest-xdist): one per core ("auto"), each torch with an equal share of the cores
+# (tests/conftest.py); `TEST_WORKERS=0` runs one process. worksteal: an idle worker takes queued tests
+# from another, so the few long tests left at the end do not run one after another. Times: docs/testing.md.
 TEST_WORKERS ?= auto
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(PYTEST)
 
 test-fast: $(STAMP)  # for development: a tenth of the hypothesis examples, slow tests deselected (CI runs `test`)
-	DYNATREE_TEST_PROFILE=dev $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	DYNATREE_TEST_PROFILE=dev $(PYTEST)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .hypothesis
