@@ -454,6 +454,67 @@ def test_runner_measures_bandwidth_beside_every_run_in_rotated_order(monkeypatch
     assert gaps["gap"]["max"] == pytest.approx(max(70 / speeds[0], 60 / speeds[1]))  # limit / tok/s per run
 
 
+def test_repeats_run_every_round_interleaved_and_keep_the_median_round(monkeypatch, tmp_path, prompt_file):
+    """--repeats 3: each variant runs each prompt three times, rounds rotated like prompts; a record keeps
+    its median round's statistics and every round's throughput, each round's tokens are checked against
+    ar's, and the report states the spread between rounds (the run's own noise)."""
+    order = []
+    real = runner.run_one
+
+    def spy(req, on_tokens=None):
+        out = real(req, on_tokens=on_tokens)
+        order.append(req.method)
+        # a throughput that says in which run it came
+        return dataclasses.replace(out, stats=dataclasses.replace(out.stats, tokens_per_s=float(len(order))))
+
+    monkeypatch.setattr(runner, "run_one", spy)
+    variants = presets.method_variants(["ar", "linear"], ["ngram"])
+    proto = runner.Protocol(dataset=str(prompt_file), n=2, warmup=0, max_new_tokens=[6], repeats=3)
+    res = runner.run("custom", variants, proto, tiny("llama", eos_ids=[]), {}, out_dir=tmp_path, progress=False)
+    # prompt 0: rounds rotated by one each (ar first, then linear first, then ar); prompt 1 goes on from there
+    assert order == ["ar", "linear", "linear", "ar", "ar", "linear", "linear", "ar", "ar", "linear", "linear", "ar"]
+    assert len(res["records"]) == 4  # one record per variant and prompt, not per round
+    by = {(r["variant"], r["prompt_index"]): r for r in res["records"]}
+    ar0, lin0 = by[("ar", 0)], by[("linear", 0)]
+    assert [x["tokens_per_s"] for x in ar0["rounds"]] == [1.0, 4.0, 5.0] and ar0["stats"]["tokens_per_s"] == 4.0
+    assert [x["tokens_per_s"] for x in lin0["rounds"]] == [2.0, 3.0, 6.0] and lin0["round"] == 1
+    assert all(r["matches_ar"] for r in res["records"])
+    assert len({x["tokens_sha1"] for x in ar0["rounds"]}) == 1
+    noise = results.round_noise(res["records"])
+    assert noise["rounds"] == 3 and noise["n"] == 4
+    assert noise["max"] == pytest.approx(max(5.0 / 1.0, 6.0 / 2.0, 11.0 / 7.0, 12.0 / 8.0) - 1)
+    assert (noise["max_variant"], noise["max_prompt_index"]) == ("ar", 0)
+    line = report.rounds_line(res)
+    assert "every variant ran every prompt 3 times" in line and "at most 400.0% (ar on prompt 1)" in line
+    assert line in report.render(results.load(tmp_path))
+
+
+def test_a_round_that_leaves_ar_s_tokens_fails_the_record(monkeypatch, prompt_file):
+    """Exactness is checked on every round, not only the one a record keeps."""
+    real = runner.run_one
+    calls = []
+
+    def spy(req, on_tokens=None):
+        out = real(req, on_tokens=on_tokens)
+        calls.append(req.method)
+        if req.method == "linear" and calls.count("linear") == 2:  # its second round on prompt 0 goes astray
+            return dataclasses.replace(out, new_token_ids=[*out.new_token_ids[:-1], (out.new_token_ids[-1] + 1) % 50])
+        return out
+
+    monkeypatch.setattr(runner, "run_one", spy)
+    variants = presets.method_variants(["ar", "linear"], ["ngram"])
+    proto = runner.Protocol(dataset=str(prompt_file), n=1, warmup=0, max_new_tokens=[6], repeats=3)
+    res = runner.run("custom", variants, proto, tiny("llama", eos_ids=[]), {}, progress=False)
+    by = {r["variant"]: r for r in res["records"]}
+    assert by["ar"]["matches_ar"] and by["linear"]["matches_ar"] is False
+    assert len({x["tokens_sha1"] for x in by["linear"]["rounds"]}) == 2
+
+
+def test_one_round_records_are_as_before():
+    assert results.round_noise([rec("ar", 0, 10.0)]) is None
+    assert report.rounds_line({"records": [rec("ar", 0, 10.0)]}) is None
+
+
 def test_sampling_runner_scores_ppl_per_data_set_reproducibly(tmp_path, prompt_file):
     """Sampling protocol on two data sets: same seed for every variant on a prompt, PPL scored,
     tokens not compared with ar, and a rerun reproduces every token."""
@@ -539,6 +600,7 @@ def test_bench_sweep_report_commands(tmp_path, prompt_file, saved_tiny, capsys):
     (["sweep", "--method", "fixed-tree", "--depth", "1", "--draft", "ngram,x"], "sweep takes one --draft, got 2"),
     (["sweep", "--depth", "1,x"], "invalid int value 'x'"),
     (["report", "/nonexistent/dir"], "no results file"),
+    (["bench", "--repeats", "0"], "--repeats must be at least 1, got 0"),
     (["bench", "--temperature", "0.5"], "temperature (--temperature) applies only with sample=True (--sample)"),
     (["bench", "--preset", "wetap-main", "--top-p", "1.5"], "top_p (--top-p) must be in (0, 1]"),
     (["bench", "--preset", "wetap-main", "--temperature", "0"], "temperature (--temperature) must be > 0"),

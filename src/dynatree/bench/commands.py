@@ -55,6 +55,9 @@ def _protocol_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--l-max", type=_ints, metavar="L[,L...]",
                    help="prompt cap in tokens (several: prompt-length sensitivity) [800; 1000 for pg19; 4096 for specbench, "
                         "mtbench and gsm8k]")
+    g.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="runs of every variant on every prompt, interleaved; a record keeps the median run and every "
+                        "run's throughput, and the report gives their spread: the timing noise of the run itself [1]")
     g.add_argument("--keep-eos", action="store_true", help="stop at EOS instead of forcing T tokens")
     g.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     g.add_argument("--turns", choices=("first", "all"), default="first",
@@ -132,6 +135,7 @@ def _protocol(args, preset: str) -> Protocol:
         top_k=args.top_k if args.top_k is not None else defaults.get("top_k"),
         top_p=args.top_p if args.top_p is not None else defaults.get("top_p"),
         seed=args.seed,
+        repeats=args.repeats,
         ppl=not args.no_ppl,
         bandwidth_limit=preset == "perf",
     )

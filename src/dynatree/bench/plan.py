@@ -41,6 +41,7 @@ class Protocol:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0  # prompt i is sampled with seed + i by every variant
+    repeats: int = 1  # rounds of every variant on every prompt, interleaved; a record keeps the median round
     ppl: bool = True  # score every continuation's perplexity under the target (one extra pass, untimed)
     # measure the memory-bandwidth limit of plain decoding (hardware.py): at the start and beside every ar run
     bandwidth_limit: bool = False
@@ -69,6 +70,8 @@ class Protocol:
         self.sampling()
         if self.n < 1:
             raise DynaTreeError(f"--n must be at least 1, got {self.n}")
+        if self.repeats < 1:
+            raise DynaTreeError(f"--repeats must be at least 1, got {self.repeats}")
         if self.warmup < 0 or self.warmup >= self.n:
             raise DynaTreeError(f"need 0 <= --warmup < --n, got n={self.n}, warmup={self.warmup}")
         if any(t < 1 for t in self.max_new_tokens) or any(l < 1 for l in self.l_max):

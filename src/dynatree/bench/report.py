@@ -10,8 +10,8 @@ from ..env import BUSY_CPUS
 from ..draftspec import parse
 from ..methods import get_method
 from ..wording import counted
-from .results import (at, by_category, datasets, limit_gaps, load, lossy, marked_lossy, ratios_to, settings,
-                      task_order)
+from .results import (at, by_category, datasets, limit_gaps, load, lossy, marked_lossy, ratios_to, round_noise,
+                      settings, task_order)
 
 
 def _pm(mean, std, scale=1.0, digits=1) -> str:
@@ -262,6 +262,19 @@ def contention_line(results: dict) -> str | None:
     return line
 
 
+def rounds_line(results: dict) -> str | None:
+    """How a record's figures were chosen when every prompt ran several rounds, and the spread between
+    rounds (the run's own timing noise, what a per-prompt ratio must exceed to mean anything); None
+    for a run of one round."""
+    noise = round_noise(results["records"])
+    if noise is None:
+        return None
+    return (f"- rounds: every variant ran every prompt {noise['rounds']} times, interleaved; each record is its median round. "
+            f"Between rounds of one variant on one prompt the throughput differed by a median {noise['median']:.1%} "
+            f"(fastest over slowest), at most {noise['max']:.1%} ({noise['max_variant']} on prompt "
+            f"{noise['max_prompt_index'] + 1}), over {counted(noise['n'], 'record')}: the timing noise of this run")
+
+
 def header(results: dict) -> str:
     p, e = results["protocol"], results["env"]
     tasks = any(r.get("category") for r in results["records"])
@@ -292,9 +305,9 @@ def header(results: dict) -> str:
                          "transformers ran universal assisted decoding (re-tokenizing the draft's text each "
                          "iteration; slower than plain assisted decoding)")
     lines.insert(-1, declared_line(results))
-    busy = contention_line(results)
-    if busy:
-        lines.insert(-1, busy)
+    for extra in (contention_line(results), rounds_line(results)):
+        if extra:
+            lines.insert(-1, extra)
     window = p.get("kv_window")
     lines += ["**Variants**", "", _table(["Label", "Method", "Draft", "KV window", "Config"],
               [[v["label"], v["method"], v["draft"] or "-", v.get("kv_window") or window or "-",

@@ -2,7 +2,10 @@
 
 For each setting (T new tokens, prompt cap L_max) and each prompt, all variants run one
 after the other (interleaved, so slow drifts of the machine hit every method alike), in an
-order rotated by one variant per prompt. The
+order rotated by one variant per prompt. With `repeats` R > 1 every variant runs every prompt R
+times, the rounds interleaved the same way (rotated by one per round): a record keeps its median
+round's statistics and every round's throughput (`rounds`), whose spread is the run's own timing
+noise (`results.round_noise`), and each round's tokens are checked against ar's. The
 first `warmup` prompts are run (in the first setting only: warming up once is enough) and
 recorded but flagged, and left out of the aggregates.
 EOS is ignored by default (the papers force T tokens). Every record keeps the engine's
@@ -97,7 +100,7 @@ def run(
     settings = [(d, t, l) for d in protocol.datasets for l in protocol.l_max for t in protocol.max_new_tokens]
     runs = sum(len(texts[d]) - (number > 0) * len(_warmup_indices(texts[d], protocol.warmup))
                for number, (d, _, _) in enumerate(settings))
-    bar = _Progress(runs * len(variants), enabled=progress)
+    bar = _Progress(runs * len(variants) * protocol.repeats, enabled=progress)
     sampling = protocol.sampling()
     for v, row in zip(variants, results["variants"]):  # checked before any run, not in the middle of one
         if v.method == "hf-assisted":
@@ -115,33 +118,50 @@ def run(
                 if number > 0 and index in warm:
                     continue
                 reference = {}  # (KV window, compiled) -> (prompt, tokens) of plain decoding (ar) in that setting
-                for v in rotated(variants, index):
-                    # a later turn is asked after the earlier ones and this variant's own answers to
-                    # them (Spec-Bench's protocol; greedy exact methods get ar's history, as answers)
-                    history = answers.setdefault((dataset, t_new, l_max, prompt.question, v.label), [])
-                    ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat, tuple(history[:len(prompt.earlier)]))
-                    _check_length(target, drafts, ids, t_new)
-                    bar.start(f"{dataset} {index + 1}/{len(texts[dataset])}", v.label, t_new)
-                    paired = protocol.bandwidth_limit  # around every variant, so none runs in a different pause
-                    bandwidth = read_bandwidth(target.device) if paired else None
-                    watch = env.OtherCpu(bar.tokens)
-                    rec = run_one(prepare(Request(
-                        method=v.method, options=v.options, target=target, draft=drafts.get(v.draft, v.draft),
-                        prompt_ids=ids, max_new_tokens=t_new, ignore_eos=protocol.ignore_eos,
-                        kv_window=v.kv_window or protocol.kv_window, seed=protocol.seed + index,
-                        sample=sampling is not None, temperature=protocol.temperature, top_k=protocol.top_k,
-                        top_p=protocol.top_p, compile=v.compile)), on_tokens=watch)
-                    bar.done(rec.stats.tokens_per_s)
-                    if v.method == "ar":  # plain decoding in this setting, whatever runs first
-                        reference.setdefault((rec.run.kv_window, v.compile), (ids, rec.new_token_ids))
+                runs: dict[str, list[dict]] = {}  # variant label -> its rounds on this prompt, in the order run
+                for round_ in range(protocol.repeats):
+                    for v in rotated(variants, index * protocol.repeats + round_):
+                        # a later turn is asked after the earlier ones and this variant's own answers to
+                        # them (Spec-Bench's protocol; greedy exact methods get ar's history, as answers)
+                        history = answers.setdefault((dataset, t_new, l_max, prompt.question, v.label), [])
+                        ids = tokenize(target.tokenizer, prompt, l_max, protocol.chat, tuple(history[:len(prompt.earlier)]))
+                        _check_length(target, drafts, ids, t_new)
+                        bar.start(f"{dataset} {index + 1}/{len(texts[dataset])}", v.label, t_new)
+                        paired = protocol.bandwidth_limit  # around every variant, so none runs in a different pause
+                        bandwidth = read_bandwidth(target.device) if paired else None
+                        watch = env.OtherCpu(bar.tokens)
+                        rec = run_one(prepare(Request(
+                            method=v.method, options=v.options, target=target, draft=drafts.get(v.draft, v.draft),
+                            prompt_ids=ids, max_new_tokens=t_new, ignore_eos=protocol.ignore_eos,
+                            kv_window=v.kv_window or protocol.kv_window, seed=protocol.seed + index,
+                            sample=sampling is not None, temperature=protocol.temperature, top_k=protocol.top_k,
+                            top_p=protocol.top_p, compile=v.compile)), on_tokens=watch)
+                        bar.done(rec.stats.tokens_per_s)
+                        if v.method == "ar":  # plain decoding in this setting, whatever runs first
+                            reference.setdefault((rec.run.kv_window, v.compile), (ids, rec.new_token_ids))
+                        runs.setdefault(v.label, []).append({
+                            "variant": v, "ids": ids, "rec": rec, "other_cpu": watch.result(),  # CPUs' worth others used
+                            # the machine's bandwidth drifts: measured beside each run, the higher kept
+                            "bandwidth": max(bandwidth, read_bandwidth(target.device)) if paired else None})
+                for label, rounds in runs.items():  # the first round's order
+                    chosen = _median_round(rounds)
+                    v, ids, rec = chosen["variant"], chosen["ids"], chosen["rec"]
                     if prompt.question is not None:  # the history of the question's next turn
+                        history = answers[(dataset, t_new, l_max, prompt.question, v.label)]
                         history[len(prompt.earlier):] = [_answer(target, rec.new_token_ids)]
                     r = _record(v, prompt, dataset, index, index in warm, t_new, l_max, rec)
                     r["_prompt"] = ids
-                    r["other_cpu"] = watch.result()  # CPUs' worth other processes used while it decoded
+                    r["_rounds"] = [(x["ids"], x["rec"].new_token_ids) for x in rounds]
+                    r["other_cpu"] = chosen["other_cpu"]
                     r["prompt_sha1"] = hashlib.sha1(json.dumps(ids).encode()).hexdigest()  # what was asked
-                    if paired:  # the machine's bandwidth drifts: measure it beside each run, keep the higher
-                        r["bandwidth_bytes_per_s"] = max(bandwidth, read_bandwidth(target.device))
+                    if chosen["bandwidth"] is not None:
+                        r["bandwidth_bytes_per_s"] = chosen["bandwidth"]
+                    if len(rounds) > 1:  # every round's timing: the spread between them is the run's noise
+                        r["round"] = rounds.index(chosen)
+                        r["rounds"] = [{"tokens_per_s": x["rec"].stats.tokens_per_s, "wall_s": x["rec"].stats.wall_s,
+                                        "ttft_s": x["rec"].stats.ttft_s, "other_cpu": x["other_cpu"],
+                                        "tokens_sha1": hashlib.sha1(json.dumps(x["rec"].new_token_ids).encode()).hexdigest()}
+                                       for x in rounds]
                     if protocol.ppl:
                         key = _key(ids, rec.new_token_ids)
                         if key not in scored:  # (ppl, the target's argmax per position)
@@ -149,11 +169,14 @@ def run(
                         r["ppl"] = scored[key][0]
                     results["records"].append(r)
                 for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
-                    new, asked = r.pop("_ids"), r.pop("_prompt")  # None below: sampling, or no ar run here
+                    r.pop("_ids"), r.pop("_prompt")
+                    rounds = r.pop("_rounds")  # every round's (prompt, tokens): each must be ar's
                     key = _reference_key(reference, r["kv_window"], r.get("compile", False),
                                          get_method(r["method"]).engine == "dynatree")
-                    # a later turn asked after another history than ar's: the conversation had diverged
-                    r["matches_ar"] = (asked, new) == reference[key] if sampling is None and key is not None else None
+                    # None: sampling, or no ar run here; a later turn asked after another history than ar's
+                    # (the conversation had diverged) is not ar's either
+                    r["matches_ar"] = (all(x == reference[key] for x in rounds)
+                                       if sampling is None and key is not None else None)
                 plain = _reference_key(reference, None, False, False)
                 if plain is not None:  # the draft LMs' agreement and step cost on ar's continuation
                     ids, continuation = reference[plain]
@@ -173,6 +196,13 @@ def run(
     if out_dir is not None:
         save(results, out_dir)
     return results
+
+
+def _median_round(rounds: list[dict]) -> dict:
+    """The round a record keeps: the median by throughput (the lower middle one of an even count),
+    so one slow or fast round (a pause, a warm cache) moves no figure of the report."""
+    by_speed = sorted(rounds, key=lambda x: x["rec"].stats.tokens_per_s or 0.0)
+    return by_speed[(len(by_speed) - 1) // 2]
 
 
 def rotated(variants: list, index: int) -> list:
