@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import statistics
 
 import pytest
 import torch
@@ -447,6 +448,7 @@ def test_runner_measures_bandwidth_beside_every_run_in_rotated_order(monkeypatch
     assert res["hardware"]["limit_tokens_per_s"] == 90.0
     order = [(r["prompt_index"], r["variant"]) for r in res["records"]]
     assert order == [(0, "ar"), (0, "linear"), (1, "linear"), (1, "ar")]  # rotated by one per prompt
+    assert not any({"round", "rounds", "rounds_agree"} & set(r) for r in res["records"])  # one round: records as before
     assert [r["bandwidth_bytes_per_s"] for r in res["records"]] == [7e9, 2e9, 3e9, 6e9]  # the higher of each pair
     gaps = results.limit_gaps(res["records"], "ar", (str(prompt_file), 4, 800), 1e8)
     assert gaps["limit"] == {"median": 65.0, "min": 60.0, "max": 70.0} and gaps["n"] == 2
@@ -464,8 +466,9 @@ def test_repeats_run_every_round_interleaved_and_keep_the_median_round(monkeypat
     def spy(req, on_tokens=None):
         out = real(req, on_tokens=on_tokens)
         order.append(req.method)
-        # a throughput that says in which run it came
-        return dataclasses.replace(out, stats=dataclasses.replace(out.stats, tokens_per_s=float(len(order))))
+        # a throughput that says in which run it came; the first run claims to have compiled while timed
+        return dataclasses.replace(out, stats=dataclasses.replace(
+            out.stats, tokens_per_s=float(len(order)), graphs_compiled_while_timed=2 if len(order) == 1 else 0))
 
     monkeypatch.setattr(runner, "run_one", spy)
     variants = presets.method_variants(["ar", "linear"], ["ngram"])
@@ -477,15 +480,19 @@ def test_repeats_run_every_round_interleaved_and_keep_the_median_round(monkeypat
     by = {(r["variant"], r["prompt_index"]): r for r in res["records"]}
     ar0, lin0 = by[("ar", 0)], by[("linear", 0)]
     assert [x["tokens_per_s"] for x in ar0["rounds"]] == [1.0, 4.0, 5.0] and ar0["stats"]["tokens_per_s"] == 4.0
+    assert ar0["stats"]["graphs_compiled_while_timed"] == 2  # its slow first round compiled: not hidden
+    assert lin0["stats"]["graphs_compiled_while_timed"] == 0 and all(r["rounds_agree"] for r in res["records"])
     assert [x["tokens_per_s"] for x in lin0["rounds"]] == [2.0, 3.0, 6.0] and lin0["round"] == 1
     assert all(r["matches_ar"] for r in res["records"])
     assert len({x["tokens_sha1"] for x in ar0["rounds"]}) == 1
     noise = results.round_noise(res["records"])
-    assert noise["rounds"] == 3 and noise["n"] == 4
+    assert noise["n"] == 4 and res["protocol"]["repeats"] == 3
     assert noise["max"] == pytest.approx(max(5.0 / 1.0, 6.0 / 2.0, 11.0 / 7.0, 12.0 / 8.0) - 1)
-    assert (noise["max_variant"], noise["max_prompt_index"]) == ("ar", 0)
+    assert (noise["max_variant"], noise["max_prompt"]) == ("ar", ar0["prompt_id"])
+    assert noise["per_variant"]["linear"] == pytest.approx(statistics.median([6.0 / 2.0 - 1, 11.0 / 7.0 - 1]))
     line = report.rounds_line(res)
-    assert "every variant ran every prompt 3 times" in line and "at most 400.0% (ar on prompt 1)" in line
+    assert "every variant ran every prompt 3 times" in line and f"at most 400.0% (ar on prompt {ar0['prompt_id']})" in line
+    assert "Median per variant: ar " in line
     assert line in report.render(results.load(tmp_path))
 
 
@@ -497,7 +504,9 @@ def test_a_round_that_leaves_ar_s_tokens_fails_the_record(monkeypatch, prompt_fi
     def spy(req, on_tokens=None):
         out = real(req, on_tokens=on_tokens)
         calls.append(req.method)
-        if req.method == "linear" and calls.count("linear") == 2:  # its second round on prompt 0 goes astray
+        # throughputs fixed so that the astray round is the fastest: never the one the record keeps
+        out = dataclasses.replace(out, stats=dataclasses.replace(out.stats, tokens_per_s=float(len(calls))))
+        if req.method == "linear" and calls.count("linear") == 3:  # its last round (the fastest) goes astray
             return dataclasses.replace(out, new_token_ids=[*out.new_token_ids[:-1], (out.new_token_ids[-1] + 1) % 50])
         return out
 
@@ -507,7 +516,18 @@ def test_a_round_that_leaves_ar_s_tokens_fails_the_record(monkeypatch, prompt_fi
     res = runner.run("custom", variants, proto, tiny("llama", eos_ids=[]), {}, progress=False)
     by = {r["variant"]: r for r in res["records"]}
     assert by["ar"]["matches_ar"] and by["linear"]["matches_ar"] is False
+    assert by["linear"]["round"] == 1 and by["linear"]["rounds_agree"] is False and by["ar"]["rounds_agree"]
     assert len({x["tokens_sha1"] for x in by["linear"]["rounds"]}) == 2
+    line = report.exactness({**res, "aggregates": results.aggregate(res["records"])})
+    assert "tokens differ from `ar` in linear" in line and "produced different tokens" in line and "linear on prompt" in line
+
+
+def test_contention_in_any_round_is_reported():
+    quiet, busy = rec("ar", 0, 10.0), rec("ar", 1, 10.0)
+    quiet["other_cpu"] = busy["other_cpu"] = 0.01
+    busy["rounds"] = [{"tokens_per_s": 10.0, "other_cpu": 0.01}, {"tokens_per_s": 8.0, "other_cpu": 1.5}]
+    line = report.contention_line({"records": [quiet, busy], "env": {"cpu_count": 2}})
+    assert "Warning: 1 of 3 runs shared the CPU" in line and "the worst 1.50, ar on prompt 2" in line
 
 
 def test_one_round_records_are_as_before():

@@ -56,8 +56,9 @@ def _protocol_args(p: argparse.ArgumentParser) -> None:
                    help="prompt cap in tokens (several: prompt-length sensitivity) [800; 1000 for pg19; 4096 for specbench, "
                         "mtbench and gsm8k]")
     g.add_argument("--repeats", type=int, default=1, metavar="R",
-                   help="runs of every variant on every prompt, interleaved; a record keeps the median run and every "
-                        "run's throughput, and the report gives their spread: the timing noise of the run itself [1]")
+                   help="runs of every variant on every prompt, interleaved; a record keeps the median run (of an even "
+                        "R the slower middle one) and every run's throughput, and the report gives their spread: the "
+                        "timing noise of the run itself [1]")
     g.add_argument("--keep-eos", action="store_true", help="stop at EOS instead of forcing T tokens")
     g.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     g.add_argument("--turns", choices=("first", "all"), default="first",

@@ -246,8 +246,9 @@ def sweep_section(results: dict) -> str:
 def contention_line(results: dict) -> str | None:
     """What other processes used of the CPU while the measured runs decoded (`other_cpu`), and a warning
     when some runs shared the machine; None for results that did not record it."""
-    busy = [(r["other_cpu"], r["variant"], r["prompt_index"]) for r in results["records"]
-            if not r["warmup"] and r.get("other_cpu") is not None]
+    busy = [(other, r["variant"], r["prompt_index"]) for r in results["records"] if not r["warmup"]
+            for other in ([x.get("other_cpu") for x in r["rounds"]] if r.get("rounds") else [r.get("other_cpu")])
+            if other is not None]  # every round of a record that ran several
     if not busy:
         return None
     values = sorted(b for b, _, _ in busy)
@@ -269,10 +270,15 @@ def rounds_line(results: dict) -> str | None:
     noise = round_noise(results["records"])
     if noise is None:
         return None
-    return (f"- rounds: every variant ran every prompt {noise['rounds']} times, interleaved; each record is its median round. "
-            f"Between rounds of one variant on one prompt the throughput differed by a median {noise['median']:.1%} "
-            f"(fastest over slowest), at most {noise['max']:.1%} ({noise['max_variant']} on prompt "
-            f"{noise['max_prompt_index'] + 1}), over {counted(noise['n'], 'record')}: the timing noise of this run")
+    repeats = results["protocol"].get("repeats") or max(len(r.get("rounds") or []) for r in results["records"])
+    where = noise["max_setting"]
+    setting = (f", T = {where['max_new_tokens']}, L_max = {where['l_max']}" if len(settings(results)) > 1 else "")
+    per_variant = "; ".join(f"{v} {m:.1%}" for v, m in noise["per_variant"].items())
+    return (f"- rounds: every variant ran every prompt {repeats} times, interleaved; each record is its median round "
+            f"(of an even count, the slower middle one). Between rounds of one variant on one prompt the throughput "
+            f"differed by a median {noise['median']:.1%} (fastest over slowest), at most {noise['max']:.1%} "
+            f"({noise['max_variant']} on prompt {noise['max_prompt']}{setting}), over {counted(noise['n'], 'record')}: "
+            f"the timing noise of this run. Median per variant: {per_variant}")
 
 
 def header(results: dict) -> str:
@@ -337,6 +343,16 @@ def _lossy_rules(results: dict, labels: list[str]) -> str:
 
 
 def exactness(results: dict) -> str:
+    """The report's exactness line: whether every run produced `ar`'s tokens (greedy), or what a sampling
+    run compares instead; and any record whose rounds (`--repeats`) produced different tokens."""
+    split = [r for r in results.get("records", []) if r.get("rounds_agree") is False]  # rounds of one record that differ
+    rounds_note = (" **Rounds of one variant on one prompt produced different tokens** (nondeterministic decoding): "
+                   + ", ".join(f"{r['variant']} on prompt {r.get('prompt_id') or r['prompt_index'] + 1}" for r in split)
+                   + "." if split else "")
+    return _exactness(results) + rounds_note
+
+
+def _exactness(results: dict) -> str:
     if results["protocol"].get("sample"):
         marked = lossy(results)
         return ("Sampling run: tokens are not compared with `ar` (lossless methods reproduce the target's "

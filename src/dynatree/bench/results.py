@@ -186,21 +186,22 @@ def limit_gaps(records: list[dict], variant: str, setting: tuple, weight_bytes: 
 def round_noise(records: list[dict]) -> dict | None:
     """The run's own timing noise, from records that ran several rounds (`--repeats`): per record,
     how much its fastest round's throughput exceeds its slowest's (max / min - 1); their median and
-    maximum over the measured records, with the variant and prompt of the maximum, and the median per
-    variant. None when no record has rounds."""
+    maximum over the measured records, with the variant, prompt (its id, else its 1-based number) and
+    setting of the maximum, and the median per variant. None when no record has rounds."""
     spreads = []
     for r in records:
         speeds = [x["tokens_per_s"] for x in r.get("rounds") or [] if x.get("tokens_per_s")]
         if not r["warmup"] and len(speeds) > 1:
-            spreads.append((max(speeds) / min(speeds) - 1.0, r["variant"], r["prompt_index"], len(speeds)))
+            spreads.append((max(speeds) / min(speeds) - 1.0, r["variant"], r.get("prompt_id") or r["prompt_index"] + 1,
+                            r["max_new_tokens"], r["l_max"]))
     if not spreads:
         return None
     worst = max(spreads)
     per_variant: dict[str, list[float]] = {}
-    for value, variant, _, _ in spreads:
+    for value, variant, *_ in spreads:
         per_variant.setdefault(variant, []).append(value)
     return {"median": statistics.median(v for v, *_ in spreads), "max": worst[0], "max_variant": worst[1],
-            "max_prompt_index": worst[2], "rounds": max(n for *_, n in spreads), "n": len(spreads),
+            "max_prompt": worst[2], "max_setting": {"max_new_tokens": worst[3], "l_max": worst[4]}, "n": len(spreads),
             "per_variant": {v: statistics.median(vals) for v, vals in per_variant.items()}}
 
 

@@ -118,7 +118,7 @@ def run(
                 if number > 0 and index in warm:
                     continue
                 reference = {}  # (KV window, compiled) -> (prompt, tokens) of plain decoding (ar) in that setting
-                runs: dict[str, list[dict]] = {}  # variant label -> its rounds on this prompt, in the order run
+                by_label: dict[str, list[dict]] = {}  # variant label -> its rounds on this prompt, in the order run
                 for round_ in range(protocol.repeats):
                     for v in rotated(variants, index * protocol.repeats + round_):
                         # a later turn is asked after the earlier ones and this variant's own answers to
@@ -139,12 +139,13 @@ def run(
                         bar.done(rec.stats.tokens_per_s)
                         if v.method == "ar":  # plain decoding in this setting, whatever runs first
                             reference.setdefault((rec.run.kv_window, v.compile), (ids, rec.new_token_ids))
-                        runs.setdefault(v.label, []).append({
+                        by_label.setdefault(v.label, []).append({
                             "variant": v, "ids": ids, "rec": rec, "other_cpu": watch.result(),  # CPUs' worth others used
                             # the machine's bandwidth drifts: measured beside each run, the higher kept
                             "bandwidth": max(bandwidth, read_bandwidth(target.device)) if paired else None})
-                for label, rounds in runs.items():  # the first round's order
-                    chosen = _median_round(rounds)
+                for label, rounds in by_label.items():  # the first round's order
+                    kept = _median_round(rounds)
+                    chosen = rounds[kept]
                     v, ids, rec = chosen["variant"], chosen["ids"], chosen["rec"]
                     if prompt.question is not None:  # the history of the question's next turn
                         history = answers[(dataset, t_new, l_max, prompt.question, v.label)]
@@ -157,11 +158,18 @@ def run(
                     if chosen["bandwidth"] is not None:
                         r["bandwidth_bytes_per_s"] = chosen["bandwidth"]
                     if len(rounds) > 1:  # every round's timing: the spread between them is the run's noise
-                        r["round"] = rounds.index(chosen)
+                        r["round"] = kept
                         r["rounds"] = [{"tokens_per_s": x["rec"].stats.tokens_per_s, "wall_s": x["rec"].stats.wall_s,
                                         "ttft_s": x["rec"].stats.ttft_s, "other_cpu": x["other_cpu"],
+                                        "graphs_compiled_while_timed": x["rec"].stats.graphs_compiled_while_timed,
                                         "tokens_sha1": hashlib.sha1(json.dumps(x["rec"].new_token_ids).encode()).hexdigest()}
                                        for x in rounds]
+                        # a round that compiled while timed, or used other tokens, is not hidden behind the kept one
+                        compiled_timed = [x["graphs_compiled_while_timed"] for x in r["rounds"]
+                                          if x["graphs_compiled_while_timed"] is not None]
+                        if compiled_timed:
+                            r["stats"]["graphs_compiled_while_timed"] = max(compiled_timed)
+                        r["rounds_agree"] = len({x["tokens_sha1"] for x in r["rounds"]}) == 1
                     if protocol.ppl:
                         key = _key(ids, rec.new_token_ids)
                         if key not in scored:  # (ppl, the target's argmax per position)
@@ -198,16 +206,18 @@ def run(
     return results
 
 
-def _median_round(rounds: list[dict]) -> dict:
-    """The round a record keeps: the median by throughput (the lower middle one of an even count),
-    so one slow or fast round (a pause, a warm cache) moves no figure of the report."""
-    by_speed = sorted(rounds, key=lambda x: x["rec"].stats.tokens_per_s or 0.0)
+def _median_round(rounds: list[dict]) -> int:
+    """The index of the round a record keeps: the median by throughput (of an even count, the slower
+    of the two middle rounds), so one slow or fast round (a pause, a warm cache) moves no figure."""
+    by_speed = sorted(range(len(rounds)), key=lambda i: rounds[i]["rec"].stats.tokens_per_s or 0.0)
     return by_speed[(len(by_speed) - 1) // 2]
 
 
 def rotated(variants: list, index: int) -> list:
     """The variants in the order prompt `index` runs them: rotated by one per prompt, so no
-    variant always runs first (after a pause) or right after a particular other one."""
+    variant always runs first (after a pause) or right after a particular other one. With several
+    rounds (`Protocol.repeats`) `index` counts rounds (prompt * repeats + round): the order turns by one
+    each round, so the variant that ended a round sometimes also starts the next."""
     k = index % len(variants)
     return variants[k:] + variants[:k]
 
