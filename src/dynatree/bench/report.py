@@ -270,7 +270,7 @@ def rounds_line(results: dict) -> str | None:
     noise = round_noise(results["records"])
     if noise is None:
         return None
-    repeats = results["protocol"].get("repeats") or max(len(r.get("rounds") or []) for r in results["records"])
+    repeats = results["protocol"]["repeats"]  # recorded by every run that can have rounds
     where = noise["max_setting"]
     setting = (f", T = {where['max_new_tokens']}, L_max = {where['l_max']}" if len(settings(results)) > 1 else "")
     per_variant = "; ".join(f"{v} {m:.1%}" for v, m in noise["per_variant"].items())

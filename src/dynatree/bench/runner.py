@@ -151,10 +151,9 @@ def run(
                         history = answers[(dataset, t_new, l_max, prompt.question, v.label)]
                         history[len(prompt.earlier):] = [_answer(target, rec.new_token_ids)]
                     r = _record(v, prompt, dataset, index, index in warm, t_new, l_max, rec)
-                    r["_prompt"] = ids
                     r["_rounds"] = [(x["ids"], x["rec"].new_token_ids) for x in rounds]
                     r["other_cpu"] = chosen["other_cpu"]
-                    r["prompt_sha1"] = hashlib.sha1(json.dumps(ids).encode()).hexdigest()  # what was asked
+                    r["prompt_sha1"] = _sha1(ids)  # what was asked
                     if chosen["bandwidth"] is not None:
                         r["bandwidth_bytes_per_s"] = chosen["bandwidth"]
                     if len(rounds) > 1:  # every round's timing: the spread between them is the run's noise
@@ -162,7 +161,7 @@ def run(
                         r["rounds"] = [{"tokens_per_s": x["rec"].stats.tokens_per_s, "wall_s": x["rec"].stats.wall_s,
                                         "ttft_s": x["rec"].stats.ttft_s, "other_cpu": x["other_cpu"],
                                         "graphs_compiled_while_timed": x["rec"].stats.graphs_compiled_while_timed,
-                                        "tokens_sha1": hashlib.sha1(json.dumps(x["rec"].new_token_ids).encode()).hexdigest()}
+                                        "tokens_sha1": _sha1(x["rec"].new_token_ids)}
                                        for x in rounds]
                         # a round that compiled while timed, or used other tokens, is not hidden behind the kept one
                         compiled_timed = [x["graphs_compiled_while_timed"] for x in r["rounds"]
@@ -177,7 +176,6 @@ def run(
                         r["ppl"] = scored[key][0]
                     results["records"].append(r)
                 for r in results["records"][-len(variants):]:  # ar may not run first: compare afterwards
-                    r.pop("_ids"), r.pop("_prompt")
                     rounds = r.pop("_rounds")  # every round's (prompt, tokens): each must be ar's
                     key = _reference_key(reference, r["kv_window"], r.get("compile", False),
                                          get_method(r["method"]).engine == "dynatree")
@@ -237,7 +235,12 @@ def _warmup_indices(prompts: list[Prompt], warmup: int) -> set[int]:
 
 
 def _key(prompt_ids: list[int], new_ids: list[int]) -> str:
-    return hashlib.sha1(json.dumps([prompt_ids, new_ids]).encode()).hexdigest()
+    return _sha1([prompt_ids, new_ids])
+
+
+def _sha1(value) -> str:
+    """The SHA-1 of a JSON-able value's JSON text: how records name prompts and token sequences."""
+    return hashlib.sha1(json.dumps(value).encode()).hexdigest()
 
 
 def load_all(protocol: Protocol) -> dict[str, list[Prompt]]:
@@ -247,7 +250,6 @@ def load_all(protocol: Protocol) -> dict[str, list[Prompt]]:
 
 def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, t_new: int, l_max: int,
             rec: Result) -> dict:
-    ids = rec.new_token_ids
     return {
         "variant": v.label,
         "method": v.method,
@@ -268,8 +270,7 @@ def _record(v: Variant, prompt: Prompt, dataset: str, index: int, warmup: bool, 
         "stats": dataclasses.asdict(rec.stats),
         "policy_state": rec.policy_state,
         "seed": rec.run.seed,
-        "tokens_sha1": hashlib.sha1(json.dumps(ids).encode()).hexdigest(),
-        "_ids": ids,
+        "tokens_sha1": _sha1(rec.new_token_ids),
     }
 
 
